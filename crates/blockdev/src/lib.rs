@@ -1,0 +1,28 @@
+//! The block-device core of blockwire.
+//!
+//! Everything that stores, moves or measures bytes meets here: backends (a file or
+//! block device, sparse memory), composers (read-only, ...) and, later, initiators all
+//! implement [`BlockDevice`]. Users never call a device directly: they go through the
+//! checked [`Device`] handle, which validates every request, splits it by the device's
+//! limits and emulates what the device cannot do natively, so backends and protocol
+//! targets both stay small.
+
+pub mod buffer;
+pub mod conformance;
+pub mod device;
+pub mod error;
+pub mod file;
+pub mod handle;
+pub mod info;
+pub mod memory;
+pub mod read_only;
+pub mod size;
+
+pub use buffer::IoBuf;
+pub use device::{BlockDevice, Extent, ExtentState, WriteFlags, ZeroFlags};
+pub use error::{Error, ErrorKind, Op, Result};
+pub use file::{FileDevice, FileOptions};
+pub use handle::Device;
+pub use info::{BlockSizes, Capabilities, DeviceInfo, Limits, Support};
+pub use memory::MemoryDevice;
+pub use read_only::ReadOnly;
