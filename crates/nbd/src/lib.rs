@@ -1,1 +1,12 @@
+//! The NBD protocol (NetworkBlockDevice/nbd `doc/proto.md`).
+//!
+//! - [`wire`]: the sans-IO codec shared by target and initiator: handshake, options,
+//!   requests and replies as bytes in, typed messages out, and back;
+//! - [`errors`]: the one table mapping our neutral error kinds to NBD error values;
+//! - [`server`]: the NBD target, serving any [`blockwire_blockdev::Device`].
 
+pub mod errors;
+pub mod server;
+pub mod wire;
+
+pub use server::{Export, ExportSet, Server, ServerConfig};

@@ -1,0 +1,111 @@
+//! The TOML configuration for `blockwire serve --config FILE`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+/// A whole configuration file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerSection,
+    #[serde(default, rename = "export")]
+    pub exports: Vec<ExportSection>,
+}
+
+/// `[server]`: where to listen and how many threads to use.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    /// TCP addresses; default 127.0.0.1:10809 unless only a socket is given.
+    #[serde(default)]
+    pub listen: Vec<String>,
+    /// Unix socket paths.
+    #[serde(default)]
+    pub socket: Vec<PathBuf>,
+    pub workers: Option<usize>,
+    pub max_connections: Option<usize>,
+    /// The export an empty name selects (default: the first).
+    pub default_export: Option<String>,
+}
+
+/// `[[export]]`: one export.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportSection {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// A file or block device...
+    pub path: Option<PathBuf>,
+    /// ...or an in-memory device of this size ("1G").
+    pub memory: Option<String>,
+    /// Create `path` as a sparse file of this size if it does not exist.
+    pub size: Option<String>,
+    #[serde(default)]
+    pub read_only: bool,
+    #[serde(default)]
+    pub direct: bool,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        let config: Config = toml::from_str(&text)
+            .with_context(|| format!("config file {} is not valid", path.display()))?;
+        if config.exports.is_empty() {
+            bail!("config file {} defines no [[export]]", path.display());
+        }
+        for export in &config.exports {
+            match (&export.path, &export.memory) {
+                (Some(_), None) | (None, Some(_)) => {}
+                _ => bail!(
+                    "export '{}': give exactly one of `path` or `memory`",
+                    export.name
+                ),
+            }
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_full_config() {
+        let text = r#"
+            [server]
+            listen = ["127.0.0.1:10809", "[::1]:10810"]
+            socket = ["/tmp/bw.sock"]
+            workers = 8
+            default_export = "b"
+
+            [[export]]
+            name = "a"
+            path = "/tmp/a.img"
+            size = "1G"
+            read_only = true
+
+            [[export]]
+            name = "b"
+            memory = "64M"
+            description = "scratch"
+        "#;
+        let config: Config = toml::from_str(text).unwrap();
+        assert_eq!(config.server.listen.len(), 2);
+        assert_eq!(config.exports.len(), 2);
+        assert!(config.exports[0].read_only);
+        assert_eq!(config.exports[1].memory.as_deref(), Some("64M"));
+    }
+
+    #[test]
+    fn rejects_unknown_keys() {
+        let text = "[[export]]\nname = \"a\"\npath = \"/x\"\nreadonly = true\n";
+        assert!(toml::from_str::<Config>(text).is_err());
+    }
+}

@@ -1,0 +1,285 @@
+//! `blockwire serve`: builds exports from arguments or a config file and runs the
+//! NBD target until SIGINT or SIGTERM.
+
+use std::fs::OpenOptions;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::thread;
+
+use anyhow::{anyhow, bail, Context, Result};
+use blockwire_blockdev::size::{format_size, parse_size};
+use blockwire_blockdev::{Device, FileDevice, FileOptions, MemoryDevice};
+use blockwire_nbd::{Export, ExportSet, Server, ServerConfig};
+use clap::Args;
+
+use crate::config::{Config, ExportSection};
+
+/// The NBD port registered with IANA.
+const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
+/// Size of the in-memory demo export.
+const DEMO_SIZE: u64 = 1 << 30;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// File or block device to export. Without it (and without --config), serves a
+    /// 1 GiB in-memory demo export.
+    pub path: Option<PathBuf>,
+
+    /// Create PATH as a sparse file of this size if it does not exist (e.g. 4G).
+    /// An existing file is never resized.
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<u64>,
+
+    /// Export name clients ask for (default: the file name, or "demo").
+    #[arg(long)]
+    pub name: Option<String>,
+
+    /// Text shown to clients that list exports.
+    #[arg(long, default_value = "")]
+    pub description: String,
+
+    /// TCP address to listen on; repeatable. Default 127.0.0.1:10809 (loopback only).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen: Vec<String>,
+
+    /// Unix socket to listen on; repeatable. With only --socket, no TCP listener.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Vec<PathBuf>,
+
+    /// Refuse every write.
+    #[arg(long)]
+    pub read_only: bool,
+
+    /// Bypass the page cache (O_DIRECT); requests must then be 4 KiB aligned.
+    #[arg(long)]
+    pub direct: bool,
+
+    /// Threads for requests that may block (flush, FUA, cache misses).
+    #[arg(long, default_value_t = 16)]
+    pub workers: usize,
+
+    /// Serve the exports of this TOML file instead of PATH.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["path", "size", "name", "read_only", "direct"])]
+    pub config: Option<PathBuf>,
+}
+
+/// Opens `path`, creating a sparse file of `size` bytes if it does not exist.
+/// Refuses to resize an existing file.
+pub fn open_or_create(path: &Path, size: Option<u64>, options: FileOptions) -> Result<Device> {
+    match (path.exists(), size) {
+        (false, None) => bail!(
+            "{} does not exist (give --size to create it as a sparse file)",
+            path.display()
+        ),
+        (false, Some(size)) => {
+            if options.read_only {
+                bail!(
+                    "{} does not exist; refusing to create a read-only export",
+                    path.display()
+                );
+            }
+            let file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+                .with_context(|| format!("cannot create {}", path.display()))?;
+            file.set_len(size)
+                .with_context(|| format!("cannot size {} to {size} bytes", path.display()))?;
+            tracing::info!(
+                "created sparse file {} of {}",
+                path.display(),
+                format_size(size)
+            );
+        }
+        (true, _) => {}
+    }
+    let device = FileDevice::open(path, options).map_err(|e| anyhow!("{e}"))?;
+    if let Some(size) = size {
+        let actual = blockwire_blockdev::BlockDevice::info(&device).size;
+        if actual != size {
+            bail!(
+                "{} exists with {actual} bytes but --size says {size}; blockwire never resizes or overwrites an existing file",
+                path.display()
+            );
+        }
+    }
+    Ok(Device::from_device(device))
+}
+
+fn resolve(addr: &str) -> Result<Vec<SocketAddr>> {
+    let addrs: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .with_context(|| format!("'{addr}' is not a HOST:PORT address"))?
+        .collect();
+    if addrs.is_empty() {
+        bail!("'{addr}' resolves to no address");
+    }
+    Ok(addrs)
+}
+
+fn listen_config(listen: &[String], sockets: &[PathBuf], workers: usize) -> Result<ServerConfig> {
+    let mut tcp = Vec::new();
+    let defaults = [DEFAULT_LISTEN.to_string()];
+    let listen = if listen.is_empty() && sockets.is_empty() {
+        &defaults[..]
+    } else {
+        listen
+    };
+    for addr in listen {
+        tcp.extend(resolve(addr)?);
+    }
+    Ok(ServerConfig {
+        tcp,
+        unix: sockets.to_vec(),
+        workers,
+        ..ServerConfig::default()
+    })
+}
+
+fn export_from_section(section: &ExportSection) -> Result<Export> {
+    let device = match (&section.path, &section.memory) {
+        (Some(path), _) => {
+            let size = section
+                .size
+                .as_deref()
+                .map(parse_size)
+                .transpose()
+                .map_err(|e| anyhow!(e))?;
+            let options = FileOptions {
+                read_only: section.read_only,
+                direct: section.direct,
+            };
+            open_or_create(path, size, options)
+                .with_context(|| format!("export '{}'", section.name))?
+        }
+        (None, Some(memory)) => {
+            let size = parse_size(memory).map_err(|e| anyhow!("export '{}': {e}", section.name))?;
+            let device = Device::from_device(MemoryDevice::new(size));
+            if section.read_only {
+                device.read_only()
+            } else {
+                device
+            }
+        }
+        (None, None) => bail!("export '{}' has neither path nor memory", section.name),
+    };
+    Ok(Export::new(&section.name, &section.description, device))
+}
+
+fn exports_from_args(args: &ServeArgs) -> Result<ExportSet> {
+    let mut exports = ExportSet::new();
+    let export = match &args.path {
+        None => {
+            let device = Device::from_device(MemoryDevice::new(DEMO_SIZE));
+            let device = if args.read_only {
+                device.read_only()
+            } else {
+                device
+            };
+            let name = args.name.clone().unwrap_or_else(|| "demo".into());
+            let description = if args.description.is_empty() {
+                "blockwire in-memory demo export (contents vanish on exit)".to_string()
+            } else {
+                args.description.clone()
+            };
+            Export::new(name, description, device)
+        }
+        Some(path) => {
+            let options = FileOptions {
+                read_only: args.read_only,
+                direct: args.direct,
+            };
+            let device = open_or_create(path, args.size, options)?;
+            let name = match &args.name {
+                Some(name) => name.clone(),
+                None => path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            };
+            Export::new(name, args.description.clone(), device)
+        }
+    };
+    exports.add(export).map_err(|e| anyhow!(e))?;
+    Ok(exports)
+}
+
+fn uri_host(addr: &SocketAddr) -> String {
+    match addr {
+        SocketAddr::V4(v4) => format!("{}:{}", v4.ip(), v4.port()),
+        SocketAddr::V6(v6) => format!("[{}]:{}", v6.ip(), v6.port()),
+    }
+}
+
+fn announce(server: &Server, sockets: &[PathBuf]) {
+    for export in server.exports().iter() {
+        let info = export.device.info();
+        let mode = if info.read_only {
+            "read-only"
+        } else {
+            "read-write"
+        };
+        println!(
+            "export '{}': {} bytes ({}), {mode}",
+            export.name,
+            info.size,
+            format_size(info.size)
+        );
+        for addr in server.tcp_addrs() {
+            println!("  nbd://{}/{}", uri_host(&addr), export.name);
+        }
+        for socket in sockets {
+            println!("  nbd+unix:///{}?socket={}", export.name, socket.display());
+        }
+    }
+    println!("press Ctrl-C to stop");
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let (exports, config, sockets) = match &args.config {
+        Some(path) => {
+            let file = Config::load(path)?;
+            let mut exports = ExportSet::new();
+            for section in &file.exports {
+                exports
+                    .add(export_from_section(section)?)
+                    .map_err(|e| anyhow!(e))?;
+            }
+            if let Some(name) = &file.server.default_export {
+                exports.set_default(name).map_err(|e| anyhow!(e))?;
+            }
+            let mut config = listen_config(
+                &file.server.listen,
+                &file.server.socket,
+                file.server.workers.unwrap_or(args.workers),
+            )?;
+            if let Some(max) = file.server.max_connections {
+                config.max_connections = max;
+            }
+            (exports, config, file.server.socket.clone())
+        }
+        None => {
+            let config = listen_config(&args.listen, &args.socket, args.workers)?;
+            (exports_from_args(&args)?, config, args.socket.clone())
+        }
+    };
+    let server = Server::bind(exports, config)?;
+    announce(&server, &sockets);
+
+    let handle = server.shutdown_handle();
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .context("cannot install signal handlers")?;
+    thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                tracing::info!("received signal {signal}");
+                handle.shutdown();
+            }
+        })?;
+    server.run().context("server failed")?;
+    Ok(())
+}

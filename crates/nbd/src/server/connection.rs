@@ -1,0 +1,300 @@
+//! Drives one client connection: the handshake, then the transmission loop.
+//!
+//! The connection thread reads requests and runs those that finish without waiting
+//! for hardware itself (cached reads, buffered writes), batching their replies into
+//! one vectored write per burst of requests. Requests that may block (flush, FUA,
+//! cache misses, direct I/O) go to the shared worker pool and are answered from
+//! there, out of order. Reads of the socket are buffered, so a burst of small
+//! requests costs one system call.
+
+use std::io::{self, Read, Write};
+use std::sync::Arc;
+
+use blockwire_blockdev::IoBuf;
+
+use super::export::ExportSet;
+use super::negotiation::{Negotiation, Step};
+use super::session::{Action, Reply, Session};
+use super::workers::{InFlight, WorkerPool};
+use super::writer::{ReplyWriter, BATCH_BYTES, BATCH_REPLIES};
+use crate::wire::*;
+
+/// Option data longer than this is refused with NBD_REP_ERR_TOO_BIG.
+const MAX_OPTION_DATA: u32 = 64 * 1024;
+/// Option data longer than this closes the connection.
+const MAX_OPTION_DISCARD: u32 = 16 << 20;
+/// Size of the buffer requests are read into.
+const READ_BUFFER: usize = 256 * 1024;
+/// Requests one connection may have waiting on workers.
+const MAX_IN_FLIGHT: usize = 128;
+
+/// Runs the handshake. Returns the session when the client entered transmission,
+/// `None` when it left or was refused (the reason is logged).
+pub fn negotiate<S: Read + Write>(
+    stream: &mut S,
+    exports: Arc<ExportSet>,
+    peer: &str,
+) -> io::Result<Option<Session>> {
+    let mut out = Vec::with_capacity(256);
+    encode_greeting(&mut out, NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES);
+    stream.write_all(&out)?;
+    let mut client_flags = [0u8; 4];
+    stream.read_exact(&mut client_flags)?;
+    let mut negotiation = match Negotiation::start(exports, u32::from_be_bytes(client_flags)) {
+        Ok(negotiation) => negotiation,
+        Err(e) => {
+            tracing::warn!(%peer, "refusing client: {e}");
+            return Ok(None);
+        }
+    };
+    loop {
+        let mut header = [0u8; OPTION_HEADER_LEN];
+        stream.read_exact(&mut header)?;
+        let header = match OptionHeader::decode(&header) {
+            Ok(header) => header,
+            Err(e) => {
+                tracing::warn!(%peer, "closing: bad option header: {e}");
+                return Ok(None);
+            }
+        };
+        out.clear();
+        if header.len > MAX_OPTION_DATA {
+            if header.len > MAX_OPTION_DISCARD {
+                tracing::warn!(%peer, "closing: option {} carries {} bytes", header.option, header.len);
+                return Ok(None);
+            }
+            io::copy(
+                &mut Read::by_ref(stream).take(header.len.into()),
+                &mut io::sink(),
+            )?;
+            encode_option_reply(
+                &mut out,
+                header.option,
+                NBD_REP_ERR_TOO_BIG,
+                b"option data too long",
+            );
+            stream.write_all(&out)?;
+            continue;
+        }
+        let mut data = vec![0u8; header.len as usize];
+        stream.read_exact(&mut data)?;
+        let step = negotiation.handle(header.option, &data, &mut out);
+        stream.write_all(&out)?;
+        match step {
+            Step::Continue => {}
+            Step::Close => return Ok(None),
+            Step::Transmission(session) => return Ok(Some(session)),
+        }
+    }
+}
+
+/// Why a transmission loop ended.
+#[derive(Debug)]
+pub enum Ending {
+    /// NBD_CMD_DISC.
+    Disconnect,
+    /// The client closed its side between requests (or the server shut it down).
+    Closed,
+    /// A protocol violation; the connection was closed.
+    Violation(String),
+    /// The socket failed.
+    Failed(io::Error),
+}
+
+/// Buffered reading of requests and payloads.
+struct RequestReader<R> {
+    source: R,
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+impl<R: Read> RequestReader<R> {
+    fn new(source: R) -> Self {
+        RequestReader {
+            source,
+            buf: vec![0u8; READ_BUFFER].into_boxed_slice(),
+            start: 0,
+            end: 0,
+        }
+    }
+
+    fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Reads more bytes; `Ok(false)` at end of stream.
+    fn fill(&mut self) -> io::Result<bool> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        } else if self.end == self.buf.len() {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        loop {
+            match self.source.read(&mut self.buf[self.end..]) {
+                Ok(0) => return Ok(false),
+                Ok(n) => {
+                    self.end += n;
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn take_header(&mut self) -> [u8; REQUEST_LEN] {
+        let header = self.buf[self.start..self.start + REQUEST_LEN]
+            .try_into()
+            .unwrap();
+        self.start += REQUEST_LEN;
+        header
+    }
+
+    /// Fills `out` with payload: first from the buffer, the rest straight from the
+    /// socket, so large writes are not copied twice.
+    fn read_payload(&mut self, out: &mut [u8]) -> io::Result<()> {
+        let from_buffer = self.buffered().min(out.len());
+        out[..from_buffer].copy_from_slice(&self.buf[self.start..self.start + from_buffer]);
+        self.start += from_buffer;
+        self.source.read_exact(&mut out[from_buffer..])
+    }
+
+    fn discard_payload(&mut self, len: usize) -> io::Result<()> {
+        let from_buffer = self.buffered().min(len);
+        self.start += from_buffer;
+        let rest = (len - from_buffer) as u64;
+        let copied = io::copy(&mut (&mut self.source).take(rest), &mut io::sink())?;
+        if copied < rest {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(())
+    }
+}
+
+/// The transmission loop of one connection. Returns when the client disconnects,
+/// the socket fails or the client breaks the protocol; every request that was
+/// accepted has been answered (or its reply dropped because the socket failed) by
+/// then.
+pub fn transmit<R, W>(
+    session: Arc<Session>,
+    source: R,
+    writer: Arc<ReplyWriter<W>>,
+    pool: &WorkerPool,
+) -> Ending
+where
+    R: Read,
+    W: Write + Send + 'static,
+{
+    let in_flight = Arc::new(InFlight::new(MAX_IN_FLIGHT));
+    let mut reader = RequestReader::new(source);
+    let mut batch: Vec<Reply> = Vec::with_capacity(BATCH_REPLIES);
+    let mut batch_bytes = 0usize;
+    let ending = 'requests: loop {
+        // Before the thread may block on the socket, send what is ready.
+        let mut at_end = false;
+        while reader.buffered() < REQUEST_LEN && !at_end {
+            let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
+            match reader.fill() {
+                Ok(more) => at_end = !more,
+                Err(e) => break 'requests Ending::Failed(e),
+            }
+        }
+        if writer.is_broken() {
+            break Ending::Failed(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "client stopped reading replies",
+            ));
+        }
+        if reader.buffered() < REQUEST_LEN {
+            break if reader.buffered() == 0 {
+                Ending::Closed
+            } else {
+                Ending::Violation("connection closed in the middle of a request header".into())
+            };
+        }
+        let request = match Request::decode(&reader.take_header()) {
+            Ok(request) => request,
+            Err(e) => break Ending::Violation(format!("bad request: {e}")),
+        };
+        let job = match session.classify(&request) {
+            Action::Disconnect => break Ending::Disconnect,
+            Action::Hangup(reason) => break Ending::Violation(reason),
+            Action::Reply(reply) => {
+                push(&mut batch, &mut batch_bytes, reply);
+                None
+            }
+            Action::DiscardPayload { len, reply } => {
+                if reader.buffered() < len as usize {
+                    let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
+                }
+                if let Err(e) = reader.discard_payload(len as usize) {
+                    break Ending::Violation(format!(
+                        "connection closed in the middle of a write payload: {e}"
+                    ));
+                }
+                push(&mut batch, &mut batch_bytes, reply);
+                None
+            }
+            Action::ReadPayload(request) => {
+                if reader.buffered() < request.len as usize {
+                    let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
+                }
+                let mut data = IoBuf::new(request.len as usize);
+                if let Err(e) = reader.read_payload(&mut data) {
+                    // Nothing of a partial payload reaches the device.
+                    break Ending::Violation(format!(
+                        "connection closed in the middle of a write payload: {e}"
+                    ));
+                }
+                Some(session.write_job(&request, data))
+            }
+            Action::Execute(job) => Some(job),
+        };
+        if let Some(job) = job {
+            match session.execute_inline(job) {
+                Ok(reply) => push(&mut batch, &mut batch_bytes, reply),
+                Err(job) => {
+                    if in_flight.is_full() {
+                        let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
+                    }
+                    in_flight.acquire();
+                    let (session, writer, in_flight) =
+                        (session.clone(), writer.clone(), in_flight.clone());
+                    pool.submit(move || {
+                        let reply = session.execute(job);
+                        // A failed send marks the writer broken; the connection
+                        // thread notices and ends.
+                        let _ = writer.send(std::slice::from_ref(&reply));
+                        in_flight.release();
+                    });
+                }
+            }
+        }
+        if batch.len() >= BATCH_REPLIES || batch_bytes >= BATCH_BYTES {
+            let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
+        }
+    };
+    let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
+    in_flight.wait_idle();
+    ending
+}
+
+fn push(batch: &mut Vec<Reply>, bytes: &mut usize, reply: Reply) {
+    *bytes += reply.wire_len();
+    batch.push(reply);
+}
+
+fn send_batch<W: Write>(
+    writer: &ReplyWriter<W>,
+    batch: &mut Vec<Reply>,
+    bytes: &mut usize,
+) -> io::Result<()> {
+    let result = writer.send(batch);
+    batch.clear();
+    *bytes = 0;
+    result
+}

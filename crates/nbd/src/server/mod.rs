@@ -1,0 +1,391 @@
+//! The NBD target: listeners, connections and an orderly shutdown.
+//!
+//! [`Server::bind`] opens the listeners (so the caller can print real addresses,
+//! port 0 included); [`Server::run`] serves until a [`ShutdownHandle`] fires, then
+//! stops accepting, lets every connection finish the requests it has read, flushes
+//! every export and returns.
+
+mod connection;
+mod export;
+mod negotiation;
+mod session;
+mod stream;
+mod workers;
+mod writer;
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{Shutdown, SocketAddr, TcpListener};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::Duration;
+
+pub use connection::{negotiate, transmit, Ending};
+pub use export::{Export, ExportSet};
+pub use negotiation::{transmission_flags, HandshakeError, Negotiation, Step, BASE_ALLOCATION_ID};
+pub use session::{Action, Job, Reply, Session};
+pub use stream::Stream;
+pub use workers::WorkerPool;
+pub use writer::ReplyWriter;
+
+/// Where and how a server listens.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub tcp: Vec<SocketAddr>,
+    pub unix: Vec<PathBuf>,
+    /// Threads for requests that may block (flush, FUA, cache misses).
+    pub workers: usize,
+    /// Connections beyond this are closed at once.
+    pub max_connections: usize,
+    /// A client must finish the handshake within this time.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            tcp: Vec::new(),
+            unix: Vec::new(),
+            workers: 16,
+            max_connections: 256,
+            handshake_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener, PathBuf),
+}
+
+impl Listener {
+    fn accept(&self) -> io::Result<Stream> {
+        match self {
+            Listener::Tcp(listener) => {
+                let (stream, _) = listener.accept()?;
+                // Replies are written whole; never hold a small one back.
+                stream.set_nodelay(true)?;
+                Ok(Stream::Tcp(stream))
+            }
+            Listener::Unix(listener, _) => Ok(Stream::Unix(listener.accept()?.0)),
+        }
+    }
+
+    fn fd(&self) -> i32 {
+        match self {
+            Listener::Tcp(l) => l.as_raw_fd(),
+            Listener::Unix(l, _) => l.as_raw_fd(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    stopping: AtomicBool,
+    stop: Mutex<bool>,
+    stopped: Condvar,
+    next_id: AtomicU64,
+    /// Open connections: a clone of each socket, to shut them down.
+    connections: Mutex<HashMap<u64, Stream>>,
+    connections_changed: Condvar,
+}
+
+/// Asks a running server to stop. Cheap to clone; safe from a signal thread.
+#[derive(Clone)]
+pub struct ShutdownHandle(Arc<Shared>);
+
+impl ShutdownHandle {
+    pub fn shutdown(&self) {
+        self.0.stopping.store(true, Ordering::SeqCst);
+        *self.0.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.0.stopped.notify_all();
+    }
+}
+
+/// An NBD server over a set of exports.
+pub struct Server {
+    exports: Arc<ExportSet>,
+    config: ServerConfig,
+    listeners: Vec<Listener>,
+    shared: Arc<Shared>,
+}
+
+fn bind_unix(path: &Path) -> io::Result<UnixListener> {
+    if let Ok(metadata) = std::fs::symlink_metadata(path) {
+        if !metadata.file_type().is_socket() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} exists and is not a socket; refusing to replace it",
+                    path.display()
+                ),
+            ));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("{} is in use by another server", path.display()),
+            ));
+        }
+        // A socket nobody listens on: left over from a server that died.
+        std::fs::remove_file(path)?;
+    }
+    UnixListener::bind(path)
+}
+
+impl Server {
+    /// Opens every listener in `config`.
+    pub fn bind(exports: ExportSet, config: ServerConfig) -> io::Result<Server> {
+        if exports.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "no exports to serve",
+            ));
+        }
+        let mut listeners = Vec::new();
+        for addr in &config.tcp {
+            let listener = TcpListener::bind(addr)
+                .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+            listeners.push(Listener::Tcp(listener));
+        }
+        for path in &config.unix {
+            let listener = bind_unix(path).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot listen on {}: {e}", path.display()),
+                )
+            })?;
+            listeners.push(Listener::Unix(listener, path.clone()));
+        }
+        if listeners.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "no address to listen on",
+            ));
+        }
+        Ok(Server {
+            exports: Arc::new(exports),
+            config,
+            listeners,
+            shared: Arc::new(Shared::default()),
+        })
+    }
+
+    /// The TCP addresses actually bound (useful with port 0).
+    pub fn tcp_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners
+            .iter()
+            .filter_map(|l| match l {
+                Listener::Tcp(l) => l.local_addr().ok(),
+                Listener::Unix(..) => None,
+            })
+            .collect()
+    }
+
+    pub fn exports(&self) -> &Arc<ExportSet> {
+        &self.exports
+    }
+
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(self.shared.clone())
+    }
+
+    /// Serves until shut down; then drains connections, flushes exports and returns.
+    pub fn run(self) -> io::Result<()> {
+        let pool = Arc::new(WorkerPool::new(self.config.workers));
+        let listeners: Vec<Arc<Listener>> = self.listeners.into_iter().map(Arc::new).collect();
+        let acceptors: Vec<_> = listeners
+            .iter()
+            .map(|listener| {
+                let ctx = AcceptContext {
+                    listener: listener.clone(),
+                    exports: self.exports.clone(),
+                    pool: pool.clone(),
+                    shared: self.shared.clone(),
+                    config: self.config.clone(),
+                };
+                thread::Builder::new()
+                    .name("nbd-accept".into())
+                    .spawn(move || ctx.accept_loop())
+            })
+            .collect::<io::Result<_>>()?;
+
+        let mut stop = self.shared.stop.lock().unwrap_or_else(|e| e.into_inner());
+        while !*stop {
+            stop = self
+                .shared
+                .stopped
+                .wait(stop)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        drop(stop);
+        tracing::info!("shutting down: no new connections; finishing requests in flight");
+
+        for listener in &listeners {
+            // SAFETY: shutdown on a listening socket we own wakes a blocked accept().
+            unsafe { libc::shutdown(listener.fd(), libc::SHUT_RDWR) };
+        }
+        for acceptor in acceptors {
+            let _ = acceptor.join();
+        }
+        {
+            let mut connections = self
+                .shared
+                .connections
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            for stream in connections.values() {
+                // Reading stops; requests already read are still answered.
+                let _ = stream.shutdown(Shutdown::Read);
+            }
+            while !connections.is_empty() {
+                connections = self
+                    .shared
+                    .connections_changed
+                    .wait(connections)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        drop(pool);
+        let mut result = Ok(());
+        for export in self.exports.iter() {
+            if export.device.info().read_only
+                || !export.device.info().capabilities.flush.available()
+            {
+                continue;
+            }
+            if let Err(e) = export.device.flush() {
+                tracing::error!(export = %export.name, "final flush failed: {e}");
+                result = Err(io::Error::other(format!(
+                    "final flush of export '{}' failed: {e}",
+                    export.name
+                )));
+            }
+        }
+        for listener in &listeners {
+            if let Listener::Unix(_, path) = listener.as_ref() {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        tracing::info!("stopped");
+        result
+    }
+}
+
+struct AcceptContext {
+    listener: Arc<Listener>,
+    exports: Arc<ExportSet>,
+    pool: Arc<WorkerPool>,
+    shared: Arc<Shared>,
+    config: ServerConfig,
+}
+
+impl AcceptContext {
+    fn accept_loop(self) {
+        loop {
+            let accepted = self.listener.accept();
+            if self.shared.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            let stream = match accepted {
+                Ok(stream) => stream,
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    // Out of file descriptors and the like: do not spin.
+                    thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            };
+            let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+            {
+                let mut connections = self
+                    .shared
+                    .connections
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                if connections.len() >= self.config.max_connections {
+                    tracing::warn!(peer = %stream.peer(), "too many connections ({}); closing", connections.len());
+                    continue;
+                }
+                match stream.try_clone() {
+                    Ok(clone) => connections.insert(id, clone),
+                    Err(e) => {
+                        tracing::warn!("cannot track connection: {e}");
+                        continue;
+                    }
+                };
+            }
+            let (exports, pool, shared) =
+                (self.exports.clone(), self.pool.clone(), self.shared.clone());
+            let timeout = self.config.handshake_timeout;
+            let spawned = thread::Builder::new()
+                .name(format!("nbd-conn-{id}"))
+                .spawn(move || {
+                    serve_connection(stream, exports, &pool, timeout);
+                    let mut connections =
+                        shared.connections.lock().unwrap_or_else(|e| e.into_inner());
+                    connections.remove(&id);
+                    shared.connections_changed.notify_all();
+                });
+            if let Err(e) = spawned {
+                tracing::error!("cannot start a connection thread: {e}");
+                let mut connections = self
+                    .shared
+                    .connections
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                connections.remove(&id);
+                self.shared.connections_changed.notify_all();
+            }
+        }
+    }
+}
+
+/// Serves one connection from handshake to close.
+pub fn serve_connection(
+    mut stream: Stream,
+    exports: Arc<ExportSet>,
+    pool: &WorkerPool,
+    handshake_timeout: Duration,
+) {
+    let peer = stream.peer();
+    tracing::debug!(%peer, "connected");
+    let _ = stream.set_read_timeout(Some(handshake_timeout));
+    let session = match negotiate(&mut stream, exports, &peer) {
+        Ok(Some(session)) => session,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::info!(%peer, "handshake ended: {e}");
+            return;
+        }
+    };
+    let _ = stream.set_read_timeout(None);
+    let export = session.export().clone();
+    tracing::info!(
+        %peer,
+        export = %export.name,
+        structured = session.structured(),
+        "client entered transmission"
+    );
+    let writer = match stream.try_clone() {
+        Ok(clone) => Arc::new(ReplyWriter::new(clone)),
+        Err(e) => {
+            tracing::warn!(%peer, "cannot clone socket: {e}");
+            return;
+        }
+    };
+    match transmit(Arc::new(session), stream, writer, pool) {
+        Ending::Disconnect | Ending::Closed => {
+            tracing::info!(%peer, export = %export.name, "client disconnected")
+        }
+        Ending::Violation(reason) => {
+            tracing::warn!(%peer, export = %export.name, "closed connection: {reason}")
+        }
+        Ending::Failed(e) => tracing::warn!(%peer, export = %export.name, "connection failed: {e}"),
+    }
+}
