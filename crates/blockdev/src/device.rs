@@ -1,6 +1,8 @@
 //! The `BlockDevice` trait: the one interface between storage and everything that moves
 //! or measures bytes.
 
+use std::os::fd::RawFd;
+
 use crate::error::{Error, ErrorKind, Op, Result};
 use crate::info::DeviceInfo;
 
@@ -81,6 +83,16 @@ pub trait BlockDevice: Send + Sync {
     fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Result<bool> {
         let _ = (buf, offset);
         Ok(false)
+    }
+
+    /// Zero-copy reads: when this device's bytes at `offset..offset+len` are the same
+    /// bytes of an open file and that range is entirely in the page cache, returns the
+    /// file's descriptor, valid as long as the device lives. A target may then hand the
+    /// cached pages straight to a socket (sendfile) instead of copying them through a
+    /// buffer. `None` means "use read_at".
+    fn cached_file(&self, offset: u64, len: u64) -> Option<RawFd> {
+        let _ = (offset, len);
+        None
     }
 
     /// Writes `buf` at `offset`.

@@ -25,6 +25,26 @@ const BLKSSZGET: libc::c_ulong = 0x1268;
 const BLKDISCARD: libc::c_ulong = 0x1277;
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 
+/// cachestat(2), Linux 6.5+; the same number on every architecture.
+const SYS_CACHESTAT: libc::c_long = 451;
+const PAGE: u64 = 4096;
+
+#[repr(C)]
+struct CachestatRange {
+    off: u64,
+    len: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct Cachestat {
+    nr_cache: u64,
+    nr_dirty: u64,
+    nr_writeback: u64,
+    nr_evicted: u64,
+    nr_recently_evicted: u64,
+}
+
 /// Most extents one extents call collects.
 const MAX_EXTENTS_PER_CALL: usize = 4096;
 
@@ -48,6 +68,8 @@ pub struct FileDevice {
     nowait_works: AtomicBool,
     /// Cleared when the kernel or file system rejects RWF_DSYNC.
     dsync_works: AtomicBool,
+    /// Cleared when the kernel has no cachestat(2).
+    cachestat_works: AtomicBool,
 }
 
 impl FileDevice {
@@ -125,6 +147,7 @@ impl FileDevice {
             info,
             nowait_works: AtomicBool::new(true),
             dsync_works: AtomicBool::new(true),
+            cachestat_works: AtomicBool::new(!options.direct),
         })
     }
 
@@ -311,6 +334,36 @@ impl BlockDevice for FileDevice {
         Ok(false)
     }
 
+    fn cached_file(&self, offset: u64, len: u64) -> Option<std::os::fd::RawFd> {
+        if len == 0 || !self.cachestat_works.load(Ordering::Relaxed) {
+            return None;
+        }
+        let first = offset / PAGE;
+        let pages = (offset + len).div_ceil(PAGE) - first;
+        let range = CachestatRange {
+            off: first * PAGE,
+            len: pages * PAGE,
+        };
+        let mut stat = Cachestat::default();
+        // SAFETY: cachestat reads `range` and writes `stat`, both live for the call.
+        let rc = unsafe {
+            libc::syscall(
+                SYS_CACHESTAT,
+                self.fd(),
+                &range as *const CachestatRange,
+                &mut stat as *mut Cachestat,
+                0,
+            )
+        };
+        if rc != 0 {
+            if io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+                self.cachestat_works.store(false, Ordering::Relaxed);
+            }
+            return None;
+        }
+        (stat.nr_cache >= pages).then_some(self.fd())
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         if flags.fua {
             if self.dsync_works.load(Ordering::Relaxed) {
@@ -476,6 +529,28 @@ mod tests {
         };
         let read_only = Device::from_device(FileDevice::open(file.path(), options).unwrap());
         conformance::run_read_only(&read_only, &writable);
+    }
+
+    #[test]
+    fn cached_ranges_offer_their_file() {
+        let file = sparse_file(1 << 20);
+        let device = FileDevice::open(file.path(), FileOptions::default()).unwrap();
+        device.write_at(&[5u8; 65536], 0, WriteFlags::NONE).unwrap();
+        // Just written through the page cache, so resident; only a kernel without
+        // cachestat(2) makes no offer.
+        let offer = device.cached_file(0, 65536);
+        if device.cachestat_works.load(Ordering::Relaxed) {
+            assert_eq!(offer, Some(device.fd()));
+        } else {
+            assert_eq!(offer, None);
+        }
+        let direct = FileOptions {
+            direct: true,
+            ..FileOptions::default()
+        };
+        if let Ok(direct) = FileDevice::open(file.path(), direct) {
+            assert_eq!(direct.cached_file(0, 65536), None);
+        }
     }
 
     #[test]

@@ -156,6 +156,14 @@ impl Device {
         Ok(true)
     }
 
+    /// The file and page-cache residency for a zero-copy read of this range; see
+    /// [`BlockDevice::cached_file`]. The descriptor stays valid while any clone of this
+    /// handle lives.
+    pub fn cached_file(&self, offset: u64, len: u64) -> Result<Option<std::os::fd::RawFd>> {
+        self.check(Op::Read, offset, len)?;
+        Ok(self.inner.cached_file(offset, len))
+    }
+
     /// Writes `buf` at `offset`; with FUA the data is durable when this returns.
     pub fn write(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.check(Op::Write, offset, buf.len() as u64)?;

@@ -37,6 +37,10 @@ impl BlockDevice for ReadOnly {
         self.inner.try_read_at(buf, offset)
     }
 
+    fn cached_file(&self, offset: u64, len: u64) -> Option<std::os::fd::RawFd> {
+        self.inner.cached_file(offset, len)
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64, _flags: WriteFlags) -> Result<()> {
         Err(Error::new(
             ErrorKind::ReadOnly,

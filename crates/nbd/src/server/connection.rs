@@ -16,7 +16,7 @@ use super::export::ExportSet;
 use super::negotiation::{Negotiation, Step};
 use super::session::{Action, Reply, Session};
 use super::workers::{InFlight, WorkerPool};
-use super::writer::{ReplyWriter, BATCH_BYTES, BATCH_REPLIES};
+use super::writer::{ReplySink, ReplyWriter, BATCH_BYTES, BATCH_REPLIES};
 use crate::wire::*;
 
 /// Option data longer than this is refused with NBD_REP_ERR_TOO_BIG.
@@ -187,7 +187,7 @@ pub fn transmit<R, W>(
 ) -> Ending
 where
     R: Read,
-    W: Write + Send + 'static,
+    W: ReplySink + Send + 'static,
 {
     let in_flight = Arc::new(InFlight::new(MAX_IN_FLIGHT));
     let mut reader = RequestReader::new(source);
@@ -288,7 +288,7 @@ fn push(batch: &mut Vec<Reply>, bytes: &mut usize, reply: Reply) {
     batch.push(reply);
 }
 
-fn send_batch<W: Write>(
+fn send_batch<W: ReplySink>(
     writer: &ReplyWriter<W>,
     batch: &mut Vec<Reply>,
     bytes: &mut usize,

@@ -28,10 +28,16 @@ use std::time::Duration;
 pub use connection::{negotiate, transmit, Ending};
 pub use export::{Export, ExportSet};
 pub use negotiation::{transmission_flags, HandshakeError, Negotiation, Step, BASE_ALLOCATION_ID};
-pub use session::{Action, Job, Reply, Session};
+pub use session::{Action, FileSlice, Job, Reply, ReplyData, Session};
 pub use stream::Stream;
 pub use workers::WorkerPool;
-pub use writer::ReplyWriter;
+pub use writer::{ReplySink, ReplyWriter};
+
+/// Socket send buffer for each connection. With room for a few 1 MiB replies the
+/// connection thread can queue the next reply while the client still drains the last
+/// one; the kernel's autotuned default starts at 16 KiB and measured ~25% slower for
+/// 1 MiB sequential reads on loopback.
+const SEND_BUFFER: usize = 4 << 20;
 
 /// Where and how a server listens.
 #[derive(Debug, Clone)]
@@ -70,9 +76,15 @@ impl Listener {
                 let (stream, _) = listener.accept()?;
                 // Replies are written whole; never hold a small one back.
                 stream.set_nodelay(true)?;
-                Ok(Stream::Tcp(stream))
+                let stream = Stream::Tcp(stream);
+                stream.set_send_buffer(SEND_BUFFER);
+                Ok(stream)
             }
-            Listener::Unix(listener, _) => Ok(Stream::Unix(listener.accept()?.0)),
+            Listener::Unix(listener, _) => {
+                let stream = Stream::Unix(listener.accept()?.0);
+                stream.set_send_buffer(SEND_BUFFER);
+                Ok(stream)
+            }
         }
     }
 

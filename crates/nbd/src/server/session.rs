@@ -3,6 +3,7 @@
 //! request means, checks it against what was negotiated, runs it on the device, and
 //! builds the reply.
 
+use std::os::fd::RawFd;
 use std::sync::Arc;
 
 use blockwire_blockdev::{Device, Error, ExtentState, IoBuf, WriteFlags, ZeroFlags};
@@ -17,21 +18,50 @@ const DISCARD_LIMIT: u32 = 64 << 20;
 /// Reads at least this long first ask the device whether the range is a hole.
 const HOLE_CHECK_MIN: u32 = 64 * 1024;
 
-/// A reply ready to send: a header and optionally data that follows it.
+/// Reads at least this long are sent straight from the page cache when they can be.
+const ZERO_COPY_MIN: u32 = 64 * 1024;
+
+/// Reply data that is a range of an open file, sent without copying it through user
+/// space. Holds the device so the descriptor stays open until the reply is sent.
+#[derive(Debug)]
+pub struct FileSlice {
+    pub fd: RawFd,
+    pub offset: u64,
+    pub len: usize,
+    _device: Device,
+}
+
+/// What follows a reply header.
+#[derive(Debug)]
+pub enum ReplyData {
+    None,
+    Buffer(IoBuf),
+    File(FileSlice),
+}
+
+/// A reply ready to send: a header and maybe data that follows it.
 #[derive(Debug)]
 pub struct Reply {
     pub head: Vec<u8>,
-    pub data: Option<IoBuf>,
+    pub data: ReplyData,
 }
 
 impl Reply {
     fn head(head: Vec<u8>) -> Reply {
-        Reply { head, data: None }
+        Reply {
+            head,
+            data: ReplyData::None,
+        }
     }
 
     /// Bytes this reply puts on the wire.
     pub fn wire_len(&self) -> usize {
-        self.head.len() + self.data.as_ref().map_or(0, |d| d.len())
+        self.head.len()
+            + match &self.data {
+                ReplyData::None => 0,
+                ReplyData::Buffer(buf) => buf.len(),
+                ReplyData::File(slice) => slice.len,
+            }
     }
 }
 
@@ -331,6 +361,11 @@ impl Session {
                 offset,
                 len,
             } => {
+                if len >= ZERO_COPY_MIN {
+                    if let Ok(Some(fd)) = self.device.cached_file(offset, len.into()) {
+                        return Ok(self.file_reply(cookie, offset, len, fd));
+                    }
+                }
                 let mut buf = IoBuf::new(len as usize);
                 match self.device.try_read(&mut buf, offset) {
                     Ok(true) => Ok(self.read_reply(cookie, offset, buf)),
@@ -422,19 +457,35 @@ impl Session {
         }
     }
 
-    fn read_reply(&self, cookie: u64, offset: u64, data: IoBuf) -> Reply {
+    fn read_head(&self, cookie: u64, offset: u64, len: u32) -> Vec<u8> {
         let mut head = Vec::with_capacity(CHUNK_HEADER_LEN + 8);
         if !self.structured {
             encode_simple_reply(&mut head, 0, cookie);
-        } else if data.is_empty() {
+        } else if len == 0 {
             encode_none_chunk(&mut head, cookie);
-            return Reply::head(head);
         } else {
-            encode_offset_data_header(&mut head, cookie, offset, data.len() as u32, true);
+            encode_offset_data_header(&mut head, cookie, offset, len, true);
         }
+        head
+    }
+
+    fn read_reply(&self, cookie: u64, offset: u64, data: IoBuf) -> Reply {
         Reply {
-            head,
-            data: Some(data),
+            head: self.read_head(cookie, offset, data.len() as u32),
+            data: ReplyData::Buffer(data),
+        }
+    }
+
+    fn file_reply(&self, cookie: u64, offset: u64, len: u32, fd: RawFd) -> Reply {
+        let slice = FileSlice {
+            fd,
+            offset,
+            len: len as usize,
+            _device: self.device.clone(),
+        };
+        Reply {
+            head: self.read_head(cookie, offset, len),
+            data: ReplyData::File(slice),
         }
     }
 

@@ -2,8 +2,11 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
+
+use super::writer::{short_file, ReplySink};
 
 /// A client connection.
 #[derive(Debug)]
@@ -34,6 +37,32 @@ impl Stream {
         }
     }
 
+    /// Sets SO_SNDBUF (the kernel caps it at net.core.wmem_max). Best effort: a
+    /// smaller buffer only costs throughput.
+    pub fn set_send_buffer(&self, bytes: usize) {
+        let bytes = bytes.min(libc::c_int::MAX as usize) as libc::c_int;
+        // SAFETY: setsockopt reads one int from the pointer.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&bytes as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            tracing::debug!("SO_SNDBUF not set: {}", io::Error::last_os_error());
+        }
+    }
+
+    fn raw_fd(&self) -> RawFd {
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        }
+    }
+
     /// Who is on the other end, for logs.
     pub fn peer(&self) -> String {
         match self {
@@ -43,6 +72,41 @@ impl Stream {
                 .unwrap_or_else(|_| "tcp peer".into()),
             Stream::Unix(_) => "unix socket peer".into(),
         }
+    }
+}
+
+impl ReplySink for Stream {
+    fn write_vectored_more(&mut self, slices: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+        let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+        // IoSlice is ABI-compatible with iovec on Unix.
+        message.msg_iov = slices.as_ptr() as *mut libc::iovec;
+        message.msg_iovlen = slices.len().min(1024) as _;
+        // SAFETY: the iovecs point into `slices`, alive for the call.
+        let n =
+            unsafe { libc::sendmsg(self.raw_fd(), &message, libc::MSG_MORE | libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+
+    fn send_file(&mut self, fd: RawFd, offset: u64, len: usize) -> io::Result<()> {
+        let socket = self.raw_fd();
+        let mut position = offset as libc::off_t;
+        let mut left = len;
+        while left > 0 {
+            // SAFETY: both descriptors are open; sendfile advances `position`.
+            let n = unsafe { libc::sendfile(socket, fd, &mut position, left) };
+            if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            if n <= 0 {
+                return Err(short_file(n));
+            }
+            left -= n as usize;
+        }
+        Ok(())
     }
 }
 

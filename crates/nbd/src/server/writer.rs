@@ -5,7 +5,57 @@ use std::io::{self, IoSlice, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use super::session::Reply;
+use std::os::fd::RawFd;
+
+use super::session::{Reply, ReplyData};
+
+/// Where replies go: a byte stream that can also send a range of a file.
+pub trait ReplySink: Write {
+    /// Like `write_vectored`, but hints that more data follows at once (MSG_MORE), so
+    /// a header is not sent as a packet of its own before file data.
+    fn write_vectored_more(&mut self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.write_vectored(slices)
+    }
+
+    /// Sends `len` bytes of the file `fd` from `offset`. Sockets override this with
+    /// sendfile(2), which hands page-cache pages to the socket without a copy; the
+    /// default reads and writes.
+    fn send_file(&mut self, fd: RawFd, offset: u64, len: usize) -> io::Result<()> {
+        let mut buf = vec![0u8; len.min(1 << 20)];
+        let mut done = 0usize;
+        while done < len {
+            let want = (len - done).min(buf.len());
+            // SAFETY: buf has room for `want` bytes.
+            let n = unsafe {
+                libc::pread(
+                    fd,
+                    buf.as_mut_ptr().cast(),
+                    want,
+                    (offset + done as u64) as i64,
+                )
+            };
+            if n <= 0 {
+                return Err(short_file(n));
+            }
+            self.write_all(&buf[..n as usize])?;
+            done += n as usize;
+        }
+        Ok(())
+    }
+}
+
+/// The error for a file that ended (or failed) before a reply's data was sent; the
+/// reply header already promised the bytes, so the connection cannot continue.
+pub fn short_file(n: isize) -> io::Error {
+    if n < 0 {
+        io::Error::last_os_error()
+    } else {
+        io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "file shrank while its data was being sent",
+        )
+    }
+}
 
 /// Replies batched on the connection thread are sent when they reach this size.
 pub const BATCH_BYTES: usize = 256 * 1024;
@@ -18,7 +68,7 @@ pub struct ReplyWriter<W> {
     broken: AtomicBool,
 }
 
-impl<W: Write> ReplyWriter<W> {
+impl<W: ReplySink> ReplyWriter<W> {
     pub fn new(sink: W) -> ReplyWriter<W> {
         ReplyWriter {
             sink: Mutex::new(sink),
@@ -43,17 +93,8 @@ impl<W: Write> ReplyWriter<W> {
                 "connection already failed",
             ));
         }
-        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(replies.len() * 2);
-        for reply in replies {
-            slices.push(IoSlice::new(&reply.head));
-            if let Some(data) = &reply.data {
-                if !data.is_empty() {
-                    slices.push(IoSlice::new(data));
-                }
-            }
-        }
         let mut sink = self.sink.lock().unwrap_or_else(|e| e.into_inner());
-        let result = write_all_vectored(&mut *sink, &mut slices);
+        let result = send_all(&mut *sink, replies);
         if result.is_err() {
             self.broken.store(true, Ordering::Relaxed);
         }
@@ -65,6 +106,44 @@ impl<W: Write> ReplyWriter<W> {
         let mut sink = self.sink.lock().unwrap_or_else(|e| e.into_inner());
         sink.write_all(bytes)
     }
+}
+
+/// Writes replies with as few system calls as possible: buffers are gathered into
+/// one vectored write, interrupted only where a reply's data comes from a file.
+fn send_all(sink: &mut impl ReplySink, replies: &[Reply]) -> io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(replies.len() * 2);
+    for reply in replies {
+        slices.push(IoSlice::new(&reply.head));
+        match &reply.data {
+            ReplyData::None => {}
+            ReplyData::Buffer(buf) => {
+                if !buf.is_empty() {
+                    slices.push(IoSlice::new(buf));
+                }
+            }
+            ReplyData::File(slice) => {
+                write_all_vectored_more(sink, &mut slices)?;
+                slices.clear();
+                sink.send_file(slice.fd, slice.offset, slice.len)?;
+            }
+        }
+    }
+    write_all_vectored(sink, &mut slices)
+}
+
+fn write_all_vectored_more(
+    sink: &mut impl ReplySink,
+    mut slices: &mut [IoSlice<'_>],
+) -> io::Result<()> {
+    while !slices.is_empty() {
+        match sink.write_vectored_more(slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn write_all_vectored(sink: &mut impl Write, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
@@ -86,6 +165,8 @@ mod tests {
 
     /// A sink that accepts at most 5 bytes per call, to exercise partial writes.
     struct Trickle(Vec<u8>);
+
+    impl ReplySink for Trickle {}
 
     impl Write for Trickle {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Runs the same fio nbd-engine jobs against several NBD servers; see nbd-vs-peers.sh."""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+JOBS = [
+    # name, fio rw, block size, iodepth
+    ("seq-write-1M", "write", "1M", 16),
+    ("seq-read-1M", "read", "1M", 16),
+    ("rand-read-4K", "randread", "4k", 32),
+    ("rand-write-4K", "randwrite", "4k", 32),
+]
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port, timeout=20.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"server did not listen on port {port}")
+
+
+def cpu_seconds(pid):
+    """User + system CPU of a process, its threads and its reaped children."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
+    return (utime + stime + cutime + cstime) / CLOCK_TICKS
+
+
+class Server:
+    """A server process started for the benchmark and stopped by PID."""
+
+    def __init__(self, name, argv, port, export, pid_finder=None, workdir=None):
+        self.name, self.argv, self.port, self.export = name, argv, port, export
+        self.pid_finder, self.workdir = pid_finder, workdir
+        self.proc = None
+        self.pid = None
+
+    def start(self):
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     cwd=self.workdir)
+        wait_for_port(self.port)
+        self.pid = self.pid_finder() if self.pid_finder else self.proc.pid
+
+    def stop(self):
+        if self.pid and self.pid != self.proc.pid:
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        # a daemon (nbd-server) is not our child: wait for it to go
+        if self.pid and self.pid != self.proc.pid:
+            for _ in range(200):
+                if not os.path.exists(f"/proc/{self.pid}"):
+                    break
+                time.sleep(0.05)
+
+    @property
+    def uri(self):
+        return f"nbd://127.0.0.1:{self.port}/{self.export}"
+
+
+def make_servers(names, blockwire, image, workdir):
+    servers = []
+    for name in names:
+        port = free_port()
+        if name == "blockwire":
+            argv = [blockwire, "serve", image, "--listen", f"127.0.0.1:{port}", "--name", "bench"]
+            servers.append(Server(name, argv, port, "bench"))
+        elif name == "nbdkit":
+            argv = ["nbdkit", "--foreground", "--port", str(port), "--ipaddr", "127.0.0.1",
+                    "--exportname", "bench", "file", f"file={image}"]
+            servers.append(Server(name, argv, port, "bench"))
+        elif name == "qemu-nbd":
+            argv = ["qemu-nbd", "--format=raw", "--port", str(port), "--bind", "127.0.0.1",
+                    "--export-name", "bench", "--shared", "16", "--persistent",
+                    "--cache=writeback", "--aio=threads", image]
+            servers.append(Server(name, argv, port, "bench"))
+        elif name == "nbd-server":
+            conf = os.path.join(workdir, "nbd-server.conf")
+            with open(conf, "w") as f:
+                f.write(f"[generic]\n    port = {port}\n    listenaddr = 127.0.0.1\n"
+                        f"[bench]\n    exportname = {image}\n")
+            argv = ["nbd-server", "-C", conf]
+
+            def find(conf=conf):
+                # nbd-server daemonises; its main process has init as parent
+                out = subprocess.run(["pgrep", "-f", f"nbd-server -C {conf}"],
+                                     capture_output=True, text=True).stdout.split()
+                for pid in out:
+                    with open(f"/proc/{pid}/stat") as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                    if ppid == 1 or not os.path.exists(f"/proc/{ppid}/cmdline") or \
+                            b"nbd-server" not in open(f"/proc/{ppid}/cmdline", "rb").read():
+                        return int(pid)
+                raise RuntimeError("nbd-server process not found")
+            servers.append(Server(name, argv, port, "bench", pid_finder=find))
+        else:
+            raise SystemExit(f"unknown server {name}")
+    return servers
+
+
+def run_fio(uri, rw, bs, depth, runtime, size):
+    argv = ["fio", "--name=job", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}", f"--bs={bs}",
+            f"--iodepth={depth}", f"--runtime={runtime}", "--time_based", f"--size={size}",
+            "--randrepeat=0", "--norandommap", "--output-format=json"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    side = job["write"] if "write" in rw else job["read"]
+    return side["bw_bytes"] / 1e6, side["iops"], side["clat_ns"]["percentile"].get("99.000000", 0) / 1000
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--blockwire", required=True)
+    parser.add_argument("--size", default="4G")
+    parser.add_argument("--runtime", type=int, default=10)
+    parser.add_argument("--json", default="bench/results/nbd-vs-peers.json")
+    parser.add_argument("--dir", default=None, help="where the test image goes (default: a temp dir)")
+    parser.add_argument("--servers", default="blockwire,nbdkit,qemu-nbd,nbd-server")
+    parser.add_argument("--jobs", default=",".join(j[0] for j in JOBS))
+    args = parser.parse_args()
+
+    workdir = tempfile.mkdtemp(prefix="bw-bench-", dir=args.dir)
+    image = os.path.join(workdir, "image.raw")
+    try:
+        size_arg = args.size
+        print(f"prefilling {size_arg} at {image} ...", file=sys.stderr)
+        subprocess.run(["fio", "--name=prefill", f"--filename={image}", "--rw=write", "--bs=1M",
+                        f"--size={size_arg}", "--ioengine=psync", "--refill_buffers",
+                        "--output-format=terse"], check=True, capture_output=True)
+        os.sync()  # write-back of the prefill must not run during the first server's jobs
+        jobs = [j for j in JOBS if j[0] in args.jobs.split(",")]
+        results = {}
+        for server in make_servers(args.servers.split(","), args.blockwire, image, workdir):
+            server.start()
+            try:
+                for name, rw, bs, depth in jobs:
+                    before = cpu_seconds(server.pid)
+                    mbps, iops, p99 = run_fio(server.uri, rw, bs, depth, args.runtime, size_arg)
+                    time.sleep(0.3)  # let a forking server reap the connection's child
+                    cpu = cpu_seconds(server.pid) - before
+                    os.sync()  # each job starts with no dirty pages left by the previous one
+                    mb = mbps * args.runtime
+                    results.setdefault(name, {})[server.name] = {
+                        "mb_per_s": round(mbps, 1), "iops": round(iops), "p99_us": round(p99, 1),
+                        "server_cpu_s": round(cpu, 2),
+                        "mb_per_server_cpu_s": round(mb / cpu, 1) if cpu > 0 else None,
+                    }
+                    print(f"{server.name:>10} {name:<14} {mbps:9.1f} MB/s {iops:9.0f} IOPS "
+                          f"cpu {cpu:5.2f}s", file=sys.stderr)
+            finally:
+                server.stop()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    names = args.servers.split(",")
+    print()
+    header = f"{'job':<14}" + "".join(f"{n + ' MB/s':>18}" for n in names)
+    header += f"{'bw/nbdkit':>11}{'MB/cpu-s bw/nbdkit':>20}"
+    print(header)
+    ratios = {}
+    for name, _, _, _ in jobs:
+        row = results[name]
+        line = f"{name:<14}" + "".join(
+            f"{row[n]['mb_per_s']:>11.1f} ({row[n]['iops']:>6})" if n in row else f"{'-':>18}" for n in names)
+        if "blockwire" in row and "nbdkit" in row:
+            speed = row["blockwire"]["mb_per_s"] / row["nbdkit"]["mb_per_s"]
+            eff_b, eff_k = row["blockwire"]["mb_per_server_cpu_s"], row["nbdkit"]["mb_per_server_cpu_s"]
+            eff = eff_b / eff_k if eff_b and eff_k else float("nan")
+            ratios[name] = {"throughput": round(speed, 2), "mb_per_server_cpu_s": round(eff, 2)}
+            line += f"{speed:>10.2f}x{eff:>19.2f}x"
+        print(line)
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"size": args.size, "runtime_s": args.runtime, "client": "fio ioengine=nbd",
+                   "results": results, "ratios_blockwire_over_nbdkit": ratios,
+                   "machine": {"cpus": os.cpu_count(), "kernel": os.uname().release}}, f, indent=2)
+    print(f"\nJSON written to {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Serve the same prefilled file from blockwire, nbdkit (file plugin), qemu-nbd and
+# nbd-server in turn, on loopback, and drive each with fio's nbd engine: sequential
+# 1 MiB write and read at iodepth 16, random 4 KiB read and write at iodepth 32.
+# Prints MB/s, IOPS, server CPU seconds, MB per server CPU-second and the ratio
+# blockwire / nbdkit for every job; writes everything as JSON.
+#
+# usage: bench/nbd-vs-peers.sh [--size 4G] [--runtime 10] [--json FILE] [--dir DIR]
+#                              [--servers blockwire,nbdkit,qemu-nbd,nbd-server]
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+
+need=()
+command -v fio >/dev/null || need+=(fio)
+command -v nbdkit >/dev/null || need+=(nbdkit)
+command -v qemu-nbd >/dev/null || need+=(qemu-utils)
+command -v nbd-server >/dev/null || need+=(nbd-server)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "missing: ${need[*]} (install them, or run as root)" >&2
+    exit 1
+  fi
+fi
+
+(cd "$root" && cargo build --release --quiet -p blockwire)
+exec python3 "$here/lib/nbd_vs_peers.py" --blockwire "$root/target/release/blockwire" "$@"
