@@ -1,0 +1,175 @@
+//! Helpers for tests that drive the `blockwire` release binary against real peer
+//! programs: start a server on a free port, wait for it, stop it by PID, and skip a
+//! test (saying why) when a peer program is missing.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The release binary under test: `$BLOCKWIRE_BIN`, else `target/release/blockwire`
+/// of this workspace (the test command builds it first).
+pub fn blockwire_bin() -> PathBuf {
+    if let Ok(path) = std::env::var("BLOCKWIRE_BIN") {
+        return PathBuf::from(path);
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/blockwire");
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --release` first (or set BLOCKWIRE_BIN)",
+        path.display()
+    );
+    path
+}
+
+/// Whether a program is on PATH.
+pub fn have(program: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {program}"))
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// Returns early from a test, with a message, when a program is missing.
+#[macro_export]
+macro_rules! require {
+    ($($program:expr),+) => {
+        $(
+            if !$crate::have($program) {
+                eprintln!("skipped: {} is not installed", $program);
+                return;
+            }
+        )+
+    };
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port")
+}
+
+/// A `blockwire serve` process, stopped (SIGTERM, then SIGKILL) when dropped.
+pub struct Served {
+    pub child: Child,
+    pub port: u16,
+    pub name: String,
+}
+
+impl Served {
+    /// Starts `blockwire serve ARGS... --listen 127.0.0.1:PORT` and waits until it
+    /// accepts connections. `name` is the export name used in [`uri`](Self::uri).
+    pub fn start(args: &[&str], name: &str) -> Served {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let child = Command::new(blockwire_bin())
+            .arg("serve")
+            .args(args)
+            .args(["--listen", &listen])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start blockwire serve");
+        let served = Served {
+            child,
+            port,
+            name: name.to_string(),
+        };
+        served.wait_ready();
+        served
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("blockwire did not listen on port {} within 20 s", self.port);
+    }
+
+    /// `nbd://127.0.0.1:PORT/NAME`.
+    pub fn uri(&self) -> String {
+        format!("nbd://127.0.0.1:{}/{}", self.port, self.name)
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Sends SIGTERM and waits; returns the exit status code (None if killed).
+    pub fn terminate(mut self) -> Option<i32> {
+        // SAFETY: kill(2) on our own child's PID.
+        unsafe { libc::kill(self.pid(), libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("blockwire did not exit within 20 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: kill(2) on our own child's PID.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs a command, panicking with its output if it fails.
+pub fn run(program: &str, args: &[&str]) -> Output {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    assert!(
+        output.status.success(),
+        "{program} {args:?} failed ({}):\nstdout: {}\nstderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// A file of `len` bytes filled with a deterministic pattern derived from `seed`.
+pub fn patterned_file(dir: &Path, name: &str, len: usize, seed: u8) -> PathBuf {
+    let path = dir.join(name);
+    let data: Vec<u8> = (0..len)
+        .map(|i| ((i / 4096) as u8).wrapping_mul(31) ^ (i as u8).wrapping_add(seed))
+        .collect();
+    std::fs::write(&path, data).expect("write patterned file");
+    path
+}
+
+/// A sparse file of `len` bytes.
+pub fn sparse_file(dir: &Path, name: &str, len: u64) -> PathBuf {
+    let path = dir.join(name);
+    let file = std::fs::File::create(&path).expect("create sparse file");
+    file.set_len(len).expect("size sparse file");
+    path
+}
