@@ -1,1 +1,302 @@
+//! The handshake state machine driven without sockets.
 
+use std::sync::Arc;
+
+use blockwire_blockdev::{Device, MemoryDevice};
+
+use super::*;
+use crate::server::export::{Export, ExportSet};
+use crate::server::session::Action;
+
+fn exports() -> Arc<ExportSet> {
+    let mut set = ExportSet::new();
+    let disk = Device::from_device(MemoryDevice::new(1 << 20));
+    set.add(Export::new("disk", "the disk", disk)).unwrap();
+    let other = Device::from_device(MemoryDevice::new(2 << 20)).read_only();
+    set.add(Export::new("other", "", other)).unwrap();
+    Arc::new(set)
+}
+
+fn start() -> Negotiation {
+    Negotiation::start(exports(), NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES).unwrap()
+}
+
+/// Splits option replies into (option, reply type, payload).
+fn replies(mut bytes: &[u8]) -> Vec<(u32, u32, Vec<u8>)> {
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        let header =
+            OptionReplyHeader::decode(bytes[..OPTION_REPLY_HEADER_LEN].try_into().unwrap())
+                .unwrap();
+        let end = OPTION_REPLY_HEADER_LEN + header.len as usize;
+        out.push((
+            header.option,
+            header.reply,
+            bytes[OPTION_REPLY_HEADER_LEN..end].to_vec(),
+        ));
+        bytes = &bytes[end..];
+    }
+    out
+}
+
+fn send(negotiation: &mut Negotiation, option: ClientOption) -> (Step, Vec<(u32, u32, Vec<u8>)>) {
+    let mut encoded = Vec::new();
+    option.encode(&mut encoded);
+    let header = OptionHeader::decode(encoded[..OPTION_HEADER_LEN].try_into().unwrap()).unwrap();
+    let mut out = Vec::new();
+    let step = negotiation.handle(header.option, &encoded[OPTION_HEADER_LEN..], &mut out);
+    (step, replies(&out))
+}
+
+fn go(name: &str) -> ClientOption {
+    ClientOption::Go {
+        name: name.into(),
+        requests: vec![NBD_INFO_BLOCK_SIZE, NBD_INFO_NAME, NBD_INFO_DESCRIPTION],
+    }
+}
+
+fn block_status_allowed(session: &Session) -> bool {
+    let request = Request {
+        flags: 0,
+        command: NBD_CMD_BLOCK_STATUS,
+        cookie: 1,
+        offset: 0,
+        len: 4096,
+    };
+    matches!(session.classify(&request), Action::Execute(_))
+}
+
+#[test]
+fn clients_must_speak_fixed_newstyle() {
+    assert_eq!(
+        Negotiation::start(exports(), 0).err(),
+        Some(HandshakeError::NotFixedNewstyle(0))
+    );
+    assert_eq!(
+        Negotiation::start(exports(), NBD_FLAG_C_FIXED_NEWSTYLE | 0x100).err(),
+        Some(HandshakeError::UnknownClientFlags(0x101))
+    );
+}
+
+#[test]
+fn go_answers_info_then_ack_and_enters_transmission() {
+    let mut negotiation = start();
+    let (step, replies) = send(&mut negotiation, go("disk"));
+    let Step::Transmission(session) = step else {
+        panic!("GO did not enter transmission: {step:?}");
+    };
+    let kinds: Vec<u32> = replies.iter().map(|r| r.1).collect();
+    assert_eq!(kinds.last(), Some(&NBD_REP_ACK));
+    let infos: Vec<InfoReply> = replies
+        .iter()
+        .filter(|r| r.1 == NBD_REP_INFO)
+        .map(|r| InfoReply::decode(&r.2).unwrap())
+        .collect();
+    assert!(infos.contains(&InfoReply::Export {
+        size: 1 << 20,
+        flags: session.flags()
+    }));
+    assert!(infos.contains(&InfoReply::Name("disk".into())));
+    assert!(infos.contains(&InfoReply::Description("the disk".into())));
+    assert!(infos
+        .iter()
+        .any(|i| matches!(i, InfoReply::BlockSize { maximum, .. } if *maximum == 32 << 20)));
+    // Without structured replies, no DF and no block status.
+    assert_eq!(session.flags() & NBD_FLAG_SEND_DF, 0);
+    assert!(!block_status_allowed(&session));
+}
+
+#[test]
+fn empty_name_selects_the_default_export() {
+    let mut negotiation = start();
+    let (step, _) = send(&mut negotiation, go(""));
+    let Step::Transmission(session) = step else {
+        panic!("no transmission")
+    };
+    assert_eq!(session.export().name, "disk");
+}
+
+#[test]
+fn unknown_export_is_an_error_and_negotiation_continues() {
+    let mut negotiation = start();
+    let (step, replies) = send(&mut negotiation, go("nope"));
+    assert!(matches!(step, Step::Continue));
+    assert_eq!(replies.len(), 1);
+    assert_eq!(replies[0].1, NBD_REP_ERR_UNKNOWN);
+    let (step, _) = send(&mut negotiation, go("disk"));
+    assert!(matches!(step, Step::Transmission(_)));
+}
+
+#[test]
+fn list_names_every_export() {
+    let mut negotiation = start();
+    let (_, replies) = send(&mut negotiation, ClientOption::List);
+    let servers: Vec<&Vec<u8>> = replies
+        .iter()
+        .filter(|r| r.1 == NBD_REP_SERVER)
+        .map(|r| &r.2)
+        .collect();
+    assert_eq!(servers.len(), 2);
+    assert_eq!(servers[0], &rep_server_payload("disk", "the disk"));
+    assert_eq!(replies.last().unwrap().1, NBD_REP_ACK);
+}
+
+#[test]
+fn starttls_and_unknown_options_are_refused_politely() {
+    let mut negotiation = start();
+    let (step, replies) = send(&mut negotiation, ClientOption::StartTls);
+    assert!(matches!(step, Step::Continue));
+    assert_eq!(replies[0].1, NBD_REP_ERR_UNSUP);
+    let (step, replies) = send(&mut negotiation, ClientOption::Unknown(77));
+    assert!(matches!(step, Step::Continue));
+    assert_eq!(
+        replies[0],
+        (
+            77,
+            NBD_REP_ERR_UNSUP,
+            b"option 77 is not supported".to_vec()
+        )
+    );
+}
+
+#[test]
+fn malformed_option_data_gets_invalid() {
+    let mut negotiation = start();
+    let mut out = Vec::new();
+    let step = negotiation.handle(NBD_OPT_GO, &[0, 0, 0, 9, b'x'], &mut out);
+    assert!(matches!(step, Step::Continue));
+    assert_eq!(replies(&out)[0].1, NBD_REP_ERR_INVALID);
+}
+
+#[test]
+fn abort_acks_and_closes() {
+    let mut negotiation = start();
+    let (step, replies) = send(&mut negotiation, ClientOption::Abort);
+    assert!(matches!(step, Step::Close));
+    assert_eq!(replies[0].1, NBD_REP_ACK);
+}
+
+#[test]
+fn meta_contexts_need_structured_replies_first() {
+    let mut negotiation = start();
+    let set = ClientOption::SetMetaContext {
+        name: "disk".into(),
+        queries: vec![BASE_ALLOCATION.into()],
+    };
+    let (_, replies) = send(&mut negotiation, set.clone());
+    assert_eq!(replies[0].1, NBD_REP_ERR_INVALID);
+
+    send(&mut negotiation, ClientOption::StructuredReply);
+    let (_, replies) = send(&mut negotiation, set);
+    assert_eq!(replies[0].1, NBD_REP_META_CONTEXT);
+    assert_eq!(
+        replies[0].2,
+        rep_meta_context_payload(BASE_ALLOCATION_ID, BASE_ALLOCATION)
+    );
+    assert_eq!(replies[1].1, NBD_REP_ACK);
+
+    let (step, _) = send(&mut negotiation, go("disk"));
+    let Step::Transmission(session) = step else {
+        panic!("no transmission")
+    };
+    assert!(block_status_allowed(&session));
+    assert_ne!(session.flags() & NBD_FLAG_SEND_DF, 0);
+}
+
+#[test]
+fn a_context_chosen_for_another_export_does_not_carry_over() {
+    let mut negotiation = start();
+    send(&mut negotiation, ClientOption::StructuredReply);
+    let set = ClientOption::SetMetaContext {
+        name: "other".into(),
+        queries: vec![BASE_ALLOCATION.into()],
+    };
+    send(&mut negotiation, set);
+    let (step, _) = send(&mut negotiation, go("disk"));
+    let Step::Transmission(session) = step else {
+        panic!("no transmission")
+    };
+    assert!(!block_status_allowed(&session));
+}
+
+#[test]
+fn list_meta_context_lists_without_selecting() {
+    let mut negotiation = start();
+    send(&mut negotiation, ClientOption::StructuredReply);
+    let list = ClientOption::ListMetaContext {
+        name: "disk".into(),
+        queries: vec![],
+    };
+    let (_, replies) = send(&mut negotiation, list);
+    assert_eq!(replies[0].1, NBD_REP_META_CONTEXT);
+    assert_eq!(replies[0].2, rep_meta_context_payload(0, BASE_ALLOCATION));
+    let unknown_namespace = ClientOption::ListMetaContext {
+        name: "disk".into(),
+        queries: vec!["qemu:dirty-bitmap:x".into()],
+    };
+    let (_, replies) = send(&mut negotiation, unknown_namespace);
+    assert_eq!(replies.len(), 1);
+    assert_eq!(replies[0].1, NBD_REP_ACK);
+    let (step, _) = send(&mut negotiation, go("disk"));
+    let Step::Transmission(session) = step else {
+        panic!("no transmission")
+    };
+    assert!(!block_status_allowed(&session));
+}
+
+#[test]
+fn export_name_replies_with_size_and_flags() {
+    let mut negotiation = start();
+    let mut out = Vec::new();
+    let step = negotiation.handle(NBD_OPT_EXPORT_NAME, b"other", &mut out);
+    let Step::Transmission(session) = step else {
+        panic!("no transmission")
+    };
+    // NO_ZEROES was negotiated: size and flags only.
+    assert_eq!(out.len(), 10);
+    assert_eq!(u64::from_be_bytes(out[..8].try_into().unwrap()), 2 << 20);
+    let flags = u16::from_be_bytes(out[8..10].try_into().unwrap());
+    assert_eq!(flags, session.flags());
+    assert_ne!(flags & NBD_FLAG_READ_ONLY, 0);
+    assert_eq!(flags & NBD_FLAG_SEND_TRIM, 0);
+
+    let mut out = Vec::new();
+    let step = start().handle(NBD_OPT_EXPORT_NAME, b"missing", &mut out);
+    assert!(matches!(step, Step::Close));
+    assert!(out.is_empty());
+}
+
+#[test]
+fn flags_follow_device_capabilities() {
+    let info = Device::from_device(MemoryDevice::new(4096))
+        .info()
+        .to_owned();
+    let flags = transmission_flags(&info, true);
+    for flag in [
+        NBD_FLAG_HAS_FLAGS,
+        NBD_FLAG_SEND_FLUSH,
+        NBD_FLAG_SEND_FUA,
+        NBD_FLAG_SEND_TRIM,
+        NBD_FLAG_SEND_WRITE_ZEROES,
+        NBD_FLAG_SEND_FAST_ZERO,
+        NBD_FLAG_SEND_DF,
+        NBD_FLAG_CAN_MULTI_CONN,
+        NBD_FLAG_SEND_CACHE,
+    ] {
+        assert_ne!(flags & flag, 0, "flag {flag:#x} missing");
+    }
+    let read_only = Device::from_device(MemoryDevice::new(4096))
+        .read_only()
+        .info()
+        .to_owned();
+    let flags = transmission_flags(&read_only, false);
+    assert_ne!(flags & NBD_FLAG_READ_ONLY, 0);
+    assert_eq!(
+        flags
+            & (NBD_FLAG_SEND_TRIM
+                | NBD_FLAG_SEND_WRITE_ZEROES
+                | NBD_FLAG_SEND_FAST_ZERO
+                | NBD_FLAG_SEND_DF),
+        0
+    );
+}

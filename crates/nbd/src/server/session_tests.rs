@@ -1,1 +1,413 @@
+//! The transmission phase driven without sockets: requests in, replies out.
 
+use std::io::{self, Cursor, Write};
+use std::sync::{Arc, Mutex};
+
+use blockwire_blockdev::{Device, IoBuf, MemoryDevice};
+
+use super::*;
+use crate::server::connection::{transmit, Ending};
+use crate::server::workers::WorkerPool;
+use crate::server::writer::{ReplySink, ReplyWriter};
+
+const SIZE: u64 = 4 << 20;
+
+fn session_on(device: Device, structured: bool) -> Session {
+    let export = Arc::new(Export::new("disk", "", device));
+    let flags = crate::server::negotiation::transmission_flags(export.device.info(), structured);
+    let context = structured.then_some(1);
+    Session::new(export, structured, context, flags)
+}
+
+fn session(structured: bool) -> Session {
+    session_on(Device::from_device(MemoryDevice::new(SIZE)), structured)
+}
+
+fn request(command: u16, flags: u16, offset: u64, len: u32) -> Request {
+    Request {
+        flags,
+        command,
+        cookie: 42,
+        offset,
+        len,
+    }
+}
+
+/// The NBD error value of a reply (simple or error chunk); 0 for success.
+fn error_of(reply: &Reply) -> u32 {
+    match ReplyHeader::decode(&reply.head).unwrap().unwrap().0 {
+        ReplyHeader::Simple { error, .. } => error,
+        ReplyHeader::Chunk { kind, .. } if kind & 0x8000 != 0 => {
+            decode_error_payload(&reply.head[CHUNK_HEADER_LEN..])
+                .unwrap()
+                .0
+        }
+        ReplyHeader::Chunk { .. } => 0,
+    }
+}
+
+fn run(session: &Session, request: Request) -> Reply {
+    match session.classify(&request) {
+        Action::Execute(job) => session.execute(job),
+        Action::Reply(reply) => reply,
+        other => panic!("unexpected action {other:?}"),
+    }
+}
+
+fn write(session: &Session, offset: u64, data: &[u8], flags: u16) -> Reply {
+    let request = request(NBD_CMD_WRITE, flags, offset, data.len() as u32);
+    match session.classify(&request) {
+        Action::ReadPayload(request) => {
+            session.execute(session.write_job(&request, IoBuf::from_slice(data)))
+        }
+        Action::DiscardPayload { reply, .. } => reply,
+        other => panic!("unexpected action {other:?}"),
+    }
+}
+
+fn read_data(reply: &Reply) -> Vec<u8> {
+    match &reply.data {
+        ReplyData::Buffer(buf) => buf.to_vec(),
+        other => panic!("no data in reply: {other:?}"),
+    }
+}
+
+#[test]
+fn write_then_read_round_trips() {
+    for structured in [false, true] {
+        let session = session(structured);
+        assert_eq!(error_of(&write(&session, 8192, &[7u8; 4096], 0)), 0);
+        let reply = run(&session, request(NBD_CMD_READ, 0, 8192, 4096));
+        assert_eq!(error_of(&reply), 0);
+        assert_eq!(read_data(&reply), vec![7u8; 4096]);
+    }
+}
+
+#[test]
+fn out_of_range_errors_follow_the_spec() {
+    let session = session(false);
+    let reply = run(&session, request(NBD_CMD_READ, 0, SIZE - 512, 1024));
+    assert_eq!(error_of(&reply), NBD_EINVAL);
+    assert_eq!(
+        error_of(&write(&session, SIZE - 512, &[1u8; 1024], 0)),
+        NBD_ENOSPC
+    );
+    let reply = run(&session, request(NBD_CMD_TRIM, 0, SIZE, 512));
+    assert_eq!(error_of(&reply), NBD_EINVAL);
+    let reply = run(&session, request(NBD_CMD_WRITE_ZEROES, 0, u64::MAX, 512));
+    assert_eq!(error_of(&reply), NBD_ENOSPC);
+}
+
+#[test]
+fn structured_errors_carry_a_message() {
+    let session = session(true);
+    let reply = run(&session, request(NBD_CMD_READ, 0, SIZE, 512));
+    let (header, _) = ReplyHeader::decode(&reply.head).unwrap().unwrap();
+    assert!(matches!(
+        header,
+        ReplyHeader::Chunk {
+            kind: NBD_REPLY_TYPE_ERROR,
+            flags: NBD_REPLY_FLAG_DONE,
+            ..
+        }
+    ));
+    let (error, message) = decode_error_payload(&reply.head[CHUNK_HEADER_LEN..]).unwrap();
+    assert_eq!(error, NBD_EINVAL);
+    assert!(message.contains("beyond the end"), "{message}");
+}
+
+#[test]
+fn oversized_requests_are_refused_or_hung_up() {
+    let session = session(true);
+    let reply = run(&session, request(NBD_CMD_READ, 0, 0, (32 << 20) + 1));
+    assert_eq!(error_of(&reply), NBD_EINVAL);
+    match session.classify(&request(NBD_CMD_WRITE, 0, 0, 40 << 20)) {
+        Action::DiscardPayload { len, reply } => {
+            assert_eq!(len, 40 << 20);
+            assert_eq!(error_of(&reply), NBD_EINVAL);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(matches!(
+        session.classify(&request(NBD_CMD_WRITE, 0, 0, u32::MAX)),
+        Action::Hangup(_)
+    ));
+}
+
+#[test]
+fn unknown_commands_and_flags_get_einval() {
+    let session = session(true);
+    assert_eq!(error_of(&run(&session, request(99, 0, 0, 0))), NBD_EINVAL);
+    // REQ_ONE belongs to block status, not to read.
+    assert_eq!(
+        error_of(&run(
+            &session,
+            request(NBD_CMD_READ, NBD_CMD_FLAG_REQ_ONE, 0, 512)
+        )),
+        NBD_EINVAL
+    );
+    assert_eq!(
+        error_of(&run(&session, request(NBD_CMD_FLUSH, 0x8000, 0, 0))),
+        NBD_EINVAL
+    );
+    // DF needs structured replies.
+    let simple = session_on(Device::from_device(MemoryDevice::new(SIZE)), false);
+    assert_eq!(
+        error_of(&run(
+            &simple,
+            request(NBD_CMD_READ, NBD_CMD_FLAG_DF, 0, 512)
+        )),
+        NBD_EINVAL
+    );
+    // FUA is accepted on every command.
+    assert_eq!(
+        error_of(&run(
+            &session,
+            request(NBD_CMD_READ, NBD_CMD_FLAG_FUA, 0, 512)
+        )),
+        0
+    );
+}
+
+#[test]
+fn read_only_exports_refuse_writes_with_eperm() {
+    let device = Device::from_device(MemoryDevice::new(SIZE));
+    let session = session_on(device.read_only(), true);
+    assert_eq!(error_of(&write(&session, 0, &[1u8; 512], 0)), NBD_EPERM);
+    assert_eq!(
+        error_of(&run(&session, request(NBD_CMD_TRIM, 0, 0, 512))),
+        NBD_EPERM
+    );
+    assert_eq!(
+        error_of(&run(&session, request(NBD_CMD_WRITE_ZEROES, 0, 0, 512))),
+        NBD_EPERM
+    );
+    let mut buf = [0u8; 512];
+    device.read(&mut buf, 0).unwrap();
+    assert_eq!(buf, [0u8; 512]);
+}
+
+#[test]
+fn sparse_reads_become_holes_and_block_status_reports_them() {
+    let session = session(true);
+    write(&session, 0, &[9u8; 65536], 0);
+    let reply = run(&session, request(NBD_CMD_READ, 0, 1 << 20, 1 << 20));
+    let (header, _) = ReplyHeader::decode(&reply.head).unwrap().unwrap();
+    assert!(matches!(
+        header,
+        ReplyHeader::Chunk {
+            kind: NBD_REPLY_TYPE_OFFSET_HOLE,
+            ..
+        }
+    ));
+
+    let reply = run(&session, request(NBD_CMD_BLOCK_STATUS, 0, 0, 1 << 20));
+    let (context, descriptors) = decode_block_status(&reply.head[CHUNK_HEADER_LEN..]).unwrap();
+    assert_eq!(context, 1);
+    assert_eq!(
+        descriptors,
+        vec![
+            (65536, 0),
+            ((1 << 20) - 65536, NBD_STATE_HOLE | NBD_STATE_ZERO)
+        ]
+    );
+
+    let reply = run(
+        &session,
+        request(NBD_CMD_BLOCK_STATUS, NBD_CMD_FLAG_REQ_ONE, 0, 1 << 20),
+    );
+    let (_, descriptors) = decode_block_status(&reply.head[CHUNK_HEADER_LEN..]).unwrap();
+    assert_eq!(descriptors, vec![(65536, 0)]);
+}
+
+#[test]
+fn write_zeroes_flavours() {
+    let session = session(true);
+    write(&session, 0, &[3u8; 8192], 0);
+    let fast = NBD_CMD_FLAG_FAST_ZERO | NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FUA;
+    assert_eq!(
+        error_of(&run(&session, request(NBD_CMD_WRITE_ZEROES, fast, 0, 8192))),
+        0
+    );
+    let reply = run(&session, request(NBD_CMD_READ, 0, 0, 8192));
+    assert_eq!(read_data(&reply), vec![0u8; 8192]);
+}
+
+/// A reply sink the test can read after the connection ends.
+#[derive(Clone, Default)]
+struct SharedSink(Arc<Mutex<Vec<u8>>>);
+
+impl Write for SharedSink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl ReplySink for SharedSink {}
+
+/// Reads every reply in `bytes`: (cookie, error, data of a successful read).
+fn parse_replies(mut bytes: &[u8], read_lens: &[(u64, usize)]) -> Vec<(u64, u32, Vec<u8>)> {
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        let (header, used) = ReplyHeader::decode(bytes).unwrap().unwrap();
+        bytes = &bytes[used..];
+        match header {
+            ReplyHeader::Simple { error, cookie } => {
+                let len = read_lens
+                    .iter()
+                    .find(|(c, _)| *c == cookie)
+                    .map_or(0, |r| r.1);
+                let len = if error == 0 { len } else { 0 };
+                out.push((cookie, error, bytes[..len].to_vec()));
+                bytes = &bytes[len..];
+            }
+            ReplyHeader::Chunk {
+                cookie, len, kind, ..
+            } => {
+                let payload = &bytes[..len as usize];
+                let entry = match kind {
+                    NBD_REPLY_TYPE_OFFSET_DATA => (cookie, 0, payload[8..].to_vec()),
+                    NBD_REPLY_TYPE_ERROR => {
+                        (cookie, decode_error_payload(payload).unwrap().0, Vec::new())
+                    }
+                    _ => (cookie, 0, Vec::new()),
+                };
+                out.push(entry);
+                bytes = &bytes[len as usize..];
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_connection_runs_from_a_byte_stream_without_sockets() {
+    let session = Arc::new(session(true));
+    let mut input = Vec::new();
+    let mut reads = Vec::new();
+    for i in 0..32u64 {
+        let write = Request {
+            flags: 0,
+            command: NBD_CMD_WRITE,
+            cookie: i,
+            offset: i * 4096,
+            len: 4096,
+        };
+        write.encode(&mut input);
+        input.extend(std::iter::repeat_n(i as u8, 4096));
+    }
+    let flush = Request {
+        flags: 0,
+        command: NBD_CMD_FLUSH,
+        cookie: 100,
+        offset: 0,
+        len: 0,
+    };
+    flush.encode(&mut input);
+    for i in 0..32u64 {
+        let read = Request {
+            flags: 0,
+            command: NBD_CMD_READ,
+            cookie: 200 + i,
+            offset: i * 4096,
+            len: 4096,
+        };
+        read.encode(&mut input);
+        reads.push((200 + i, 4096));
+    }
+    let bad = Request {
+        flags: 0,
+        command: 77,
+        cookie: 300,
+        offset: 0,
+        len: 0,
+    };
+    bad.encode(&mut input);
+    Request {
+        flags: 0,
+        command: NBD_CMD_DISC,
+        cookie: 301,
+        offset: 0,
+        len: 0,
+    }
+    .encode(&mut input);
+    // Nothing after DISC may be processed.
+    Request {
+        flags: 0,
+        command: NBD_CMD_READ,
+        cookie: 302,
+        offset: 0,
+        len: 512,
+    }
+    .encode(&mut input);
+
+    let sink = SharedSink::default();
+    let writer = Arc::new(ReplyWriter::new(sink.clone()));
+    let pool = WorkerPool::new(2);
+    let ending = transmit(session, Cursor::new(input), writer, &pool);
+    assert!(matches!(ending, Ending::Disconnect), "{ending:?}");
+
+    let output = sink.0.lock().unwrap().clone();
+    let replies = parse_replies(&output, &reads);
+    assert_eq!(replies.len(), 32 + 1 + 32 + 1);
+    for (cookie, error, data) in &replies {
+        match cookie {
+            0..=31 | 100 => assert_eq!(*error, 0),
+            200..=231 => {
+                assert_eq!(*error, 0);
+                assert_eq!(data, &vec![(cookie - 200) as u8; 4096]);
+            }
+            300 => assert_eq!(*error, NBD_EINVAL),
+            other => panic!("unexpected reply for cookie {other}"),
+        }
+    }
+}
+
+#[test]
+fn a_truncated_payload_never_reaches_the_device() {
+    let device = Device::from_device(MemoryDevice::new(SIZE));
+    let session = Arc::new(session_on(device.clone(), false));
+    let mut input = Vec::new();
+    Request {
+        flags: 0,
+        command: NBD_CMD_WRITE,
+        cookie: 1,
+        offset: 0,
+        len: 8192,
+    }
+    .encode(&mut input);
+    input.extend(std::iter::repeat_n(0xEEu8, 5000));
+    let writer = Arc::new(ReplyWriter::new(SharedSink::default()));
+    let pool = WorkerPool::new(1);
+    let ending = transmit(session, Cursor::new(input), writer, &pool);
+    assert!(matches!(ending, Ending::Violation(_)), "{ending:?}");
+    let mut buf = vec![0u8; 8192];
+    device.read(&mut buf, 0).unwrap();
+    assert!(buf.iter().all(|&b| b == 0));
+}
+
+#[test]
+fn a_bad_magic_ends_the_connection() {
+    let session = Arc::new(session(false));
+    let mut input = Vec::new();
+    Request {
+        flags: 0,
+        command: NBD_CMD_FLUSH,
+        cookie: 1,
+        offset: 0,
+        len: 0,
+    }
+    .encode(&mut input);
+    input[0] ^= 0xff;
+    let writer = Arc::new(ReplyWriter::new(SharedSink::default()));
+    let pool = WorkerPool::new(1);
+    let ending = transmit(session, Cursor::new(input), writer, &pool);
+    assert!(
+        matches!(ending, Ending::Violation(ref reason) if reason.contains("magic")),
+        "{ending:?}"
+    );
+}

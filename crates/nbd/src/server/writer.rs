@@ -185,11 +185,11 @@ mod tests {
         let replies = [
             Reply {
                 head: b"head1".to_vec(),
-                data: Some(IoBuf::from_slice(b"data-one")),
+                data: ReplyData::Buffer(IoBuf::from_slice(b"data-one")),
             },
             Reply {
                 head: b"h2".to_vec(),
-                data: None,
+                data: ReplyData::None,
             },
         ];
         writer.send(&replies).unwrap();
