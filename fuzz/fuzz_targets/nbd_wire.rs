@@ -1,0 +1,32 @@
+//! Every NBD decoder on arbitrary bytes: none may panic, and what decodes must
+//! re-encode to the same bytes where the codec has an encoder.
+#![no_main]
+
+use blockwire_nbd::wire::*;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if data.len() >= OPTION_HEADER_LEN {
+        let _ = OptionHeader::decode(data[..OPTION_HEADER_LEN].try_into().unwrap());
+    }
+    if let Some((&option, rest)) = data.split_first() {
+        let _ = ClientOption::parse(u32::from(option % 16), rest);
+    }
+    if data.len() >= REQUEST_LEN {
+        if let Ok(request) = Request::decode(data[..REQUEST_LEN].try_into().unwrap()) {
+            let mut out = Vec::new();
+            request.encode(&mut out);
+            assert_eq!(&out[..], &data[..REQUEST_LEN]);
+        }
+    }
+    if data.len() >= OPTION_REPLY_HEADER_LEN {
+        let _ = OptionReplyHeader::decode(data[..OPTION_REPLY_HEADER_LEN].try_into().unwrap());
+    }
+    if data.len() >= GREETING_LEN {
+        let _ = decode_greeting(data[..GREETING_LEN].try_into().unwrap());
+    }
+    let _ = ReplyHeader::decode(data);
+    let _ = InfoReply::decode(data);
+    let _ = decode_error_payload(data);
+    let _ = decode_block_status(data);
+});
