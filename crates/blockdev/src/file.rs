@@ -161,7 +161,7 @@ impl FileDevice {
 
     /// O_DIRECT needs an aligned buffer address too; copy through one if not.
     fn needs_bounce(&self, buf: &[u8]) -> bool {
-        self.direct && buf.as_ptr() as usize % ALIGNMENT != 0
+        self.direct && !(buf.as_ptr() as usize).is_multiple_of(ALIGNMENT)
     }
 
     fn pread_all(&self, buf: &mut [u8], offset: u64) -> Result<()> {

@@ -117,7 +117,7 @@ impl Device {
             }
         }
         let minimum = u64::from(self.info.block_sizes.minimum);
-        if offset % minimum != 0 || len % minimum != 0 {
+        if !offset.is_multiple_of(minimum) || !len.is_multiple_of(minimum) {
             return Err(Error::new(ErrorKind::Misaligned, op, offset, len)
                 .with_detail(format!("minimum block size is {minimum}")));
         }

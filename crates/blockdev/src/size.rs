@@ -34,7 +34,7 @@ pub fn format_size(bytes: u64) -> String {
     const UNITS: [(&str, u32); 5] = [("P", 50), ("T", 40), ("G", 30), ("M", 20), ("K", 10)];
     for (unit, shift) in UNITS {
         let scale = 1u64 << shift;
-        if bytes >= scale && bytes % scale == 0 {
+        if bytes >= scale && bytes.is_multiple_of(scale) {
             return format!("{}{}", bytes / scale, unit);
         }
     }

@@ -705,7 +705,7 @@ pub fn decode_error_payload(payload: &[u8]) -> Result<(u32, String), WireError> 
 
 /// The descriptors of a BLOCK_STATUS payload (client side).
 pub fn decode_block_status(payload: &[u8]) -> Result<(u32, Vec<(u32, u32)>), WireError> {
-    if payload.len() < 12 || (payload.len() - 4) % 8 != 0 {
+    if payload.len() < 12 || !(payload.len() - 4).is_multiple_of(8) {
         return Err(WireError::Malformed("block status length"));
     }
     let mut r = Reader::new(payload);
