@@ -2,9 +2,10 @@
 //! programs: start a server on a free port, wait for it, stop it by PID, and skip a
 //! test (saying why) when a peer program is missing.
 
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// The release binary under test: `$BLOCKWIRE_BIN`, else `target/release/blockwire`
@@ -46,14 +47,6 @@ macro_rules! require {
     };
 }
 
-/// A free TCP port on loopback.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free port")
-}
-
 /// A `blockwire serve` process, stopped (SIGTERM, then SIGKILL) when dropped.
 pub struct Served {
     pub child: Child,
@@ -62,37 +55,62 @@ pub struct Served {
 }
 
 impl Served {
-    /// Starts `blockwire serve ARGS... --listen 127.0.0.1:PORT` and waits until it
-    /// accepts connections. `name` is the export name used in [`uri`](Self::uri).
+    /// Starts `blockwire serve ARGS... --listen 127.0.0.1:0` and waits until it
+    /// announces the port the kernel gave it. `name` is the export name used in
+    /// [`uri`](Self::uri). Port 0 avoids the race of picking a "free" port that a
+    /// test running in parallel takes first.
     pub fn start(args: &[&str], name: &str) -> Served {
-        let port = free_port();
-        let listen = format!("127.0.0.1:{port}");
-        let child = Command::new(blockwire_bin())
+        let mut command = Command::new(blockwire_bin());
+        command
             .arg("serve")
             .args(args)
-            .args(["--listen", &listen])
-            .stdout(Stdio::null())
+            .args(["--listen", "127.0.0.1:0"]);
+        Served::spawn_announced(command, name)
+    }
+
+    /// Starts `blockwire serve --config CONFIG`; the file's `[server] listen` should
+    /// be `["127.0.0.1:0"]`. `name` is the export used in [`uri`](Self::uri).
+    pub fn start_config(config: &Path, name: &str) -> Served {
+        let mut command = Command::new(blockwire_bin());
+        command.arg("serve").arg("--config").arg(config);
+        Served::spawn_announced(command, name)
+    }
+
+    /// Spawns the server and reads its announcement (`  nbd://127.0.0.1:PORT/...`)
+    /// for the port; keeps draining its stdout afterwards.
+    fn spawn_announced(mut command: Command, name: &str) -> Served {
+        let mut child = command
+            .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start blockwire serve");
-        let served = Served {
-            child,
-            port,
-            name: name.to_string(),
-        };
-        served.wait_ready();
-        served
-    }
-
-    fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (found, port) = mpsc::channel();
+        std::thread::spawn(move || {
+            let prefix = "nbd://127.0.0.1:";
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let port = line
+                    .trim()
+                    .strip_prefix(prefix)
+                    .and_then(|rest| rest.split('/').next())
+                    .and_then(|port| port.parse::<u16>().ok());
+                if let Some(port) = port {
+                    let _ = found.send(port);
+                }
             }
-            std::thread::sleep(Duration::from_millis(20));
+        });
+        match port.recv_timeout(Duration::from_secs(20)) {
+            Ok(port) => Served {
+                child,
+                port,
+                name: name.to_string(),
+            },
+            Err(e) => {
+                let _ = child.kill();
+                let status = child.wait();
+                panic!("{command:?} did not announce a TCP port ({e}); exit status {status:?}");
+            }
         }
-        panic!("blockwire did not listen on port {} within 20 s", self.port);
     }
 
     /// `nbd://127.0.0.1:PORT/NAME`.
