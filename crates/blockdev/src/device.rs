@@ -95,14 +95,6 @@ pub trait BlockDevice: Send + Sync {
         None
     }
 
-    /// Zero-copy writes: the open file whose bytes at any offset are this device's
-    /// bytes at that offset, when data may be moved into it directly (splice from a
-    /// socket) instead of through [`write_at`](Self::write_at): a buffered, writable
-    /// file. Only [`crate::Device::splice_target`] calls this, after its checks.
-    fn splice_target(&self) -> Option<RawFd> {
-        None
-    }
-
     /// Writes `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()>;
 

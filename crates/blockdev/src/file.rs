@@ -364,10 +364,6 @@ impl BlockDevice for FileDevice {
         (stat.nr_cache >= pages).then_some(self.fd())
     }
 
-    fn splice_target(&self) -> Option<std::os::fd::RawFd> {
-        (!self.direct && !self.info.read_only).then_some(self.fd())
-    }
-
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         if flags.fua {
             if self.dsync_works.load(Ordering::Relaxed) {

@@ -164,13 +164,6 @@ impl Device {
         Ok(self.inner.cached_file(offset, len))
     }
 
-    /// The file a write of `offset..offset+len` may be spliced into, once the range
-    /// and read-only checks pass; see [`BlockDevice::splice_target`].
-    pub fn splice_target(&self, offset: u64, len: u64) -> Result<Option<std::os::fd::RawFd>> {
-        self.check(Op::Write, offset, len)?;
-        Ok(self.inner.splice_target())
-    }
-
     /// Writes `buf` at `offset`; with FUA the data is durable when this returns.
     pub fn write(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.check(Op::Write, offset, buf.len() as u64)?;

@@ -8,15 +8,13 @@
 //! requests costs one system call.
 
 use std::io::{self, Read, Write};
-use std::os::fd::RawFd;
 use std::sync::Arc;
 
-use blockwire_blockdev::{Error, IoBuf, Op};
+use blockwire_blockdev::IoBuf;
 
 use super::export::ExportSet;
 use super::negotiation::{Negotiation, Step};
 use super::session::{Action, Reply, Session};
-use super::splice::{Filled, SplicePipe};
 use super::workers::{InFlight, WorkerPool};
 use super::writer::{ReplySink, ReplyWriter, BATCH_BYTES, BATCH_REPLIES};
 use crate::wire::*;
@@ -103,16 +101,6 @@ pub enum Ending {
     Failed(io::Error),
 }
 
-/// Where requests come from: any byte stream; a socket also offers its descriptor so
-/// write payloads can be spliced.
-pub trait RequestSource: Read {
-    fn socket_fd(&self) -> Option<RawFd> {
-        None
-    }
-}
-
-impl<T: AsRef<[u8]>> RequestSource for io::Cursor<T> {}
-
 /// Buffered reading of requests and payloads.
 struct RequestReader<R> {
     source: R,
@@ -121,7 +109,7 @@ struct RequestReader<R> {
     end: usize,
 }
 
-impl<R: RequestSource> RequestReader<R> {
+impl<R: Read> RequestReader<R> {
     fn new(source: R) -> Self {
         RequestReader {
             source,
@@ -175,14 +163,6 @@ impl<R: RequestSource> RequestReader<R> {
         self.source.read_exact(&mut out[from_buffer..])
     }
 
-    /// Takes up to `max` already-buffered payload bytes.
-    fn take_buffered(&mut self, max: usize) -> &[u8] {
-        let n = self.buffered().min(max);
-        let start = self.start;
-        self.start += n;
-        &self.buf[start..start + n]
-    }
-
     fn discard_payload(&mut self, len: usize) -> io::Result<()> {
         let from_buffer = self.buffered().min(len);
         self.start += from_buffer;
@@ -206,11 +186,9 @@ pub fn transmit<R, W>(
     pool: &WorkerPool,
 ) -> Ending
 where
-    R: RequestSource,
+    R: Read,
     W: ReplySink + Send + 'static,
 {
-    let mut splice_pipe: Option<SplicePipe> = None;
-    let mut splice_failed = false;
     let in_flight = Arc::new(InFlight::new(MAX_IN_FLIGHT));
     let mut reader = RequestReader::new(source);
     let mut batch: Vec<Reply> = Vec::with_capacity(BATCH_REPLIES);
@@ -265,45 +243,14 @@ where
                 if reader.buffered() < request.len as usize {
                     let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
                 }
-                let splice = match (session.splice_target(&request), reader.source.socket_fd()) {
-                    (Some(file), Some(socket)) if !splice_failed => {
-                        if splice_pipe.is_none() {
-                            match SplicePipe::new(session.max_payload() as usize) {
-                                Ok(pipe) => splice_pipe = Some(pipe),
-                                Err(e) => {
-                                    tracing::debug!("no splice pipe, copying payloads: {e}");
-                                    splice_failed = true;
-                                }
-                            }
-                        }
-                        splice_pipe.as_ref().map(|pipe| (pipe, file, socket))
-                    }
-                    _ => None,
-                };
-                let received = match splice {
-                    Some((pipe, file, socket)) => {
-                        receive_spliced(&mut reader, pipe, socket, file, &session, &request)
-                    }
-                    None => {
-                        let mut data = IoBuf::new(request.len as usize);
-                        reader
-                            .read_payload(&mut data)
-                            .map(|()| Received::Buffer(data))
-                    }
-                };
-                match received {
-                    Ok(Received::Done(reply)) => {
-                        push(&mut batch, &mut batch_bytes, reply);
-                        None
-                    }
-                    Ok(Received::Buffer(data)) => Some(session.write_job(&request, data)),
-                    Err(e) => {
-                        // Nothing of a partial payload reaches the device.
-                        break Ending::Violation(format!(
-                            "connection closed in the middle of a write payload: {e}"
-                        ));
-                    }
+                let mut data = IoBuf::new(request.len as usize);
+                if let Err(e) = reader.read_payload(&mut data) {
+                    // Nothing of a partial payload reaches the device.
+                    break Ending::Violation(format!(
+                        "connection closed in the middle of a write payload: {e}"
+                    ));
                 }
+                Some(session.write_job(&request, data))
             }
             Action::Execute(job) => Some(job),
         };
@@ -334,61 +281,6 @@ where
     let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
     in_flight.wait_idle();
     ending
-}
-
-/// A write payload received for splicing.
-enum Received {
-    /// Written to the file; here is the reply.
-    Done(Reply),
-    /// The pipe could not hold it: the whole payload, read the ordinary way.
-    Buffer(IoBuf),
-}
-
-/// Receives a write payload into the splice pipe and, once all of it is there, moves
-/// it into the file. Errors mean the client broke off mid-payload (nothing written).
-fn receive_spliced<R: RequestSource>(
-    reader: &mut RequestReader<R>,
-    pipe: &SplicePipe,
-    socket: RawFd,
-    file: RawFd,
-    session: &Session,
-    request: &Request,
-) -> io::Result<Received> {
-    let len = request.len as usize;
-    let head = IoBuf::from_slice(reader.take_buffered(len));
-    let rest = len - head.len();
-    if rest > pipe.capacity() {
-        let mut data = IoBuf::new(len);
-        data[..head.len()].copy_from_slice(&head);
-        reader.source.read_exact(&mut data[head.len()..])?;
-        return Ok(Received::Buffer(data));
-    }
-    match pipe.fill_from(socket, rest)? {
-        Filled::All => {}
-        Filled::Full { queued } => {
-            let mut data = IoBuf::new(len);
-            data[..head.len()].copy_from_slice(&head);
-            pipe.drain_into(&mut data[head.len()..head.len() + queued])?;
-            reader.source.read_exact(&mut data[head.len() + queued..])?;
-            return Ok(Received::Buffer(data));
-        }
-        Filled::Closed { queued } => {
-            pipe.discard(queued)?;
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-    }
-    let offset = request.offset;
-    let result = match session.write_head(offset, &head) {
-        // drain_to_file leaves the pipe empty, also when it fails.
-        Ok(()) => pipe
-            .drain_to_file(file, offset + head.len() as u64, rest)
-            .map_err(|e| Error::from_io(e, Op::Write, offset, len as u64)),
-        Err(e) => {
-            pipe.discard(rest)?;
-            Err(e)
-        }
-    };
-    Ok(Received::Done(session.write_reply(request, result)))
 }
 
 fn push(batch: &mut Vec<Reply>, bytes: &mut usize, reply: Reply) {

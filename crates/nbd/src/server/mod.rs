@@ -9,7 +9,6 @@ mod connection;
 mod export;
 mod negotiation;
 mod session;
-mod splice;
 mod stream;
 mod workers;
 mod writer;
@@ -26,7 +25,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::Duration;
 
-pub use connection::{negotiate, transmit, Ending, RequestSource};
+pub use connection::{negotiate, transmit, Ending};
 pub use export::{Export, ExportSet};
 pub use negotiation::{transmission_flags, HandshakeError, Negotiation, Step, BASE_ALLOCATION_ID};
 pub use session::{Action, FileSlice, Job, Reply, ReplyData, Session};

@@ -174,7 +174,7 @@ impl Session {
         self.device.info().completes_inline
     }
 
-    pub fn max_payload(&self) -> u32 {
+    fn max_payload(&self) -> u32 {
         self.device.info().block_sizes.maximum
     }
 
@@ -339,34 +339,6 @@ impl Session {
                 })
             }
             other => invalid(&format!("unknown command {other}")),
-        }
-    }
-
-    /// The file a write's payload may be spliced into, for a large write without FUA
-    /// to a buffered file; `None` sends the write down the normal path (which also
-    /// reports any range error).
-    pub fn splice_target(&self, request: &Request) -> Option<RawFd> {
-        let fua = request.flags & NBD_CMD_FLAG_FUA != 0;
-        if fua || request.len < ZERO_COPY_MIN || !self.inline_ok() {
-            return None;
-        }
-        self.device
-            .splice_target(request.offset, request.len.into())
-            .ok()
-            .flatten()
-    }
-
-    /// Writes the part of a payload that was already buffered, ahead of the part
-    /// spliced into the file; the reply for the whole write follows from both.
-    pub fn write_head(&self, offset: u64, head: &[u8]) -> Result<(), Error> {
-        self.device.write(head, offset, WriteFlags::NONE)
-    }
-
-    /// The reply to a write whose outcome is known.
-    pub fn write_reply(&self, request: &Request, result: Result<(), Error>) -> Reply {
-        match result {
-            Ok(()) => self.ok_reply(request.cookie),
-            Err(e) => self.device_error_reply(request.cookie, &e),
         }
     }
 
