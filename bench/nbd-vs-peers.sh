@@ -5,7 +5,10 @@
 # Prints MB/s, IOPS, server CPU seconds, MB per server CPU-second and the ratio
 # blockwire / nbdkit for every job; writes everything as JSON.
 #
-# usage: bench/nbd-vs-peers.sh [--size 4G] [--runtime 10] [--json FILE] [--dir DIR]
+# All servers run at once; each job is run by each server in turn, for several rounds
+# with the order rotated, and medians are reported (shared machines are noisy).
+#
+# usage: bench/nbd-vs-peers.sh [--size 4G] [--runtime 10] [--rounds 3] [--json FILE] [--dir DIR]
 #                              [--servers blockwire,nbdkit,qemu-nbd,nbd-server]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -140,7 +141,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--blockwire", required=True)
     parser.add_argument("--size", default="4G")
-    parser.add_argument("--runtime", type=int, default=10)
+    parser.add_argument("--runtime", type=int, default=10, help="seconds per run")
+    parser.add_argument("--rounds", type=int, default=3, help="runs per server and job (median)")
     parser.add_argument("--json", default="bench/results/nbd-vs-peers.json")
     parser.add_argument("--dir", default=None, help="where the test image goes (default: a temp dir)")
     parser.add_argument("--servers", default="blockwire,nbdkit,qemu-nbd,nbd-server")
@@ -157,26 +159,46 @@ def main():
                         "--output-format=terse"], check=True, capture_output=True)
         os.sync()  # write-back of the prefill must not run during the first server's jobs
         jobs = [j for j in JOBS if j[0] in args.jobs.split(",")]
+        servers = make_servers(args.servers.split(","), args.blockwire, image, workdir)
+        # Every server runs at once (idle ones cost nothing) and each job is run by
+        # each server in turn, round after round with the order rotated: a shared,
+        # noisy machine then disturbs all of them alike. Medians are reported.
+        samples = {}
+        try:
+            for server in servers:
+                server.start()
+            for name, rw, bs, depth in jobs:
+                for round_ in range(args.rounds):
+                    shift = round_ % len(servers)
+                    for server in servers[shift:] + servers[:shift]:
+                        before = cpu_seconds(server.pid)
+                        mbps, iops, p99 = run_fio(server.uri, rw, bs, depth, args.runtime, size_arg)
+                        time.sleep(0.3)  # let a forking server reap the connection's child
+                        cpu = cpu_seconds(server.pid) - before
+                        os.sync()  # each run starts with no dirty pages left by the last
+                        samples.setdefault(name, {}).setdefault(server.name, []).append(
+                            (mbps, iops, p99, cpu))
+                        print(f"{server.name:>10} {name:<14} round {round_ + 1}: {mbps:9.1f} MB/s "
+                              f"{iops:9.0f} IOPS cpu {cpu:5.2f}s", file=sys.stderr)
+        finally:
+            for server in servers:
+                if server.proc:
+                    server.stop()
         results = {}
-        for server in make_servers(args.servers.split(","), args.blockwire, image, workdir):
-            server.start()
-            try:
-                for name, rw, bs, depth in jobs:
-                    before = cpu_seconds(server.pid)
-                    mbps, iops, p99 = run_fio(server.uri, rw, bs, depth, args.runtime, size_arg)
-                    time.sleep(0.3)  # let a forking server reap the connection's child
-                    cpu = cpu_seconds(server.pid) - before
-                    os.sync()  # each job starts with no dirty pages left by the previous one
-                    mb = mbps * args.runtime
-                    results.setdefault(name, {})[server.name] = {
-                        "mb_per_s": round(mbps, 1), "iops": round(iops), "p99_us": round(p99, 1),
-                        "server_cpu_s": round(cpu, 2),
-                        "mb_per_server_cpu_s": round(mb / cpu, 1) if cpu > 0 else None,
-                    }
-                    print(f"{server.name:>10} {name:<14} {mbps:9.1f} MB/s {iops:9.0f} IOPS "
-                          f"cpu {cpu:5.2f}s", file=sys.stderr)
-            finally:
-                server.stop()
+        for name, per_server in samples.items():
+            for server_name, runs in per_server.items():
+                mbps = statistics.median(r[0] for r in runs)
+                iops = statistics.median(r[1] for r in runs)
+                p99 = statistics.median(r[2] for r in runs)
+                cpu = sum(r[3] for r in runs)
+                mb = sum(r[0] for r in runs) * args.runtime
+                results.setdefault(name, {})[server_name] = {
+                    "mb_per_s": round(mbps, 1), "iops": round(iops), "p99_us": round(p99, 1),
+                    "server_cpu_s": round(cpu / len(runs), 2),
+                    "mb_per_server_cpu_s": round(mb / cpu, 1) if cpu > 0 else None,
+                    "runs": [{"mb_per_s": round(r[0], 1), "iops": round(r[1]), "server_cpu_s": round(r[3], 2)}
+                             for r in runs],
+                }
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -199,7 +221,8 @@ def main():
         print(line)
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump({"size": args.size, "runtime_s": args.runtime, "client": "fio ioengine=nbd",
+        json.dump({"size": args.size, "runtime_s": args.runtime, "rounds": args.rounds,
+                   "client": "fio ioengine=nbd",
                    "results": results, "ratios_blockwire_over_nbdkit": ratios,
                    "machine": {"cpus": os.cpu_count(), "kernel": os.uname().release}}, f, indent=2)
     print(f"\nJSON written to {args.json}")
