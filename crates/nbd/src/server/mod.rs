@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use connection::{negotiate, transmit, Ending};
 pub use export::{Export, ExportSet};
@@ -38,6 +38,10 @@ pub use writer::{ReplySink, ReplyWriter};
 /// one; the kernel's autotuned default starts at 16 KiB and measured ~25% slower for
 /// 1 MiB sequential reads on loopback.
 const SEND_BUFFER: usize = 4 << 20;
+
+/// How long a shutdown waits for connections to finish their requests before it
+/// closes them.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Where and how a server listens.
 #[derive(Debug, Clone)]
@@ -255,12 +259,31 @@ impl Server {
                 // Reading stops; requests already read are still answered.
                 let _ = stream.shutdown(Shutdown::Read);
             }
+            let deadline = Instant::now() + SHUTDOWN_GRACE;
+            let mut forced = false;
             while !connections.is_empty() {
+                let now = Instant::now();
+                if now >= deadline && !forced {
+                    // A client that stopped reading replies would block its
+                    // connection forever; cut it off.
+                    tracing::warn!(
+                        "{} connection(s) still busy; closing them",
+                        connections.len()
+                    );
+                    for stream in connections.values() {
+                        let _ = stream.shutdown(Shutdown::Both);
+                    }
+                    forced = true;
+                }
+                let wait = deadline
+                    .saturating_duration_since(now)
+                    .max(Duration::from_millis(100));
                 connections = self
                     .shared
                     .connections_changed
-                    .wait(connections)
-                    .unwrap_or_else(|e| e.into_inner());
+                    .wait_timeout(connections, wait)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
             }
         }
         drop(pool);
