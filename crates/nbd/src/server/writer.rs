@@ -122,33 +122,28 @@ fn send_all(sink: &mut impl ReplySink, replies: &[Reply]) -> io::Result<()> {
                 }
             }
             ReplyData::File(slice) => {
-                write_all_vectored_more(sink, &mut slices)?;
+                write_all_vectored(sink, &mut slices, true)?;
                 slices.clear();
                 sink.send_file(slice.fd, slice.offset, slice.len)?;
             }
         }
     }
-    write_all_vectored(sink, &mut slices)
+    write_all_vectored(sink, &mut slices, false)
 }
 
-fn write_all_vectored_more(
+/// Writes every slice; with `more`, hints that data follows at once (MSG_MORE).
+fn write_all_vectored(
     sink: &mut impl ReplySink,
     mut slices: &mut [IoSlice<'_>],
+    more: bool,
 ) -> io::Result<()> {
     while !slices.is_empty() {
-        match sink.write_vectored_more(slices) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut slices, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-fn write_all_vectored(sink: &mut impl Write, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
-    while !slices.is_empty() {
-        match sink.write_vectored(slices) {
+        let written = if more {
+            sink.write_vectored_more(slices)
+        } else {
+            sink.write_vectored(slices)
+        };
+        match written {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => IoSlice::advance_slices(&mut slices, n),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
