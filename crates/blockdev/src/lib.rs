@@ -9,6 +9,7 @@
 
 pub mod buffer;
 pub mod conformance;
+pub mod copy;
 pub mod device;
 pub mod error;
 pub mod file;
