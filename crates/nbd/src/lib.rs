@@ -3,8 +3,10 @@
 //! - [`wire`]: the sans-IO codec shared by target and initiator: handshake, options,
 //!   requests and replies as bytes in, typed messages out, and back;
 //! - [`errors`]: the one table mapping our neutral error kinds to NBD error values;
-//! - [`server`]: the NBD target, serving any [`blockwire_blockdev::Device`].
+//! - [`server`]: the NBD target, serving any [`blockwire_blockdev::Device`];
+//! - [`client`]: the NBD initiator, an export as a [`blockwire_blockdev::BlockDevice`].
 
+pub mod client;
 pub mod errors;
 pub mod server;
 pub mod wire;

@@ -433,6 +433,26 @@ pub fn rep_meta_context_payload(id: u32, name: &str) -> Vec<u8> {
     out
 }
 
+/// Decodes an NBD_REP_SERVER payload (client side): the export name and the free
+/// text after it (a description "suitable for direct display", so decoded lossily).
+pub fn decode_rep_server(payload: &[u8]) -> Result<(String, String), WireError> {
+    let mut r = Reader::new(payload);
+    let malformed = WireError::Malformed("NBD_REP_SERVER name runs past the payload");
+    let len = r.u32().ok_or(malformed.clone())? as usize;
+    let name = string(r.take(len).ok_or(malformed)?)?;
+    let description = String::from_utf8_lossy(r.take(r.remaining()).unwrap()).into_owned();
+    Ok((name, description))
+}
+
+/// Decodes an NBD_REP_META_CONTEXT payload (client side): context id and name.
+pub fn decode_rep_meta_context(payload: &[u8]) -> Result<(u32, String), WireError> {
+    let mut r = Reader::new(payload);
+    let id = r
+        .u32()
+        .ok_or(WireError::Malformed("NBD_REP_META_CONTEXT too short"))?;
+    Ok((id, string(r.take(r.remaining()).unwrap())?))
+}
+
 /// Payload of NBD_REP_INFO / NBD_INFO_EXPORT.
 pub fn info_export_payload(size: u64, transmission_flags: u16) -> Vec<u8> {
     let mut out = Vec::with_capacity(12);

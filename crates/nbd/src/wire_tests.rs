@@ -145,6 +145,33 @@ fn option_replies() {
 }
 
 #[test]
+fn server_and_meta_context_payloads_decode() {
+    let server = hex("00000004 6469736b 7363726174636820 64697363");
+    assert_eq!(
+        decode_rep_server(&server),
+        Ok(("disk".into(), "scratch disc".into()))
+    );
+    assert_eq!(
+        decode_rep_server(&rep_server_payload("a", "d")),
+        Ok(("a".into(), "d".into()))
+    );
+    assert_eq!(
+        decode_rep_server(&hex("00000000")),
+        Ok((String::new(), String::new()))
+    );
+    assert!(decode_rep_server(&hex("00000005 6469736b")).is_err());
+    assert!(decode_rep_server(&hex("0000")).is_err());
+
+    let context = hex("00000001 626173653a616c6c6f636174696f6e");
+    assert_eq!(
+        decode_rep_meta_context(&context),
+        Ok((1, BASE_ALLOCATION.into()))
+    );
+    assert_eq!(rep_meta_context_payload(1, BASE_ALLOCATION), context);
+    assert!(decode_rep_meta_context(&hex("000000")).is_err());
+}
+
+#[test]
 fn info_payloads() {
     let export = info_export_payload(1 << 20, 0x0d4d);
     assert_eq!(export, hex("0000 0000000000100000 0d4d"));

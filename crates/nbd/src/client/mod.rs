@@ -1,0 +1,53 @@
+//! The NBD initiator: an NBD export as a [`blockwire_blockdev::BlockDevice`].
+//!
+//! - [`uri`]: `nbd://host[:port]/export` and `nbd+unix:///export?socket=PATH`;
+//! - `handshake`: fixed newstyle negotiation over the sans-IO codec
+//!   ([`crate::wire`]): structured replies, `base:allocation`, NBD_OPT_GO with a
+//!   fallback to NBD_OPT_EXPORT_NAME, and NBD_OPT_LIST;
+//! - [`reply`]: reply parsing without I/O, checking every chunk against its request;
+//! - `connection` and `reader`: one socket per connection, a shared writer and a
+//!   reader thread completing requests out of order by cookie;
+//! - [`NbdClient`]: the device, spreading requests over one or more connections.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use blockwire_blockdev::Device;
+//! use blockwire_nbd::client::{ClientOptions, NbdClient, NbdUri};
+//!
+//! let uri: NbdUri = "nbd://127.0.0.1/disk".parse()?;
+//! let client = NbdClient::connect(&uri, ClientOptions::default())?;
+//! let device = Device::new(Arc::new(client));
+//! let mut block = vec![0u8; 4096];
+//! device.read(&mut block, 0)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod connection;
+mod details;
+mod device;
+mod error;
+mod handshake;
+mod reader;
+pub mod reply;
+mod slot;
+mod socket;
+pub mod uri;
+
+pub use details::{ExportDetails, FLAG_WORDS};
+pub use device::{ClientOptions, NbdClient};
+pub use error::{error_name, reply_name, ClientError};
+pub use uri::{Endpoint, NbdUri, UriError, DEFAULT_PORT};
+
+/// The exports a server offers, as (name, description) pairs (NBD_OPT_LIST; the
+/// export name in the URI is ignored).
+pub fn list_exports(uri: &NbdUri) -> Result<Vec<(String, String)>, ClientError> {
+    let address = socket::address_of(uri);
+    let mut socket = socket::Socket::connect(uri)?;
+    socket
+        .set_read_timeout(Some(ClientOptions::default().handshake_timeout))
+        .map_err(|source| ClientError::Io {
+            address: address.clone(),
+            source,
+        })?;
+    handshake::list(&mut socket, &address)
+}

@@ -1,0 +1,468 @@
+//! The initiator against our own target, in one process: the device conformance
+//! suite through NBD (one and four connections, with and without structured replies,
+//! TCP and Unix sockets), read-only exports, server errors, and what happens when the
+//! server goes away or breaks the protocol.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use blockwire_blockdev::conformance::{self, pattern};
+use blockwire_blockdev::{
+    BlockDevice, Device, DeviceInfo, ErrorKind, Extent, MemoryDevice, Result as DevResult,
+    WriteFlags, ZeroFlags,
+};
+use blockwire_nbd::client::{list_exports, ClientOptions, NbdClient, NbdUri};
+use blockwire_nbd::server::ShutdownHandle;
+use blockwire_nbd::wire::*;
+use blockwire_nbd::{Export, ExportSet, Server, ServerConfig};
+
+const SIZE: u64 = 16 << 20;
+
+/// Our target serving `exports` on 127.0.0.1 (and a Unix socket when given), in a
+/// thread; stopped and joined on drop.
+struct Target {
+    port: u16,
+    shutdown: ShutdownHandle,
+    thread: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl Target {
+    fn start(exports: ExportSet, unix: Option<std::path::PathBuf>) -> Target {
+        let config = ServerConfig {
+            tcp: vec!["127.0.0.1:0".parse().unwrap()],
+            unix: unix.into_iter().collect(),
+            ..ServerConfig::default()
+        };
+        let server = Server::bind(exports, config).expect("bind");
+        let port = server.tcp_addrs()[0].port();
+        let shutdown = server.shutdown_handle();
+        let thread = Some(thread::spawn(move || server.run()));
+        Target {
+            port,
+            shutdown,
+            thread,
+        }
+    }
+
+    fn uri(&self, export: &str) -> NbdUri {
+        NbdUri::tcp("127.0.0.1", self.port, export)
+    }
+
+    fn stop(&mut self) {
+        self.shutdown.shutdown();
+        if let Some(thread) = self.thread.take() {
+            let result = thread.join().expect("server thread");
+            // A test that already failed must not panic again while unwinding.
+            if !thread::panicking() {
+                result.expect("server run");
+            }
+        }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A target with a writable memory export "disk", a read-only view of the same
+/// memory "ro", and the memory itself for checking from outside.
+fn memory_target(unix: Option<std::path::PathBuf>) -> (Target, Device) {
+    let memory = Device::from_device(MemoryDevice::new(SIZE));
+    let mut exports = ExportSet::new();
+    exports
+        .add(Export::new("disk", "writable memory", memory.clone()))
+        .unwrap();
+    exports
+        .add(Export::new("ro", "read-only view", memory.read_only()))
+        .unwrap();
+    (Target::start(exports, unix), memory)
+}
+
+fn connect(uri: &NbdUri, connections: usize, structured: bool) -> NbdClient {
+    let options = ClientOptions {
+        connections,
+        structured,
+        ..ClientOptions::default()
+    };
+    NbdClient::connect(uri, options).unwrap_or_else(|e| panic!("connect {uri}: {e}"))
+}
+
+fn conformance_through(connections: usize, structured: bool) {
+    let (target, _memory) = memory_target(None);
+    let client = connect(&target.uri("disk"), connections, structured);
+    assert_eq!(client.connections(), connections);
+    assert_eq!(client.details().structured, structured);
+    assert_eq!(client.details().base_allocation(), structured);
+    let device = Device::new(Arc::new(client));
+    assert!(!device.info().completes_inline);
+    conformance::run_all(&device);
+}
+
+#[test]
+fn conformance_one_connection_structured() {
+    conformance_through(1, true);
+}
+
+#[test]
+fn conformance_one_connection_simple_replies() {
+    conformance_through(1, false);
+}
+
+#[test]
+fn conformance_four_connections_structured() {
+    conformance_through(4, true);
+}
+
+#[test]
+fn conformance_four_connections_simple_replies() {
+    conformance_through(4, false);
+}
+
+#[test]
+fn conformance_over_a_unix_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("nbd.sock");
+    let (_target, _memory) = memory_target(Some(socket.clone()));
+    let uri: NbdUri = format!("nbd+unix:///disk?socket={}", socket.display())
+        .parse()
+        .unwrap();
+    let client = connect(&uri, 2, true);
+    assert_eq!(client.connections(), 2);
+    conformance::run_all(&Device::new(Arc::new(client)));
+}
+
+#[test]
+fn read_only_export() {
+    let (target, memory) = memory_target(None);
+    for structured in [true, false] {
+        let client = connect(&target.uri("ro"), 1, structured);
+        assert!(client.details().read_only());
+        let device = Device::new(Arc::new(client));
+        conformance::run_read_only(&device, &memory);
+    }
+}
+
+#[test]
+fn details_and_capabilities_follow_the_export() {
+    let (target, _memory) = memory_target(None);
+    let client = connect(&target.uri("disk"), 1, true);
+    let details = client.details();
+    assert_eq!(details.name, "disk");
+    assert_eq!(details.description.as_deref(), Some("writable memory"));
+    assert_eq!(details.size, SIZE);
+    assert!(details.used_go && details.structured);
+    assert_eq!(details.contexts, vec!["base:allocation".to_string()]);
+    for word in [
+        "flush",
+        "fua",
+        "trim",
+        "zero",
+        "fast-zero",
+        "multi-conn",
+        "cache",
+        "df",
+    ] {
+        assert!(details.flag_words().contains(&word), "{word} missing");
+    }
+    let info = client.info();
+    assert!(info.capabilities.extents.is_native() && info.capabilities.trim.is_native());
+    assert_eq!(info.block_sizes.maximum, 32 << 20);
+    assert!(info.consistent_across_handles);
+}
+
+#[test]
+fn lists_exports_with_descriptions() {
+    let (target, _memory) = memory_target(None);
+    let exports = list_exports(&target.uri("")).unwrap();
+    assert_eq!(
+        exports,
+        vec![
+            ("disk".to_string(), "writable memory".to_string()),
+            ("ro".to_string(), "read-only view".to_string()),
+        ]
+    );
+}
+
+#[test]
+fn unknown_export_and_unreachable_server_fail_clearly() {
+    let (target, _memory) = memory_target(None);
+    let err = NbdClient::connect(&target.uri("nope"), ClientOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("nope"), "{err}");
+    let unused = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = unused.local_addr().unwrap().port();
+    drop(unused);
+    let err = NbdClient::connect(
+        &NbdUri::tcp("127.0.0.1", port, ""),
+        ClientOptions::default(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("cannot connect"), "{err}");
+}
+
+/// A memory device that does not promise consistency across connections, so its
+/// export does not advertise CAN_MULTI_CONN.
+struct SingleHandle(MemoryDevice);
+
+impl BlockDevice for SingleHandle {
+    fn info(&self) -> DeviceInfo {
+        DeviceInfo {
+            consistent_across_handles: false,
+            ..self.0.info()
+        }
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> DevResult<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> DevResult<()> {
+        self.0.write_at(buf, offset, flags)
+    }
+    fn flush(&self) -> DevResult<()> {
+        self.0.flush()
+    }
+    fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> DevResult<()> {
+        self.0.trim(offset, len, flags)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> DevResult<()> {
+        self.0.write_zeroes(offset, len, flags)
+    }
+    fn extents(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> DevResult<()> {
+        self.0.extents(offset, len, out)
+    }
+}
+
+#[test]
+fn without_multi_conn_one_connection_is_used() {
+    let mut exports = ExportSet::new();
+    let device = Device::from_device(SingleHandle(MemoryDevice::new(SIZE)));
+    exports.add(Export::new("one", "", device)).unwrap();
+    let target = Target::start(exports, None);
+    let client = connect(&target.uri("one"), 4, true);
+    assert!(!client.details().flag_words().contains(&"multi-conn"));
+    assert_eq!(client.connections(), 1);
+    conformance::run_all(&Device::new(Arc::new(client)));
+}
+
+#[test]
+fn many_threads_many_requests_out_of_order() {
+    let (target, memory) = memory_target(None);
+    let device = Device::new(Arc::new(connect(&target.uri("disk"), 4, true)));
+    let threads: Vec<_> = (0..16u64)
+        .map(|t| {
+            let device = device.clone();
+            thread::spawn(move || {
+                // Each thread owns 1 MiB; sizes vary so replies overtake each other.
+                let base = t << 20;
+                for round in 0..40u64 {
+                    let len = [512usize, 4096, 65536, 200_704][(round % 4) as usize];
+                    let offset = base + (round * 4096) % ((1 << 20) - len as u64);
+                    let data = pattern(t * 1000 + round, offset, len);
+                    let fua = WriteFlags {
+                        fua: round % 7 == 0,
+                    };
+                    device.write(&data, offset, fua).unwrap();
+                    let mut back = vec![0u8; len];
+                    device.read(&mut back, offset).unwrap();
+                    assert!(back == data, "thread {t} round {round}: data differs");
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    // What the initiator wrote is what the target's memory holds.
+    let mut through_nbd = vec![0u8; 1 << 20];
+    let mut direct = vec![0u8; 1 << 20];
+    device.read(&mut through_nbd, 5 << 20).unwrap();
+    memory.read(&mut direct, 5 << 20).unwrap();
+    assert!(through_nbd == direct);
+}
+
+#[test]
+fn server_errors_map_to_kinds_with_the_servers_message() {
+    let (target, _memory) = memory_target(None);
+    // Straight to the client, past the checked handle, so the server sees the
+    // requests and answers with its errors.
+    for structured in [true, false] {
+        let client = connect(&target.uri("ro"), 1, structured);
+        let err = client
+            .write_at(&[1u8; 4096], 0, WriteFlags::NONE)
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ReadOnly, "{err}");
+        let text = err.to_string();
+        assert!(
+            text.starts_with("write of 4096 bytes at offset 0"),
+            "{text}"
+        );
+        assert!(text.contains("NBD_EPERM"), "{text}");
+        if structured {
+            assert!(text.contains("read-only"), "{text}");
+        }
+
+        let mut buf = vec![0u8; 8192];
+        let err = client.read_at(&mut buf, SIZE - 4096).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+        if structured {
+            assert!(err.to_string().contains("beyond the end"), "{err}");
+        }
+        // The connection is still fine afterwards.
+        client.read_at(&mut buf, 0).unwrap();
+    }
+    let client = connect(&target.uri("disk"), 1, true);
+    let err = client
+        .write_at(&[1u8; 4096], SIZE - 2048, WriteFlags::NONE)
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NoSpace, "{err}");
+}
+
+#[test]
+fn target_shutdown_fails_later_requests_with_disconnected() {
+    let (mut target, _memory) = memory_target(None);
+    let device = Device::new(Arc::new(connect(&target.uri("disk"), 2, true)));
+    let mut buf = vec![0u8; 4096];
+    device.read(&mut buf, 0).unwrap();
+    target.stop();
+    let started = Instant::now();
+    loop {
+        match device.read(&mut buf, 0) {
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Disconnected, "{e}");
+                break;
+            }
+            Ok(()) => {
+                assert!(started.elapsed() < Duration::from_secs(5), "still reading");
+                thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+    // And at once, every time.
+    let started = Instant::now();
+    for _ in 0..3 {
+        let err = device.write(&buf, 0, WriteFlags::NONE).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Disconnected, "{err}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+/// A server that negotiates properly (our target's handshake), then hands the
+/// socket to `transmission`.
+fn fake_server(transmission: impl FnOnce(TcpStream) + Send + 'static) -> (NbdUri, JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let thread = thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut exports = ExportSet::new();
+        let device = Device::from_device(MemoryDevice::new(SIZE));
+        exports.add(Export::new("fake", "", device)).unwrap();
+        let session = blockwire_nbd::server::negotiate(&mut stream, Arc::new(exports), "fake")
+            .unwrap()
+            .expect("the client entered transmission");
+        assert!(session.structured());
+        transmission(stream);
+    });
+    (NbdUri::tcp("127.0.0.1", port, "fake"), thread)
+}
+
+fn read_request(stream: &mut TcpStream) -> Request {
+    let mut header = [0u8; REQUEST_LEN];
+    stream.read_exact(&mut header).unwrap();
+    Request::decode(&header).unwrap()
+}
+
+#[test]
+fn dropped_connection_fails_requests_in_flight_promptly() {
+    let (uri, server) = fake_server(|mut stream| {
+        // Take four reads and answer none of them, then hang up.
+        for _ in 0..4 {
+            read_request(&mut stream);
+        }
+        thread::sleep(Duration::from_millis(200));
+    });
+    let device = Device::new(Arc::new(connect(&uri, 1, true)));
+    let started = Instant::now();
+    let readers: Vec<_> = (0..4u64)
+        .map(|i| {
+            let device = device.clone();
+            thread::spawn(move || {
+                let mut buf = vec![0u8; 4096];
+                device.read(&mut buf, i * 4096).unwrap_err()
+            })
+        })
+        .collect();
+    for reader in readers {
+        let err = reader.join().unwrap();
+        assert_eq!(err.kind(), ErrorKind::Disconnected, "{err}");
+        assert!(err.to_string().contains("closed the connection"), "{err}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+    server.join().unwrap();
+    let mut buf = vec![0u8; 512];
+    let err = device.read(&mut buf, 0).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Disconnected, "{err}");
+}
+
+/// Runs one read against a server that answers it with `reply(request)`; returns
+/// the error the read failed with.
+fn read_answered_by(reply: fn(&Request) -> Vec<u8>) -> blockwire_blockdev::Error {
+    let (uri, server) = fake_server(move |mut stream| {
+        let request = read_request(&mut stream);
+        let _ = stream.write_all(&reply(&request));
+        // Wait for the client to hang up.
+        let _ = stream.read(&mut [0u8; 64]);
+    });
+    let device = Device::new(Arc::new(connect(&uri, 1, true)));
+    let mut buf = vec![0u8; 4096];
+    let err = device.read(&mut buf, 8192).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Disconnected, "{err}");
+    assert!(err.to_string().contains("protocol violation"), "{err}");
+    // The connection is gone for later requests too.
+    let again = device.read(&mut buf, 0).unwrap_err();
+    assert_eq!(again.kind(), ErrorKind::Disconnected, "{again}");
+    drop(device);
+    server.join().unwrap();
+    err
+}
+
+#[test]
+fn reply_for_an_unknown_cookie_drops_the_connection() {
+    let err = read_answered_by(|request| {
+        let mut out = Vec::new();
+        encode_offset_data_header(&mut out, request.cookie + 1000, request.offset, 4096, true);
+        out.extend_from_slice(&[0u8; 4096]);
+        out
+    });
+    assert!(err.to_string().contains("cookie"), "{err}");
+}
+
+#[test]
+fn bad_reply_magic_drops_the_connection() {
+    let err = read_answered_by(|_| vec![0x12; 32]);
+    assert!(err.to_string().contains("magic"), "{err}");
+}
+
+#[test]
+fn chunk_beyond_the_request_drops_the_connection() {
+    let err = read_answered_by(|request| {
+        let mut out = Vec::new();
+        encode_offset_data_header(&mut out, request.cookie, request.offset + 4096, 4096, true);
+        out.extend_from_slice(&[0u8; 4096]);
+        out
+    });
+    assert!(err.to_string().contains("outside"), "{err}");
+}
+
+#[test]
+fn simple_reply_to_a_structured_read_drops_the_connection() {
+    let err = read_answered_by(|request| {
+        let mut out = Vec::new();
+        encode_simple_reply(&mut out, 0, request.cookie);
+        out.extend_from_slice(&[0u8; 4096]);
+        out
+    });
+    assert!(err.to_string().contains("simple reply"), "{err}");
+}
