@@ -1,4 +1,296 @@
 //! Measuring: workloads that drive any [`blockwire_blockdev::Device`] (or a file system
 //! directory), meters for throughput, latency and CPU, and reports.
+//!
+//! - [`bench_device`] runs the storage workloads on any `Device` (a file, a block
+//!   device, memory, and later an initiator);
+//! - [`run`] does a whole run from what the user typed: opens the target
+//!   ([`target`]), picks the workloads that fit it, measures the network when the
+//!   target is remote, and returns a [`RunReport`];
+//! - [`report`] turns reports into a terminal table, a bonnie++ CSV line, JSON, HTML,
+//!   and side-by-side comparisons.
 
+pub mod config;
+pub mod error;
+pub mod machine;
+pub mod meter;
+pub mod progress;
+pub mod report;
 pub mod results;
+pub mod target;
+pub mod workloads;
+
+use std::time::Duration;
+
+use blockwire_blockdev::size::format_size;
+use blockwire_blockdev::Device;
+
+pub use config::{BenchConfig, Workload};
+pub use error::{Error, Result};
+pub use results::{Latency, Machine, PhaseResult, RunConfig, RunReport};
+pub use target::{OpenRequest, OpenedTarget, TargetKind, TargetSpec};
+
+use workloads::{bonnie, files, network, random, sequential, sweep, Ctx};
+
+/// Runs the storage workloads of `config` on `device`, over its first `config.size`
+/// bytes. Every workload writes, so a read-only device is refused.
+pub fn bench_device(device: &Device, config: &BenchConfig) -> Result<Vec<PhaseResult>> {
+    run_storage(device, config, None, true)
+}
+
+/// Like [`bench_device`] on an opened path target: on a directory the bonnie file
+/// tests run too, and per-character tests stream through the test file.
+pub fn bench_target(target: &OpenedTarget, config: &BenchConfig) -> Result<Vec<PhaseResult>> {
+    run_storage(&target.device, config, Some(target), target.holds_data)
+}
+
+fn run_storage(
+    device: &Device,
+    config: &BenchConfig,
+    target: Option<&OpenedTarget>,
+    holds_data: bool,
+) -> Result<Vec<PhaseResult>> {
+    let storage = [
+        Workload::Sequential,
+        Workload::Bonnie,
+        Workload::Sweep,
+        Workload::Random,
+    ];
+    if !storage.iter().any(|&w| config.wants(w)) {
+        return Ok(Vec::new());
+    }
+    if device.info().read_only {
+        return Err(Error::target(
+            "the device is read-only; the write tests need write access",
+        ));
+    }
+    let align = u64::from(device.info().block_sizes.minimum).max(1);
+    let region = config.size.min(device.size()) / align * align;
+    if region < target::MIN_SIZE {
+        return Err(Error::target(format!(
+            "the device is too small ({} bytes; at least {} needed)",
+            device.size(),
+            format_size(target::MIN_SIZE)
+        )));
+    }
+    if config.wants(Workload::Sequential) && !config.block_size.is_multiple_of(align) {
+        return Err(Error::target(format!(
+            "--block-size {} is not a multiple of the device's block size {align}",
+            config.block_size
+        )));
+    }
+    let file = target.and_then(|t| t.file.as_deref());
+    let ctx = Ctx::new(device, config, region, file, holds_data);
+    if config.wants(Workload::Sequential) {
+        sequential::run(&ctx)?;
+    }
+    if config.wants(Workload::Bonnie) {
+        bonnie::run(&ctx)?;
+        if let Some(dir) = target.and_then(|t| t.dir.as_deref()) {
+            files::run(&ctx, dir)?;
+        }
+    }
+    if config.wants(Workload::Sweep) {
+        sweep::run(&ctx)?;
+    }
+    if config.wants(Workload::Random) {
+        random::run(&ctx)?;
+    }
+    Ok(ctx.into_results())
+}
+
+/// A whole run, as the user asked for it.
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    /// Path or URI, as typed.
+    pub target: String,
+    /// Label for comparisons (default: the target).
+    pub label: Option<String>,
+    /// `config.size` is ignored; the data set comes from `size` and the target.
+    pub config: BenchConfig,
+    pub size: Option<u64>,
+    pub force: bool,
+    /// Port of an `iperf3 -s` on the target host, for the network baseline.
+    pub iperf_port: Option<u16>,
+}
+
+/// Runs everything `request` asks for. `note` receives what the user should know
+/// before and while it runs (files created, skipped workloads, cache warnings).
+pub fn run(request: &RunRequest, note: &mut dyn FnMut(&str)) -> Result<RunReport> {
+    let machine = machine::this_machine();
+    let mut config = request.config.clone();
+    let mut warnings = Vec::new();
+    let mut results = Vec::new();
+    let mut ran = Vec::new();
+    let mut network_mb_per_s = None;
+    let storage: Vec<Workload> = [
+        Workload::Sequential,
+        Workload::Bonnie,
+        Workload::Sweep,
+        Workload::Random,
+    ]
+    .into_iter()
+    .filter(|&w| config.wants(w))
+    .collect();
+
+    match TargetSpec::parse(&request.target) {
+        TargetSpec::Remote(remote) => {
+            if config.wants(Workload::Network) {
+                let time = config.phase_time.max(Duration::from_secs(1));
+                match network::measure(&remote.host, request.iperf_port, time) {
+                    network::Outcome::Measured(result) => {
+                        network_mb_per_s = Some(result.mb_per_s);
+                        results.push(result);
+                        ran.push(Workload::Network);
+                    }
+                    network::Outcome::Skipped(why) => note(&why),
+                }
+            }
+            if !storage.is_empty() {
+                note(&format!(
+                    "{}: skipped (no {} initiator yet; storage workloads need a local path)",
+                    names(&storage),
+                    remote.scheme
+                ));
+            }
+            config.size = 0;
+        }
+        TargetSpec::Path(path) => {
+            if config.wants(Workload::Network) && !config.workloads.is_empty() {
+                note("network: skipped (the target is a local path)");
+            }
+            if storage.is_empty() {
+                config.size = 0;
+            } else {
+                let opened = target::open(
+                    &path,
+                    &OpenRequest {
+                        size: request.size,
+                        direct: config.direct,
+                        force: request.force,
+                        writes: true,
+                    },
+                )?;
+                for text in &opened.notes {
+                    note(text);
+                }
+                config.size = opened.size;
+                let twice_ram = machine.memory_bytes * 2;
+                if !config.direct && opened.size < twice_ram {
+                    let warning = format!(
+                        "buffered I/O with a data set of {} (less than twice the RAM, {}): \
+                         the page cache will inflate the results",
+                        format_size(opened.size >> 20 << 20),
+                        format_size(twice_ram >> 20 << 20)
+                    );
+                    note(&format!("warning: {warning}"));
+                    warnings.push(warning);
+                }
+                config.workloads = storage.clone();
+                results.extend(bench_target(&opened, &config)?);
+                ran.extend(storage);
+            }
+        }
+    }
+
+    Ok(RunReport {
+        target: request.target.clone(),
+        label: request
+            .label
+            .clone()
+            .unwrap_or_else(|| request.target.clone()),
+        config: RunConfig {
+            workloads: ran.iter().map(|w| w.name().to_string()).collect(),
+            size: config.size,
+            block_size: config.block_size,
+            queue_depth: config.queue_depth,
+            direct: config.direct,
+        },
+        machine,
+        network_mb_per_s,
+        results,
+        warnings,
+    })
+}
+
+fn names(workloads: &[Workload]) -> String {
+    workloads
+        .iter()
+        .map(|w| w.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workloads::test_support::{memory, tiny_config};
+
+    #[test]
+    fn every_workload_runs_on_a_memory_device() {
+        let device = memory(8 << 20);
+        let config = tiny_config();
+        let results = bench_device(&device, &config).unwrap();
+        for workload in ["sequential", "bonnie", "sweep", "random"] {
+            assert!(results.iter().any(|r| r.workload == workload), "{workload}");
+        }
+        // A device has no directory: no file tests.
+        assert!(!results.iter().any(|r| r.op.contains("create")));
+    }
+
+    #[test]
+    fn read_only_and_tiny_devices_are_refused() {
+        let config = tiny_config();
+        let err = bench_device(&memory(8 << 20).read_only(), &config).unwrap_err();
+        assert!(err.to_string().contains("read-only"), "{err}");
+        let err = bench_device(&memory(4096), &config).unwrap_err();
+        assert!(err.to_string().contains("too small"), "{err}");
+    }
+
+    #[test]
+    fn a_run_on_a_directory_cleans_up_and_reports() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = tiny_config();
+        config.workloads = vec![Workload::Sequential, Workload::Bonnie];
+        let request = RunRequest {
+            target: dir.path().display().to_string(),
+            label: Some("tmp".into()),
+            config,
+            size: Some(2 << 20),
+            force: false,
+            iperf_port: None,
+        };
+        let mut notes = Vec::new();
+        let report = run(&request, &mut |n| notes.push(n.to_string())).unwrap();
+        assert_eq!(report.label, "tmp");
+        assert_eq!(report.config.size, 2 << 20);
+        assert_eq!(report.config.workloads, ["sequential", "bonnie"]);
+        assert!(report.results.iter().any(|r| r.op == "seq_create"));
+        // Buffered with a small data set: warned.
+        assert_eq!(report.warnings.len(), 1);
+        assert!(notes.iter().any(|n| n.starts_with("warning: buffered")));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn remote_targets_skip_storage_workloads_with_a_note() {
+        let request = RunRequest {
+            target: "nbd://localhost:10809/x".into(),
+            label: None,
+            config: tiny_config(),
+            size: None,
+            force: false,
+            iperf_port: None,
+        };
+        let mut notes = Vec::new();
+        let report = run(&request, &mut |n| notes.push(n.to_string())).unwrap();
+        assert!(report.results.is_empty());
+        assert!(
+            notes.iter().any(|n| n.contains("no nbd initiator")),
+            "{notes:?}"
+        );
+        assert!(
+            notes.iter().any(|n| n.contains("--iperf-port")),
+            "{notes:?}"
+        );
+    }
+}

@@ -1,0 +1,197 @@
+//! Reports made from [`RunReport`]s: a terminal table, a bonnie++ CSV line, JSON, a
+//! self-contained HTML page with SVG charts, and side-by-side comparisons.
+
+pub mod compare;
+pub mod csv;
+pub mod html;
+pub mod json;
+mod svg;
+pub mod table;
+
+use crate::results::{PhaseResult, RunReport};
+
+/// The first result of `workload`/`op` in a report.
+pub fn find<'a>(report: &'a RunReport, workload: &str, op: &str) -> Option<&'a PhaseResult> {
+    report
+        .results
+        .iter()
+        .find(|r| r.workload == workload && r.op == op)
+}
+
+/// A plain text table: a header row, a rule, rows; the first `left` columns are
+/// left-aligned, the rest right-aligned (numbers).
+pub(crate) struct TextTable {
+    headers: Vec<String>,
+    rows: Vec<Vec<String>>,
+    left: usize,
+}
+
+impl TextTable {
+    pub fn new(headers: &[&str], left: usize) -> TextTable {
+        TextTable {
+            headers: headers.iter().map(|h| h.to_string()).collect(),
+            rows: Vec::new(),
+            left,
+        }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    pub fn render(&self) -> String {
+        let columns = self.headers.len();
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (index, cell) in row.iter().enumerate().take(columns) {
+                widths[index] = widths[index].max(cell.chars().count());
+            }
+        }
+        let line = |cells: &[String]| {
+            let mut out = String::new();
+            for (index, width) in widths.iter().enumerate() {
+                let cell = cells.get(index).map(String::as_str).unwrap_or("");
+                if index > 0 {
+                    out.push_str("  ");
+                }
+                if index < self.left {
+                    out.push_str(&format!("{cell:<width$}"));
+                } else {
+                    out.push_str(&format!("{cell:>width$}"));
+                }
+            }
+            out.trim_end().to_string()
+        };
+        let mut out = line(&self.headers);
+        out.push('\n');
+        let total: usize = widths.iter().sum::<usize>() + 2 * (columns.saturating_sub(1));
+        out.push_str(&"-".repeat(total));
+        out.push('\n');
+        for row in &self.rows {
+            out.push_str(&line(row));
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// A number with a precision that suits its size: 0.123, 12.3, 1234.
+pub(crate) fn number(value: f64) -> String {
+    if value == 0.0 {
+        "0".into()
+    } else if value.abs() < 1.0 {
+        format!("{value:.3}")
+    } else if value.abs() < 100.0 {
+        format!("{value:.1}")
+    } else {
+        format!("{value:.0}")
+    }
+}
+
+/// An optional number, or "-".
+pub(crate) fn maybe(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".into(), number)
+}
+
+/// Block size for display ("-" for none, "1" for per-character).
+pub(crate) fn block(bytes: u64) -> String {
+    match bytes {
+        0 => "-".into(),
+        _ => blockwire_blockdev::size::format_size(bytes),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod sample {
+    //! A made-up report with every kind of phase, for report tests.
+    use crate::results::*;
+
+    pub fn phase(workload: &str, op: &str, block_size: u64, mb_per_s: f64) -> PhaseResult {
+        let seconds = 2.0;
+        let bytes = (mb_per_s * 1e6 * seconds) as u64;
+        let ops = if block_size == 0 {
+            2048
+        } else {
+            bytes / block_size.max(1)
+        };
+        PhaseResult {
+            workload: workload.into(),
+            op: op.into(),
+            block_size,
+            queue_depth: if op == "seeks" { 3 } else { 1 },
+            bytes: if block_size == 0 { 0 } else { bytes },
+            ops,
+            seconds,
+            mb_per_s: if block_size == 0 { 0.0 } else { mb_per_s },
+            iops: ops as f64 / seconds,
+            latency_us: Latency {
+                p50: 40.0,
+                p99: 250.0,
+                p999: 900.0,
+                max: 12_500.0,
+            },
+            cpu_percent: 25.0,
+            target_cpu_percent: Some(10.0),
+            mb_per_s_per_cpu_percent: Some(mb_per_s / 25.0),
+        }
+    }
+
+    pub fn report(label: &str, scale: f64) -> RunReport {
+        let mut results = vec![
+            phase("sequential", "write", 1 << 20, 500.0 * scale),
+            phase("sequential", "read", 1 << 20, 1100.0 * scale),
+            phase("bonnie", "putc", 1, 90.0 * scale),
+            phase("bonnie", "write", 8192, 550.0 * scale),
+            phase("bonnie", "rewrite", 8192, 340.0 * scale),
+            phase("bonnie", "getc", 1, 120.0 * scale),
+            phase("bonnie", "read", 8192, 1140.0 * scale),
+            phase("bonnie", "seeks", 8192, 3.0 * scale),
+        ];
+        for op in [
+            "seq_create",
+            "seq_stat",
+            "seq_delete",
+            "rand_create",
+            "rand_stat",
+            "rand_delete",
+        ] {
+            results.push(phase("bonnie", op, 0, 0.0));
+        }
+        for record in [4096u64, 65536, 1 << 20] {
+            for (index, op) in crate::workloads::sweep::OPS.iter().enumerate() {
+                let speed = (record as f64).log2() * 40.0 * scale + index as f64 * 10.0;
+                results.push(phase("sweep", op, record, speed));
+            }
+        }
+        for depth in [1, 4] {
+            let mut point = phase("random", "randread", 4096, 20.0 * f64::from(depth) * scale);
+            point.queue_depth = depth;
+            results.push(point);
+        }
+        RunReport {
+            target: format!("/mnt/{label}"),
+            label: label.into(),
+            config: RunConfig {
+                workloads: vec![
+                    "sequential".into(),
+                    "bonnie".into(),
+                    "sweep".into(),
+                    "random".into(),
+                ],
+                size: 8 << 30,
+                block_size: 1 << 20,
+                queue_depth: 1,
+                direct: true,
+            },
+            machine: Machine {
+                hostname: "initiator".into(),
+                cpus: 8,
+                memory_bytes: 4 << 30,
+                kernel: "6.1.0".into(),
+            },
+            network_mb_per_s: Some(1173.8),
+            results,
+            warnings: vec!["a <warning> & more".into()],
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! The terminal table printed at the end of a run.
+
+use blockwire_blockdev::size::format_size;
+
+use super::{block, maybe, number, TextTable};
+use crate::results::RunReport;
+
+/// The run's summary lines and one row per phase.
+pub fn render(report: &RunReport) -> String {
+    let mut out = String::new();
+    let config = &report.config;
+    out.push_str(&format!("target: {}", report.target));
+    if report.label != report.target {
+        out.push_str(&format!(" ({})", report.label));
+    }
+    out.push('\n');
+    if config.size > 0 {
+        out.push_str(&format!(
+            "data set {}, {} I/O, on {} ({} CPUs, {} RAM)\n",
+            format_size(config.size),
+            if config.direct { "direct" } else { "buffered" },
+            report.machine.hostname,
+            report.machine.cpus,
+            format_size(report.machine.memory_bytes >> 20 << 20),
+        ));
+    }
+    if let Some(network) = report.network_mb_per_s {
+        out.push_str(&format!("network: {} MB/s\n", number(network)));
+    }
+    for warning in &report.warnings {
+        out.push_str(&format!("warning: {warning}\n"));
+    }
+    if report.results.is_empty() {
+        out.push_str("nothing was measured\n");
+        return out;
+    }
+    let mut table = TextTable::new(
+        &[
+            "workload",
+            "op",
+            "block",
+            "qd",
+            "MB/s",
+            "IOPS",
+            "p50 us",
+            "p99 us",
+            "p99.9 us",
+            "max us",
+            "CPU%",
+            "tgt CPU%",
+            "MB/s/CPU%",
+        ],
+        2,
+    );
+    for r in &report.results {
+        let moves_bytes = r.bytes > 0;
+        table.row(vec![
+            r.workload.clone(),
+            r.op.clone(),
+            block(r.block_size),
+            r.queue_depth.to_string(),
+            if moves_bytes {
+                number(r.mb_per_s)
+            } else {
+                "-".into()
+            },
+            number(r.iops),
+            number(r.latency_us.p50),
+            number(r.latency_us.p99),
+            number(r.latency_us.p999),
+            number(r.latency_us.max),
+            number(r.cpu_percent),
+            maybe(r.target_cpu_percent),
+            maybe(r.mb_per_s_per_cpu_percent),
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&table.render());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::sample;
+
+    #[test]
+    fn one_row_per_phase_with_aligned_columns() {
+        let report = sample::report("nfs", 1.0);
+        let text = render(&report);
+        assert!(text.starts_with("target: /mnt/nfs (nfs)\n"));
+        assert!(text.contains("data set 8G, direct I/O"));
+        assert!(text.contains("network: 1174 MB/s"));
+        let lines: Vec<&str> = text.lines().collect();
+        let header = lines
+            .iter()
+            .position(|l| l.starts_with("workload"))
+            .unwrap();
+        assert_eq!(lines.len() - header - 2, report.results.len());
+        let width = lines[header + 2].len();
+        assert!(lines[header + 2..].iter().all(|l| l.len() <= width + 2));
+        assert!(text.contains("seq_create"));
+    }
+}
