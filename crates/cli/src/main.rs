@@ -1,5 +1,6 @@
 //! The `blockwire` binary: parses arguments and wires the library crates together.
 
+mod bench;
 mod config;
 mod serve;
 
@@ -23,6 +24,8 @@ struct Cli {
 enum Command {
     /// Export a file, a block device or memory over NBD.
     Serve(serve::ServeArgs),
+    /// Measure a file, block device or directory: throughput, latency, CPU.
+    Bench(bench::BenchArgs),
 }
 
 fn init_logging(verbose: u8) {
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
     init_logging(cli.verbose);
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,167 @@
+//! `blockwire bench`: measures a file, block device or directory (and the network to
+//! a remote target), prints a table, and writes JSON, bonnie++ CSV and HTML reports;
+//! `--compare` lines up earlier JSON reports side by side.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use blockwire_bench::report::{compare, csv, html, json, table};
+use blockwire_bench::{BenchConfig, RunRequest, Workload};
+use blockwire_blockdev::size::parse_size;
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// What to measure: a file or block device (overwritten!), a directory (a test
+    /// file is created inside and removed afterwards), or a remote host
+    /// (nbd://host:port/export, host:port) for the network test.
+    #[arg(required_unless_present = "compare")]
+    pub target: Option<String>,
+
+    /// Workloads to run, comma-separated: network, sequential, bonnie, sweep,
+    /// random, all. Default: all that fit the target.
+    #[arg(long, value_name = "LIST", value_parser = parse_workloads)]
+    pub workload: Option<Workloads>,
+
+    /// Data set size (e.g. 8G). Default: twice the RAM with --buffered on a directory
+    /// (at most 90% of the free space), else 1G (at most the target's size). A file
+    /// that does not exist is created with this size.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub size: Option<u64>,
+
+    /// Block size of the sequential workload.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1M")]
+    pub block_size: u64,
+
+    /// Requests in flight for the sequential workload (one thread each).
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub queue_depth: u32,
+
+    /// Bypass the page cache with O_DIRECT (the default).
+    #[arg(long, conflicts_with = "buffered")]
+    pub direct: bool,
+
+    /// Go through the page cache; warns unless the data set is twice the RAM.
+    #[arg(long)]
+    pub buffered: bool,
+
+    /// Seconds per timed phase: each random-I/O point, bonnie's seeks, and the cap of
+    /// each sweep measurement (default 3, sweep 2).
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub time: Option<Duration>,
+
+    /// Files for bonnie's create/stat/delete tests, in units of 1024 (bonnie++ -n).
+    #[arg(long, value_name = "N", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub files: u32,
+
+    /// Write the results as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// Write a bonnie++ 1.98 CSV line (for bon_csv2txt, bon_csv2html).
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+
+    /// Write a self-contained HTML report with charts.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+
+    /// Also measure the CPU use of this process (the target server, say).
+    #[arg(long, value_name = "PID")]
+    pub target_pid: Option<u32>,
+
+    /// Name of this run in reports and comparisons (default: the target).
+    #[arg(long, value_name = "TEXT")]
+    pub label: Option<String>,
+
+    /// Write even to a device or file that holds a file system or partition table.
+    #[arg(long)]
+    pub force: bool,
+
+    /// Port of an `iperf3 -s` on the target host, for the network test.
+    #[arg(long, value_name = "PORT")]
+    pub iperf_port: Option<u16>,
+
+    /// Compare earlier runs: read these JSON reports and print them side by side.
+    #[arg(long, value_name = "JSON", num_args = 1.., conflicts_with = "target")]
+    pub compare: Vec<PathBuf>,
+}
+
+/// A parsed `--workload` list (a newtype: clap would take a bare Vec for a
+/// repeated flag).
+#[derive(Debug, Clone)]
+pub struct Workloads(Vec<Workload>);
+
+fn parse_workloads(text: &str) -> Result<Workloads, String> {
+    Workload::parse_list(text).map(Workloads)
+}
+
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a number of seconds"))?;
+    if !(seconds > 0.0 && seconds <= 86_400.0) {
+        return Err(format!("'{text}': give between 0 and 86400 seconds"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    if !args.compare.is_empty() {
+        let reports = args
+            .compare
+            .iter()
+            .map(|path| json::read(path))
+            .collect::<Result<Vec<_>, _>>()?;
+        print!("{}", compare::render(&reports));
+        return Ok(());
+    }
+    let Some(target) = args.target.clone() else {
+        bail!("give a TARGET to measure, or --compare with JSON reports");
+    };
+    if args.block_size == 0 {
+        bail!("--block-size must be larger than 0");
+    }
+    let defaults = BenchConfig::default();
+    let config = BenchConfig {
+        workloads: args.workload.clone().map(|w| w.0).unwrap_or_default(),
+        block_size: args.block_size,
+        queue_depth: args.queue_depth,
+        direct: !args.buffered,
+        phase_time: args.time.unwrap_or(defaults.phase_time),
+        sweep_time: args.time.unwrap_or(defaults.sweep_time),
+        files_k: args.files,
+        target_pid: args.target_pid,
+        progress: std::io::stderr().is_terminal(),
+        ..defaults
+    };
+    let request = RunRequest {
+        target,
+        label: args.label.clone(),
+        config,
+        size: args.size,
+        force: args.force,
+        iperf_port: args.iperf_port,
+    };
+    let report = blockwire_bench::run(&request, &mut |note| eprintln!("{note}"))?;
+    print!("{}", table::render(&report));
+    if let Some(path) = &args.json {
+        json::write(&report, path)?;
+    }
+    if let Some(path) = &args.csv {
+        if !report.results.iter().any(|r| r.workload == "bonnie") {
+            eprintln!("note: no bonnie results; the CSV line has empty fields");
+        }
+        std::fs::write(path, csv::bonnie_line(&report))
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    }
+    if let Some(path) = &args.html {
+        html::write(&report, path)?;
+    }
+    Ok(())
+}
