@@ -1,0 +1,256 @@
+//! `blockwire bench` end to end: the built binary on a temporary directory with tiny
+//! sizes and times; its JSON, bonnie++ CSV (checked with bonnie++'s own
+//! bon_csv2txt/bon_csv2html when installed) and HTML; `--compare`; bad input.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn blockwire(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_blockwire"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run blockwire")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs a quick bench of `dir`, falling back to --buffered where O_DIRECT is not
+/// supported (tmpfs).
+fn quick_bench(dir: &Path, out: &Path) -> Output {
+    let path = |name: &str| out.join(name).display().to_string();
+    let pid = std::process::id().to_string();
+    let mut args = vec![
+        "bench".to_string(),
+        dir.display().to_string(),
+        "--size".into(),
+        "8M".into(),
+        "--time".into(),
+        "0.1".into(),
+        "--files".into(),
+        "1".into(),
+        "--label".into(),
+        "tiny run".into(),
+        "--target-pid".into(),
+        pid,
+        "--json".into(),
+        path("run.json"),
+        "--csv".into(),
+        path("run.csv"),
+        "--html".into(),
+        path("run.html"),
+    ];
+    fn as_str(args: &[String]) -> Vec<&str> {
+        args.iter().map(String::as_str).collect()
+    }
+    let output = blockwire(&as_str(&args));
+    if !output.status.success() && text(&output.stderr).contains("O_DIRECT") {
+        eprintln!("note: no O_DIRECT in {}; measuring buffered", dir.display());
+        args.push("--buffered".into());
+        return blockwire(&as_str(&args));
+    }
+    output
+}
+
+#[test]
+fn bench_a_directory_and_write_every_report() {
+    let scratch = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let output = quick_bench(scratch.path(), out.path());
+    let stdout = text(&output.stdout);
+    let stderr = text(&output.stderr);
+    assert!(
+        output.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("target: "), "{stdout}");
+    assert!(
+        stdout.contains("MB/s") && stdout.contains("seq_create"),
+        "{stdout}"
+    );
+    // The test file and the file-test directory are gone.
+    assert_eq!(std::fs::read_dir(scratch.path()).unwrap().count(), 0);
+
+    // JSON: the run, the machine and one entry per phase with every figure.
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("run.json")).unwrap())
+            .unwrap();
+    assert_eq!(json["label"], "tiny run");
+    assert_eq!(json["config"]["size"], 8 << 20);
+    for key in ["workloads", "block_size", "queue_depth", "direct"] {
+        assert!(!json["config"][key].is_null(), "config.{key}");
+    }
+    for key in ["hostname", "cpus", "memory_bytes", "kernel"] {
+        assert!(!json["machine"][key].is_null(), "machine.{key}");
+    }
+    let results = json["results"].as_array().unwrap();
+    for workload in ["sequential", "bonnie", "sweep", "random"] {
+        assert!(
+            results.iter().any(|r| r["workload"] == workload),
+            "{workload}"
+        );
+    }
+    for result in results {
+        for key in [
+            "workload",
+            "op",
+            "block_size",
+            "queue_depth",
+            "bytes",
+            "ops",
+            "seconds",
+            "mb_per_s",
+            "iops",
+            "cpu_percent",
+        ] {
+            assert!(!result[key].is_null(), "{key} in {result}");
+        }
+        for key in ["p50", "p99", "p999", "max"] {
+            assert!(result["latency_us"][key].is_number(), "latency_us.{key}");
+        }
+        // --target-pid was this test process, so its CPU was seen.
+        assert!(result["target_cpu_percent"].is_number(), "{result}");
+        assert!(result.get("mb_per_s_per_cpu_percent").is_some());
+    }
+
+    // CSV: one bonnie++ 1.98 line that bonnie++'s own tools accept.
+    let csv = std::fs::read_to_string(out.path().join("run.csv")).unwrap();
+    assert!(
+        csv.starts_with("1.98,") && csv.lines().count() == 1,
+        "{csv}"
+    );
+    check_with_bonnie_tools(&csv);
+
+    // HTML: self-contained, with charts.
+    let html = std::fs::read_to_string(out.path().join("run.html")).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>") && html.contains("<svg"));
+    assert!(html.contains("Record-size sweep"));
+
+    // --compare reads the JSON back and lines the runs up.
+    let json_path = out.path().join("run.json").display().to_string();
+    let compared = blockwire(&["bench", "--compare", &json_path, &json_path]);
+    assert!(compared.status.success(), "{}", text(&compared.stderr));
+    let table = text(&compared.stdout);
+    assert!(
+        table.contains("Read MB/s") && table.contains("seeks/s"),
+        "{table}"
+    );
+    assert_eq!(table.matches("tiny run").count(), 2, "{table}");
+}
+
+fn check_with_bonnie_tools(csv: &str) {
+    let run = |tool: &str| {
+        let mut child = match Command::new(tool)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+        {
+            Ok(child) => child,
+            Err(_) => return None,
+        };
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(csv.as_bytes())
+            .unwrap();
+        Some(child.wait_with_output().unwrap())
+    };
+    let Some(txt) = run("bon_csv2txt") else {
+        eprintln!("skipped: bon_csv2txt is not installed (apt-get install bonnie++)");
+        return;
+    };
+    let (stdout, stderr) = (text(&txt.stdout), text(&txt.stderr));
+    assert!(
+        txt.status.success() && stderr.is_empty(),
+        "bon_csv2txt: {stderr}"
+    );
+    assert!(
+        stdout.contains("Sequential Output") && stdout.contains("tiny run"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("Sequential Create"), "{stdout}");
+    if let Some(page) = run("bon_csv2html") {
+        let (stdout, stderr) = (text(&page.stdout), text(&page.stderr));
+        assert!(page.status.success(), "bon_csv2html: {stderr}");
+        assert!(!stdout.contains("Can't process") && !stderr.contains("Can't process"));
+        assert!(stdout.contains("tiny run"), "{stdout}");
+    }
+}
+
+/// Runs a bench that must fail: exit 1 and one line on stderr naming the problem.
+fn refused(args: &[&str], expected: &str) {
+    let output = blockwire(args);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(expected),
+        "{args:?}: expected '{expected}' in {stderr}"
+    );
+}
+
+#[test]
+fn bad_targets_are_refused_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.img").display().to_string();
+    refused(&["bench", &missing], "does not exist (give --size");
+    let nowhere = dir.path().join("no/dir/x.img").display().to_string();
+    refused(
+        &["bench", &nowhere, "--size", "8M"],
+        "neither does its directory",
+    );
+    let here = dir.path().display().to_string();
+    refused(&["bench", &here, "--size", "1P"], "does not fit");
+    let small = dir.path().join("small.img");
+    std::fs::write(&small, [7u8; 4096]).unwrap();
+    refused(&["bench", &small.display().to_string()], "too small");
+    let other = dir.path().join("other.json");
+    std::fs::write(&other, "[]").unwrap();
+    refused(
+        &["bench", "--compare", &other.display().to_string()],
+        "is not a blockwire bench report",
+    );
+    // Nothing was created along the way.
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+}
+
+#[test]
+fn a_file_system_image_needs_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("ext4.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let made = Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&image)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !made {
+        eprintln!("skipped: mkfs.ext4 is not installed");
+        return;
+    }
+    let before = std::fs::read(&image).unwrap();
+    refused(
+        &[
+            "bench",
+            &image.display().to_string(),
+            "--workload",
+            "sequential",
+        ],
+        "refusing to overwrite it (use --force)",
+    );
+    assert_eq!(
+        std::fs::read(&image).unwrap(),
+        before,
+        "the image was touched"
+    );
+}
