@@ -4,11 +4,12 @@
 use std::fmt::Write;
 
 const WIDTH: f64 = 760.0;
-const HEIGHT: f64 = 360.0;
+const HEIGHT: f64 = 420.0;
 const LEFT: f64 = 70.0;
 const RIGHT: f64 = 170.0;
 const TOP: f64 = 36.0;
-const BOTTOM: f64 = 70.0;
+/// Room for the slanted labels under bars.
+const BOTTOM: f64 = 130.0;
 const COLOURS: [&str; 10] = [
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
     "#bcbd22", "#17becf",
@@ -42,7 +43,7 @@ fn nice_ceiling(value: f64) -> f64 {
         return 1.0;
     }
     let power = 10f64.powf(value.log10().floor());
-    [1.0, 2.0, 5.0, 10.0]
+    [1.0, 2.0, 2.5, 4.0, 5.0, 10.0]
         .iter()
         .map(|m| m * power)
         .find(|&v| v >= value)
@@ -79,8 +80,17 @@ fn linear_axis(out: &mut String, max: f64) {
             x2 = LEFT + plot_width(),
             tx = LEFT - 6.0,
             ty = y + 4.0,
-            label = super::number(value),
+            label = tick(value),
         );
+    }
+}
+
+/// An axis label: whole numbers without decimals.
+fn tick(value: f64) -> String {
+    if value.fract() == 0.0 {
+        format!("{value:.0}")
+    } else {
+        super::number(value)
     }
 }
 
@@ -159,7 +169,7 @@ pub fn line_chart(
         out,
         r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
         LEFT + plot_width() / 2.0,
-        HEIGHT - 24.0,
+        TOP + plot_height() + 40.0,
         escape(x_label),
     );
     axes(&mut out);
@@ -214,7 +224,7 @@ pub fn grouped_bars(
                 x2 = LEFT + plot_width(),
                 tx = LEFT - 6.0,
                 ty = y + 4.0,
-                label = super::number(10f64.powi(power)),
+                label = 10u64.pow(power as u32),
             );
         }
         Box::new(move |v: f64| v.max(1.0).log10() / top)
@@ -265,6 +275,7 @@ mod tests {
         assert_eq!(nice_ceiling(0.0), 1.0);
         assert_eq!(nice_ceiling(7.0), 10.0);
         assert_eq!(nice_ceiling(1140.0), 2000.0);
+        assert_eq!(nice_ceiling(2137.0), 2500.0);
         assert_eq!(nice_ceiling(450.0), 500.0);
     }
 
