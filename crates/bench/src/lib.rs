@@ -111,6 +111,9 @@ pub struct RunRequest {
     pub force: bool,
     /// Port of an `iperf3 -s` on the target host, for the network baseline.
     pub iperf_port: Option<u16>,
+    /// The remote target opened as a device (an initiator), when the caller could:
+    /// the storage workloads then run on it. `None` skips them with a note.
+    pub remote_device: Option<Device>,
 }
 
 /// Runs everything `request` asks for. `note` receives what the user should know
@@ -145,14 +148,20 @@ pub fn run(request: &RunRequest, note: &mut dyn FnMut(&str)) -> Result<RunReport
                     network::Outcome::Skipped(why) => note(&why),
                 }
             }
-            if !storage.is_empty() {
-                note(&format!(
-                    "{}: skipped (no {} initiator yet; storage workloads need a local path)",
+            match &request.remote_device {
+                Some(device) if !storage.is_empty() => {
+                    config.size = remote_size(device, request, &remote.uri)?;
+                    config.workloads = storage.clone();
+                    results.extend(bench_device(device, &config)?);
+                    ran.extend(storage);
+                }
+                None if !storage.is_empty() => note(&format!(
+                    "{}: skipped (no {} initiator here; storage workloads need a device)",
                     names(&storage),
                     remote.scheme
-                ));
+                )),
+                _ => config.size = 0,
             }
-            config.size = 0;
         }
         TargetSpec::Path(path) => {
             if config.wants(Workload::Network) && !config.workloads.is_empty() {
@@ -212,6 +221,32 @@ pub fn run(request: &RunRequest, note: &mut dyn FnMut(&str)) -> Result<RunReport
     })
 }
 
+/// The data set on a remote device: `--size` (which must fit) or up to 1 GiB; a
+/// device that holds a file system is refused without `--force`.
+fn remote_size(device: &Device, request: &RunRequest, uri: &str) -> Result<u64> {
+    if !request.force {
+        let probe = (device.size() as usize).min(128 << 10);
+        let align = device.info().block_sizes.minimum.max(1) as usize;
+        let mut head = blockwire_blockdev::IoBuf::new(probe / align * align);
+        device
+            .read(&mut head, 0)
+            .map_err(|e| Error::device("probing for a file system", e))?;
+        if let Some(what) = target::magic_signature(&head) {
+            return Err(Error::target(format!(
+                "{uri} holds {what}; refusing to overwrite it (use --force)"
+            )));
+        }
+    }
+    match request.size {
+        Some(size) if size > device.size() => Err(Error::target(format!(
+            "{uri} is {} bytes, smaller than --size {size}",
+            device.size()
+        ))),
+        Some(size) => Ok(size),
+        None => Ok(target::DIRECT_DEFAULT_SIZE.min(device.size())),
+    }
+}
+
 fn names(workloads: &[Workload]) -> String {
     workloads
         .iter()
@@ -258,6 +293,7 @@ mod tests {
             size: Some(2 << 20),
             force: false,
             iperf_port: None,
+            remote_device: None,
         };
         let mut notes = Vec::new();
         let report = run(&request, &mut |n| notes.push(n.to_string())).unwrap();
@@ -280,6 +316,7 @@ mod tests {
             size: None,
             force: false,
             iperf_port: None,
+            remote_device: None,
         };
         let mut notes = Vec::new();
         let report = run(&request, &mut |n| notes.push(n.to_string())).unwrap();
@@ -292,5 +329,34 @@ mod tests {
             notes.iter().any(|n| n.contains("--iperf-port")),
             "{notes:?}"
         );
+    }
+
+    #[test]
+    fn a_remote_device_given_by_the_caller_is_measured() {
+        let mut config = tiny_config();
+        config.workloads = vec![Workload::Sequential, Workload::Random];
+        let device = memory(8 << 20);
+        let mut request = RunRequest {
+            target: "nbd://localhost/x".into(),
+            label: None,
+            config,
+            size: Some(2 << 20),
+            force: false,
+            iperf_port: None,
+            remote_device: Some(device.clone()),
+        };
+        let report = run(&request, &mut |_| {}).unwrap();
+        assert_eq!(report.config.size, 2 << 20);
+        assert_eq!(report.config.workloads, ["sequential", "random"]);
+        assert!(report.results.iter().any(|r| r.op == "randread"));
+
+        // Something that looks like a file system is left alone.
+        let mut head = vec![0u8; 4096];
+        head[..4].copy_from_slice(b"XFSB");
+        device.write(&head, 0, Default::default()).unwrap();
+        let err = run(&request, &mut |_| {}).unwrap_err().to_string();
+        assert!(err.contains("refusing to overwrite"), "{err}");
+        request.force = true;
+        assert!(run(&request, &mut |_| {}).is_ok());
     }
 }

@@ -147,6 +147,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         size: args.size,
         force: args.force,
         iperf_port: args.iperf_port,
+        remote_device: None,
     };
     let report = blockwire_bench::run(&request, &mut |note| eprintln!("{note}"))?;
     print!("{}", table::render(&report));

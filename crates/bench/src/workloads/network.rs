@@ -21,6 +21,9 @@ pub enum Outcome {
 /// Measures TCP throughput to `host` with iperf3 for `time`, if an iperf3 server
 /// port was given and iperf3 is installed.
 pub fn measure(host: &str, port: Option<u16>, time: Duration) -> Outcome {
+    if host.is_empty() {
+        return Outcome::Skipped("network: skipped (the target is a local socket)".into());
+    }
     let Some(port) = port else {
         return Outcome::Skipped(format!(
             "network: skipped (run `iperf3 -s` on {host} and give --iperf-port)"
