@@ -1,0 +1,372 @@
+//! Our NBD initiator against other people's NBD servers: nbdkit (memory and file
+//! plugins), qemu-nbd and nbd-server. Each test starts its own server on a loopback
+//! port, runs the device conformance suite (or the part of it the peer supports)
+//! through the initiator, and stops the server by the PID it started. A test whose
+//! peer program is missing is skipped with a message.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use blockwire_blockdev::conformance::{self, pattern};
+use blockwire_blockdev::{Device, ErrorKind, FileDevice, FileOptions, WriteFlags};
+use blockwire_nbd::client::{list_exports, ClientError, ClientOptions, NbdClient, NbdUri};
+use blockwire_tests::{require, sparse_file};
+
+const MIB: u64 = 1 << 20;
+
+/// A port that was free a moment ago. Peers take a port number, not a socket, so
+/// another process could take it in between; on loopback in a test run that is
+/// rare enough.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind a free port")
+        .port()
+}
+
+/// A peer server we started, stopped when dropped: the child itself and, for a
+/// server that daemonizes, the daemon's PID from the pid file we told it to write.
+struct Peer {
+    name: &'static str,
+    child: Child,
+    pid_file: Option<PathBuf>,
+}
+
+impl Peer {
+    fn start(name: &'static str, command: &mut Command) -> Peer {
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Peer {
+            name,
+            child,
+            pid_file: None,
+        }
+    }
+
+    /// The daemon's PID, once its pid file is written.
+    fn daemon_pid(&self) -> Option<i32> {
+        let path = self.pid_file.as_ref()?;
+        std::fs::read_to_string(path).ok()?.trim().parse().ok()
+    }
+
+    /// Connects once the peer accepts connections.
+    fn connect(&mut self, uri: &NbdUri, options: ClientOptions) -> NbdClient {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match NbdClient::connect(uri, options) {
+                Ok(client) => return client,
+                Err(ClientError::Connect { .. }) if Instant::now() < deadline => {
+                    // A daemonizing peer's first process exits 0 by design.
+                    if let Ok(Some(status)) = self.child.try_wait() {
+                        assert!(status.success(), "{} exited with {status}", self.name);
+                    }
+                    thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => panic!("{}: cannot connect to {uri}: {e}", self.name),
+            }
+        }
+    }
+
+    /// Kills the peer abruptly (SIGKILL), as a crash would.
+    fn kill(&mut self) {
+        if let Some(pid) = self.daemon_pid() {
+            // SAFETY: kill(2) on the daemon our own command started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_gone(pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // SAFETY: signal 0 only checks that the process exists.
+    while unsafe { libc::kill(pid, 0) } == 0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if let Some(pid) = self.daemon_pid() {
+            // SAFETY: kill(2) on the daemon our own command started.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            wait_gone(pid);
+            // SAFETY: as above; it had its chance to exit.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn options(connections: usize) -> ClientOptions {
+    ClientOptions {
+        connections,
+        ..ClientOptions::default()
+    }
+}
+
+/// Connects with 1 and with 4 connections and runs the whole conformance suite
+/// each time; checks the connection count follows the peer's multi-conn flag.
+fn conformance_with(peer: &mut Peer, uri: &NbdUri) {
+    for wanted in [1, 4] {
+        let client = peer.connect(uri, options(wanted));
+        let multi_conn = client.details().flag_words().contains(&"multi-conn");
+        let expected = if multi_conn { wanted } else { 1 };
+        assert_eq!(client.connections(), expected, "{}", peer.name);
+        eprintln!(
+            "{}: {} connection(s), flags {:?}, structured {}, contexts {:?}",
+            peer.name,
+            client.connections(),
+            client.details().flag_words(),
+            client.details().structured,
+            client.details().contexts
+        );
+        conformance::run_all(&Device::new(Arc::new(client)));
+    }
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().expect("temporary paths are UTF-8")
+}
+
+#[test]
+fn nbdkit_memory_conformance() {
+    require!("nbdkit");
+    let port = free_port();
+    let mut peer = Peer::start(
+        "nbdkit memory",
+        Command::new("nbdkit").args([
+            "-f",
+            "--exit-with-parent",
+            "-p",
+            &port.to_string(),
+            "--ipaddr",
+            "127.0.0.1",
+            "memory",
+            "64M",
+        ]),
+    );
+    let uri = NbdUri::tcp("127.0.0.1", port, "");
+    let client = peer.connect(&uri, options(1));
+    let details = client.details();
+    assert_eq!(details.size, 64 * MIB);
+    assert!(details.structured && details.base_allocation() && details.used_go);
+    drop(client);
+    conformance_with(&mut peer, &uri);
+}
+
+#[test]
+fn nbdkit_file_writes_reach_the_file() {
+    require!("nbdkit");
+    let dir = tempfile::tempdir().unwrap();
+    let disk = sparse_file(dir.path(), "disk.img", 32 * MIB);
+    let port = free_port();
+    let mut peer = Peer::start(
+        "nbdkit file",
+        Command::new("nbdkit").args([
+            "-f",
+            "--exit-with-parent",
+            "-p",
+            &port.to_string(),
+            "--ipaddr",
+            "127.0.0.1",
+            "file",
+            path_str(&disk),
+        ]),
+    );
+    let uri = NbdUri::tcp("127.0.0.1", port, "");
+    conformance_with(&mut peer, &uri);
+
+    let device = Device::new(Arc::new(peer.connect(&uri, options(4))));
+    let data = pattern(77, 5 * MIB, 3 * MIB as usize);
+    device.write(&data, 5 * MIB, WriteFlags::NONE).unwrap();
+    device.flush().unwrap();
+    drop(device);
+    let file = std::fs::read(&disk).unwrap();
+    assert!(
+        file[5 * MIB as usize..8 * MIB as usize] == data[..],
+        "the file does not hold what was written through nbdkit"
+    );
+}
+
+#[test]
+fn nbdkit_read_only_file() {
+    require!("nbdkit");
+    let dir = tempfile::tempdir().unwrap();
+    let disk = sparse_file(dir.path(), "disk.img", 8 * MIB);
+    let port = free_port();
+    let mut peer = Peer::start(
+        "nbdkit -r file",
+        Command::new("nbdkit").args([
+            "-f",
+            "--exit-with-parent",
+            "-r",
+            "-p",
+            &port.to_string(),
+            "--ipaddr",
+            "127.0.0.1",
+            "file",
+            path_str(&disk),
+        ]),
+    );
+    let client = peer.connect(&NbdUri::tcp("127.0.0.1", port, ""), options(1));
+    assert!(client.details().read_only());
+    let local = FileDevice::open(&disk, FileOptions::default()).unwrap();
+    conformance::run_read_only(&Device::new(Arc::new(client)), &Device::from_device(local));
+}
+
+#[test]
+fn nbdkit_killed_fails_requests_with_disconnected() {
+    require!("nbdkit");
+    let port = free_port();
+    let mut peer = Peer::start(
+        "nbdkit memory",
+        Command::new("nbdkit").args([
+            "-f",
+            "--exit-with-parent",
+            "-p",
+            &port.to_string(),
+            "--ipaddr",
+            "127.0.0.1",
+            "memory",
+            "64M",
+        ]),
+    );
+    let device = Device::new(Arc::new(
+        peer.connect(&NbdUri::tcp("127.0.0.1", port, ""), options(2)),
+    ));
+    let mut buf = vec![0u8; 64 * 1024];
+    device.read(&mut buf, 0).unwrap();
+    // Readers keep requests in flight while the server dies under them.
+    let readers: Vec<_> = (0..4u64)
+        .map(|i| {
+            let device = device.clone();
+            thread::spawn(move || {
+                let mut buf = vec![0u8; 1 << 20];
+                let started = Instant::now();
+                loop {
+                    if let Err(e) = device.read(&mut buf, i << 20) {
+                        return (e, started.elapsed());
+                    }
+                    assert!(started.elapsed() < Duration::from_secs(20), "never failed");
+                }
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(100));
+    let killed = Instant::now();
+    peer.kill();
+    for reader in readers {
+        let (err, _) = reader.join().unwrap();
+        assert_eq!(err.kind(), ErrorKind::Disconnected, "{err}");
+    }
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "requests took {:?} to fail",
+        killed.elapsed()
+    );
+    let err = device.read(&mut buf, 0).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Disconnected, "{err}");
+}
+
+#[test]
+fn qemu_nbd_conformance() {
+    require!("qemu-nbd");
+    let dir = tempfile::tempdir().unwrap();
+    let disk = sparse_file(dir.path(), "disk.img", 64 * MIB);
+    let port = free_port();
+    // Without --discard=unmap qemu-nbd advertises trim but ignores it (the protocol
+    // allows that); the conformance suite checks that a native trim reads zeroes.
+    let mut peer = Peer::start(
+        "qemu-nbd",
+        Command::new("qemu-nbd").args([
+            "-f",
+            "raw",
+            "-p",
+            &port.to_string(),
+            "-b",
+            "127.0.0.1",
+            "-x",
+            "disk",
+            "-D",
+            "qemu scratch",
+            "--shared=8",
+            "--discard=unmap",
+            "--persistent",
+            path_str(&disk),
+        ]),
+    );
+    let uri = NbdUri::tcp("127.0.0.1", port, "disk");
+    let client = peer.connect(&uri, options(1));
+    let details = client.details().clone();
+    drop(client);
+    assert_eq!(details.size, 64 * MIB);
+    assert!(details.structured && details.base_allocation());
+    assert_eq!(details.description.as_deref(), Some("qemu scratch"));
+    let listed = list_exports(&uri).unwrap();
+    assert_eq!(
+        listed,
+        vec![("disk".to_string(), "qemu scratch".to_string())]
+    );
+    conformance_with(&mut peer, &uri);
+}
+
+#[test]
+fn nbd_server_conformance() {
+    require!("nbd-server");
+    let dir = tempfile::tempdir().unwrap();
+    let disk = sparse_file(dir.path(), "disk.img", 64 * MIB);
+    let port = free_port();
+    let config = dir.path().join("nbd-server.conf");
+    let pid_file = dir.path().join("nbd-server.pid");
+    std::fs::write(
+        &config,
+        format!(
+            "[generic]\nport = {port}\nlistenaddr = 127.0.0.1\nallowlist = true\n\
+             [disk]\nexportname = {}\ntrim = true\nflush = true\nfua = true\n",
+            disk.display()
+        ),
+    )
+    .unwrap();
+    // nbd-server daemonizes (-d would serve a single connection and exit); the
+    // pid file names the daemon so the test can stop exactly that process.
+    let mut peer = Peer::start(
+        "nbd-server",
+        Command::new("nbd-server")
+            .arg("-C")
+            .arg(&config)
+            .arg("-p")
+            .arg(&pid_file),
+    );
+    peer.pid_file = Some(pid_file);
+    let uri = NbdUri::tcp("127.0.0.1", port, "disk");
+    let client = peer.connect(&uri, options(1));
+    assert_eq!(client.details().size, 64 * MIB);
+    drop(client);
+    let listed = list_exports(&uri).unwrap();
+    assert!(
+        listed.iter().any(|(name, _)| name == "disk"),
+        "listed: {listed:?}"
+    );
+    conformance_with(&mut peer, &uri);
+}
