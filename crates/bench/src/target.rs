@@ -23,6 +23,39 @@ use blockwire_blockdev::{Device, ErrorKind, FileDevice, FileOptions};
 use crate::error::{Error, Result};
 use crate::machine;
 
+/// Files and directories the bench created and has not removed yet, so that an
+/// interrupted run can still clean up ([`remove_created`]).
+static CREATED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+pub(crate) fn track(path: &Path) {
+    CREATED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(path.to_path_buf());
+}
+
+pub(crate) fn untrack(path: &Path) {
+    CREATED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|p| p != path);
+}
+
+/// Removes every test file and directory the bench created and still holds. For a
+/// signal handler: a run stopped by SIGINT leaves nothing behind.
+pub fn remove_created() -> Vec<PathBuf> {
+    let created: Vec<PathBuf> =
+        std::mem::take(&mut *CREATED.lock().unwrap_or_else(|e| e.into_inner()));
+    for path in &created {
+        let _ = if path.is_dir() {
+            fs::remove_dir_all(path)
+        } else {
+            fs::remove_file(path)
+        };
+    }
+    created
+}
+
 /// The smallest data set worth measuring.
 pub const MIN_SIZE: u64 = 1 << 20;
 /// Default data set with direct I/O, where the page cache plays no part.
@@ -135,6 +168,7 @@ pub struct OpenedTarget {
 impl Drop for OpenedTarget {
     fn drop(&mut self) {
         if let Some(path) = &self.remove {
+            untrack(path);
             if let Err(e) = fs::remove_file(path) {
                 tracing::warn!("could not remove {}: {e}", path.display());
             }
@@ -296,10 +330,18 @@ fn new_test_file(path: &Path, size: u64) -> Result<()> {
             )),
             _ => Error::io_at("cannot create", path, e),
         })?;
+    track(path);
     file.set_len(size).map_err(|e| {
+        untrack(path);
         let _ = fs::remove_file(path);
         Error::io_at("cannot size", path, e)
     })
+}
+
+/// Removes a test file whose device could not be opened.
+fn discard(path: &Path) {
+    untrack(path);
+    let _ = fs::remove_file(path);
 }
 
 fn open_directory(dir: &Path, request: &OpenRequest) -> Result<OpenedTarget> {
@@ -310,7 +352,7 @@ fn open_directory(dir: &Path, request: &OpenRequest) -> Result<OpenedTarget> {
     let device = match open_device(&file, request) {
         Ok(device) => device,
         Err(e) => {
-            let _ = fs::remove_file(&file);
+            discard(&file);
             return Err(e);
         }
     };
@@ -353,7 +395,7 @@ fn create_file(path: &Path, request: &OpenRequest) -> Result<OpenedTarget> {
     let device = match open_device(path, request) {
         Ok(device) => device,
         Err(e) => {
-            let _ = fs::remove_file(path);
+            discard(path);
             return Err(e);
         }
     };
@@ -522,8 +564,10 @@ mod tests {
         assert!(!target.holds_data);
         let file = target.file.clone().unwrap();
         assert!(file.exists());
+        assert!(CREATED.lock().unwrap().contains(&file));
         drop(target);
         assert!(!file.exists());
+        assert!(!CREATED.lock().unwrap().contains(&file));
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 

@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use blockwire_bench::report::{compare, csv, html, json, table};
 use blockwire_bench::{BenchConfig, RunRequest, Workload};
 use blockwire_blockdev::size::parse_size;
@@ -111,6 +111,29 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
+/// On SIGINT or SIGTERM, removes the test files the run created, then exits
+/// (128 + signal, as a shell reports it).
+fn remove_test_files_on_signals() -> Result<()> {
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .context("cannot install signal handlers")?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                for path in blockwire_bench::target::remove_created() {
+                    eprintln!("removed {}", path.display());
+                }
+                eprintln!("blockwire: interrupted");
+                std::process::exit(128 + signal);
+            }
+        })
+        .context("cannot start the signal thread")?;
+    Ok(())
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
     if !args.compare.is_empty() {
         let reports = args
@@ -149,6 +172,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         iperf_port: args.iperf_port,
         remote_device: None,
     };
+    remove_test_files_on_signals()?;
     let report = blockwire_bench::run(&request, &mut |note| eprintln!("{note}"))?;
     print!("{}", table::render(&report));
     if let Some(path) = &args.json {

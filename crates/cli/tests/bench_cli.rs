@@ -254,3 +254,41 @@ fn a_file_system_image_needs_force() {
         "the image was touched"
     );
 }
+
+#[test]
+fn an_interrupted_run_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_blockwire"))
+        .args([
+            "bench",
+            "--workload",
+            "random",
+            "--size",
+            "16M",
+            "--time",
+            "30",
+            "--buffered",
+        ])
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while std::fs::read_dir(dir.path()).unwrap().count() == 0 {
+        assert!(started.elapsed().as_secs() < 20, "no test file appeared");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Let it get into the timed phase, then stop it as Ctrl-C would.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(130), "{}", text(&output.stderr));
+    assert!(text(&output.stderr).contains("removed "));
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

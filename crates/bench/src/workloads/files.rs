@@ -20,6 +20,7 @@ struct Scratch(PathBuf);
 
 impl Drop for Scratch {
     fn drop(&mut self) {
+        crate::target::untrack(&self.0);
         let _ = fs::remove_dir_all(&self.0);
     }
 }
@@ -44,6 +45,7 @@ pub fn run(ctx: &Ctx, dir: &Path) -> Result<()> {
     let count = u64::from(ctx.config.files_k.max(1)) * 1024;
     let scratch = dir.join(format!("blockwire-bench-files.{}", std::process::id()));
     fs::create_dir(&scratch).map_err(|e| Error::io_at("creating", &scratch, e))?;
+    crate::target::track(&scratch);
     let scratch = Scratch(scratch);
     let root = scratch.0.as_path();
     let mut rng = Rng::new(0xf11e5);
