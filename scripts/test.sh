@@ -11,6 +11,7 @@ peers=(
   nbdinfo:libnbd-bin nbdcopy:libnbd-bin
   qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils
   fio:fio nbdkit:nbdkit nbd-server:nbd-server
+  bon_csv2txt:bonnie++
 )
 missing=()
 for pair in "${peers[@]}"; do
