@@ -155,11 +155,18 @@ pub fn run(request: &RunRequest, note: &mut dyn FnMut(&str)) -> Result<RunReport
                     results.extend(bench_device(device, &config)?);
                     ran.extend(storage);
                 }
-                None if !storage.is_empty() => note(&format!(
-                    "{}: skipped (no {} initiator here; storage workloads need a device)",
-                    names(&storage),
-                    remote.scheme
-                )),
+                None if !storage.is_empty() => {
+                    config.size = 0;
+                    let why = if remote.scheme == "tcp" {
+                        "host:port names no device".to_string()
+                    } else {
+                        format!(
+                            "no {} initiator here; storage workloads need a device",
+                            remote.scheme
+                        )
+                    };
+                    note(&format!("{}: skipped ({why})", names(&storage)));
+                }
                 _ => config.size = 0,
             }
         }
@@ -321,6 +328,7 @@ mod tests {
         let mut notes = Vec::new();
         let report = run(&request, &mut |n| notes.push(n.to_string())).unwrap();
         assert!(report.results.is_empty());
+        assert_eq!(report.config.size, 0);
         assert!(
             notes.iter().any(|n| n.contains("no nbd initiator")),
             "{notes:?}"

@@ -451,8 +451,8 @@ fn blkid_probe(path: &Path) -> Option<Option<String>> {
                     .map(str::to_string)
             };
             let what = match (value("TYPE="), value("PTTYPE=")) {
-                (Some(fs), _) => format!("a {fs} signature"),
-                (None, Some(pt)) => format!("a {pt} partition table"),
+                (Some(fs), _) => format!("data blkid recognises as {fs}"),
+                (None, Some(pt)) => format!("a partition table ({pt})"),
                 _ => "a signature blkid recognises".to_string(),
             };
             Some(Some(what))
