@@ -2,6 +2,7 @@
 
 mod bench;
 mod config;
+mod info;
 mod serve;
 
 use std::process::ExitCode;
@@ -26,6 +27,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Measure a file, block device or directory: throughput, latency, CPU.
     Bench(bench::BenchArgs),
+    /// Show what an NBD server says about an export: size, block sizes, flags;
+    /// --list its exports, --map the export's allocation.
+    Info(info::InfoArgs),
 }
 
 fn init_logging(verbose: u8) {
@@ -49,6 +53,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Info(args) => info::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -252,6 +252,16 @@ fn extent_state(status: u32) -> ExtentState {
     }
 }
 
+/// The `base:allocation` status flags of an extent state and the words `nbdinfo
+/// --map` prints for them: 0 "data", 2 "zero", 3 "hole,zero".
+pub fn allocation_type(state: ExtentState) -> (u32, &'static str) {
+    match state {
+        ExtentState::Data => (0, "data"),
+        ExtentState::Zero => (NBD_STATE_ZERO, "zero"),
+        ExtentState::Hole => (NBD_STATE_HOLE | NBD_STATE_ZERO, "hole,zero"),
+    }
+}
+
 impl BlockDevice for NbdClient {
     fn info(&self) -> DeviceInfo {
         self.info
@@ -376,5 +386,9 @@ mod tests {
         // A hole of unknown contents is data to a reader; unknown bits are ignored.
         assert_eq!(extent_state(NBD_STATE_HOLE), ExtentState::Data);
         assert_eq!(extent_state(0xf0 | NBD_STATE_ZERO), ExtentState::Zero);
+        for state in [ExtentState::Data, ExtentState::Zero, ExtentState::Hole] {
+            assert_eq!(extent_state(allocation_type(state).0), state);
+        }
+        assert_eq!(allocation_type(ExtentState::Hole), (3, "hole,zero"));
     }
 }

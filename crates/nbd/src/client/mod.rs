@@ -34,7 +34,7 @@ mod socket;
 pub mod uri;
 
 pub use details::{ExportDetails, FLAG_WORDS};
-pub use device::{ClientOptions, NbdClient};
+pub use device::{allocation_type, ClientOptions, NbdClient};
 pub use error::{error_name, reply_name, ClientError};
 pub use uri::{Endpoint, NbdUri, UriError, DEFAULT_PORT};
 
