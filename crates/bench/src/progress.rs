@@ -16,7 +16,7 @@ impl Progress {
             enabled,
             label,
             total,
-            "{prefix:28} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
+            "{prefix:26} [{bar:24}] {bytes}/{total_bytes} {bytes_per_sec}",
         )
     }
 
@@ -26,7 +26,17 @@ impl Progress {
             enabled,
             label,
             total,
-            "{prefix:28} [{bar:30}] {pos}/{len} {per_sec}",
+            "{prefix:26} [{bar:24}] {pos}/{len} {per_sec}",
+        )
+    }
+
+    /// A bar for a timed phase, counting milliseconds up to `total`.
+    pub fn millis(enabled: bool, label: &str, total: u64) -> Progress {
+        Progress::new(
+            enabled,
+            label,
+            total,
+            "{prefix:26} [{bar:24}] {pos}/{len} ms",
         )
     }
 

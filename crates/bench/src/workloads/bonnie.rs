@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use blockwire_blockdev::{IoBuf, WriteFlags};
 
-use super::{fill_pattern, parallel, Ctx, Deadline, Rng};
+use super::{fill_pattern, parallel, Ctx, Deadline, Rng, Unit};
 use crate::error::{Error, Result};
 use crate::meter::{PhaseSpec, Recorder, Totals};
 use crate::progress::Progress;
@@ -45,7 +45,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     ctx.phase(
         PhaseSpec::new(NAME, "putc", 1, 1),
         chars,
-        true,
+        Unit::Bytes,
         |progress| {
             let mut latency = Recorder::new();
             match ctx.test_file {
@@ -65,7 +65,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     ctx.phase(
         PhaseSpec::new(NAME, "write", chunk, 1),
         total,
-        true,
+        Unit::Bytes,
         |progress| {
             let mut latency = Recorder::new();
             let mut buf = IoBuf::new(chunk as usize);
@@ -89,7 +89,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     ctx.phase(
         PhaseSpec::new(NAME, "rewrite", chunk, 1),
         total,
-        true,
+        Unit::Bytes,
         |progress| {
             let mut latency = Recorder::new();
             let mut buf = IoBuf::new(chunk as usize);
@@ -116,7 +116,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     ctx.phase(
         PhaseSpec::new(NAME, "getc", 1, 1),
         chars,
-        true,
+        Unit::Bytes,
         |progress| {
             let mut latency = Recorder::new();
             match ctx.test_file {
@@ -134,7 +134,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     ctx.phase(
         PhaseSpec::new(NAME, "read", chunk, 1),
         total,
-        true,
+        Unit::Bytes,
         |progress| {
             let mut latency = Recorder::new();
             let mut buf = IoBuf::new(chunk as usize);
@@ -161,7 +161,7 @@ fn seeks(ctx: &Ctx, chunk: u64, chunks: u64) -> Result<()> {
     let seekers = ctx.config.seekers.max(1);
     let target = ctx.config.seeks.max(1);
     let spec = PhaseSpec::new(NAME, "seeks", chunk, seekers);
-    ctx.phase(spec, target, false, |progress| {
+    ctx.phase(spec, target, Unit::Ops, |progress| {
         let done = AtomicU64::new(0);
         let deadline = Deadline::after(ctx.config.phase_time);
         parallel(seekers, |index, latency, stop| {

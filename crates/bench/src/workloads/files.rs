@@ -8,7 +8,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::{Ctx, Rng};
+use super::{Ctx, Rng, Unit};
 use crate::error::{Error, Result};
 use crate::meter::{PhaseSpec, Recorder, Totals};
 use crate::progress::Progress;
@@ -95,20 +95,25 @@ fn timed_each(
     action: impl Fn(&Path) -> std::io::Result<()>,
 ) -> Result<()> {
     let spec = PhaseSpec::new(NAME, op, 0, 1);
-    ctx.phase(spec, paths.len() as u64, false, |progress: &Progress| {
-        let mut latency = Recorder::new();
-        for path in paths {
-            let started = Instant::now();
-            action(path).map_err(|e| Error::io_at(&format!("bonnie {op}"), path, e))?;
-            latency.record(started.elapsed());
-            progress.inc(1);
-        }
-        Ok(Totals {
-            bytes: 0,
-            ops: paths.len() as u64,
-            latency,
-        })
-    })?;
+    ctx.phase(
+        spec,
+        paths.len() as u64,
+        Unit::Ops,
+        |progress: &Progress| {
+            let mut latency = Recorder::new();
+            for path in paths {
+                let started = Instant::now();
+                action(path).map_err(|e| Error::io_at(&format!("bonnie {op}"), path, e))?;
+                latency.record(started.elapsed());
+                progress.inc(1);
+            }
+            Ok(Totals {
+                bytes: 0,
+                ops: paths.len() as u64,
+                latency,
+            })
+        },
+    )?;
     Ok(())
 }
 

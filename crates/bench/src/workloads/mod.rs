@@ -21,6 +21,14 @@ use crate::meter::{Meter, PhaseSpec, Recorder, Totals};
 use crate::progress::Progress;
 use crate::results::PhaseResult;
 
+/// What a phase's progress bar counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Bytes,
+    Ops,
+    Millis,
+}
+
 /// Everything a workload needs: the device, the configuration, the region it may use
 /// (the first `region` bytes), and where results go.
 pub struct Ctx<'a> {
@@ -60,20 +68,20 @@ impl<'a> Ctx<'a> {
         u64::from(self.device.info().block_sizes.minimum).max(1)
     }
 
-    /// Runs one measured phase: starts the meter and a progress bar of `total` units
-    /// (bytes, or operations when `bytes` is false), runs `body`, stores the result.
+    /// Runs one measured phase: starts the meter and a progress bar of `total`
+    /// `unit`s, runs `body`, stores the result.
     pub fn phase(
         &self,
         spec: PhaseSpec,
         total: u64,
-        bytes: bool,
+        unit: Unit,
         body: impl FnOnce(&Progress) -> Result<Totals>,
     ) -> Result<PhaseResult> {
         let label = spec.label();
-        let progress = if bytes {
-            Progress::bytes(self.config.progress, &label, total)
-        } else {
-            Progress::count(self.config.progress, &label, total)
+        let progress = match unit {
+            Unit::Bytes => Progress::bytes(self.config.progress, &label, total),
+            Unit::Ops => Progress::count(self.config.progress, &label, total),
+            Unit::Millis => Progress::millis(self.config.progress, &label, total),
         };
         let meter = Meter::start(self.config.target_pid);
         let outcome = body(&progress);

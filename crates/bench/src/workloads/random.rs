@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use blockwire_blockdev::{IoBuf, WriteFlags};
 
-use super::{fill_pattern, parallel, Ctx, Deadline, Rng};
+use super::{fill_pattern, parallel, Ctx, Deadline, Rng, Unit};
 use crate::error::{Error, Result};
 use crate::meter::PhaseSpec;
 
@@ -36,7 +36,7 @@ fn point(ctx: &Ctx, op: &str, writes: bool, block: u64, blocks: u64, depth: u32)
     let time = ctx.config.phase_time;
     let phase = format!("random {op} qd{depth}");
     let spec = PhaseSpec::new(NAME, op, block, depth);
-    ctx.phase(spec, Deadline::millis(time), false, |progress| {
+    ctx.phase(spec, Deadline::millis(time), Unit::Millis, |progress| {
         let deadline = Deadline::after(time);
         let totals = parallel(depth, |index, latency, stop| {
             let mut rng = Rng::new(u64::from(depth) << 32 | u64::from(index));

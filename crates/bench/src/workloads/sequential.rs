@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use blockwire_blockdev::{IoBuf, WriteFlags};
 
-use super::{fill_pattern, parallel, share, Ctx};
+use super::{fill_pattern, parallel, share, Ctx, Unit};
 use crate::error::{Error, Result};
 use crate::meter::PhaseSpec;
 
@@ -28,7 +28,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     ctx.phase(
         PhaseSpec::new(NAME, "write", block, depth),
         total,
-        true,
+        Unit::Bytes,
         |progress| {
             let totals = parallel(depth, |index, latency, stop| {
                 let (first, count) = share(blocks, depth, index);
@@ -56,7 +56,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     ctx.phase(
         PhaseSpec::new(NAME, "read", block, depth),
         total,
-        true,
+        Unit::Bytes,
         |progress| {
             parallel(depth, |index, latency, stop| {
                 let (first, count) = share(blocks, depth, index);

@@ -6,7 +6,7 @@
 
 use blockwire_blockdev::{IoBuf, WriteFlags};
 
-use super::{fill_pattern, Ctx, Deadline, Rng};
+use super::{fill_pattern, Ctx, Deadline, Rng, Unit};
 use crate::error::{Error, Result};
 use crate::meter::{PhaseSpec, Recorder, Totals};
 
@@ -55,7 +55,7 @@ fn run_op(ctx: &Ctx, op: &str, record: u64, records: u64) -> Result<u64> {
     let result = ctx.phase(
         PhaseSpec::new(NAME, op, record, 1),
         records * record,
-        true,
+        Unit::Bytes,
         |progress| {
             let mut latency = Recorder::new();
             let mut rng = Rng::new(record ^ op.len() as u64);
