@@ -2,7 +2,9 @@
 
 mod bench;
 mod config;
+mod copy;
 mod info;
+mod open;
 mod serve;
 
 use std::process::ExitCode;
@@ -30,6 +32,8 @@ enum Command {
     /// Show what an NBD server says about an export: size, block sizes, flags;
     /// --list its exports, --map the export's allocation.
     Info(info::InfoArgs),
+    /// Copy any path or NBD URI to any other: sparse-aware, parallel, verified.
+    Copy(copy::CopyArgs),
 }
 
 fn init_logging(verbose: u8) {
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Info(args) => info::run(args),
+        Command::Copy(args) => copy::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,105 @@
+//! Opening what a command names: a path (`/srv/disk.img`, `file:///srv/disk.img`) or
+//! an NBD URI (`nbd://host[:port]/export`, `nbd+unix:///export?socket=PATH`).
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context, Result};
+use blockwire_blockdev::{Device, FileDevice, FileOptions};
+use blockwire_nbd::client::{ClientOptions, NbdClient, NbdUri};
+
+/// What a command line names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Path(PathBuf),
+    Nbd(NbdUri),
+}
+
+impl Target {
+    pub fn parse(spec: &str) -> Result<Target> {
+        if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://") {
+            let uri: NbdUri = spec.parse().map_err(|e| anyhow!("{e}"))?;
+            return Ok(Target::Nbd(uri));
+        }
+        if let Some(path) = spec.strip_prefix("file://") {
+            return Ok(Target::Path(PathBuf::from(path)));
+        }
+        if spec.contains("://") {
+            bail!("'{spec}': unknown URI scheme (expected a path, file://, nbd:// or nbd+unix://)");
+        }
+        Ok(Target::Path(PathBuf::from(spec)))
+    }
+}
+
+/// Opens a target for reading (and writing unless `read_only`).
+pub fn open(target: &Target, read_only: bool, connections: usize) -> Result<Device> {
+    match target {
+        Target::Path(path) => open_path(path, read_only),
+        Target::Nbd(uri) => {
+            let options = ClientOptions {
+                connections,
+                ..ClientOptions::default()
+            };
+            let client = NbdClient::connect(uri, options).map_err(|e| anyhow!("{e}"))?;
+            let device = Device::new(Arc::new(client));
+            if !read_only && device.info().read_only {
+                bail!("{uri} is a read-only export");
+            }
+            Ok(device)
+        }
+    }
+}
+
+fn open_path(path: &Path, read_only: bool) -> Result<Device> {
+    let options = FileOptions {
+        read_only,
+        direct: false,
+    };
+    let device = FileDevice::open(path, options).map_err(|e| anyhow!("{e}"))?;
+    Ok(Device::from_device(device))
+}
+
+/// Opens a copy destination. A path that does not exist is created as a sparse file
+/// of `size` bytes; the flag says whether the device is known to read as zeroes.
+pub fn open_destination(target: &Target, size: u64, connections: usize) -> Result<(Device, bool)> {
+    if let Target::Path(path) = target {
+        if !path.exists() {
+            let file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+                .with_context(|| format!("cannot create {}", path.display()))?;
+            file.set_len(size)
+                .with_context(|| format!("cannot size {} to {size} bytes", path.display()))?;
+            return Ok((open_path(path, false)?, true));
+        }
+    }
+    Ok((open(target, false, connections)?, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_and_uris_are_told_apart() {
+        assert_eq!(
+            Target::parse("/tmp/x.img").unwrap(),
+            Target::Path("/tmp/x.img".into())
+        );
+        assert_eq!(
+            Target::parse("file:///tmp/x.img").unwrap(),
+            Target::Path("/tmp/x.img".into())
+        );
+        assert!(matches!(
+            Target::parse("nbd://127.0.0.1:10809/disk").unwrap(),
+            Target::Nbd(_)
+        ));
+        assert!(matches!(
+            Target::parse("nbd+unix:///disk?socket=/tmp/s").unwrap(),
+            Target::Nbd(_)
+        ));
+        assert!(Target::parse("iscsi://host/iqn.x/0").is_err());
+    }
+}
