@@ -466,3 +466,24 @@ fn simple_reply_to_a_structured_read_drops_the_connection() {
     });
     assert!(err.to_string().contains("simple reply"), "{err}");
 }
+
+#[test]
+fn eshutdown_ends_the_connection_softly() {
+    let (uri, server) = fake_server(|mut stream| {
+        let request = read_request(&mut stream);
+        let mut out = Vec::new();
+        encode_error_chunk(&mut out, request.cookie, NBD_ESHUTDOWN, "going down");
+        stream.write_all(&out).unwrap();
+        // proto.md: the client must answer NBD_ESHUTDOWN with a soft disconnect.
+        let next = read_request(&mut stream);
+        assert_eq!(next.command, NBD_CMD_DISC);
+    });
+    let device = Device::new(Arc::new(connect(&uri, 1, true)));
+    let mut buf = vec![0u8; 4096];
+    let err = device.read(&mut buf, 0).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ShuttingDown, "{err}");
+    assert!(err.to_string().contains("going down"), "{err}");
+    server.join().unwrap();
+    let err = device.read(&mut buf, 0).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ShuttingDown, "{err}");
+}
