@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# blockwire copy vs nbdcopy: a sparse-ish image (half data, half holes) copied between
+# two NBD servers (blockwire serve on loopback), a few rounds each, alternating.
+# Prints the median seconds of each and the speed ratio blockwire / nbdcopy.
+#
+# usage: bench/copy-vs-nbdcopy.sh [SIZE (default 4G)] [ROUNDS (default 3)]
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+size=${1:-4G}
+rounds=${2:-3}
+command -v nbdcopy >/dev/null || { echo "nbdcopy missing (apt-get install libnbd-bin)" >&2; exit 1; }
+(cd "$root" && cargo build --release --quiet -p blockwire)
+bw="$root/target/release/blockwire"
+
+work=$(mktemp -d /tmp/bw-copy-XXXXXX)
+pids=()
+cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+# Source: 64 MiB of random data every 128 MiB, the rest holes.
+truncate -s "$size" "$work/src.img"
+bytes=$(stat -c %s "$work/src.img")
+for ((offset = 0; offset < bytes; offset += 128 << 20)); do
+  dd if=/dev/urandom of="$work/src.img" bs=1M count=64 seek=$((offset >> 20)) conv=notrunc status=none
+done
+sync
+
+serve() { # serve FILE NAME -> prints the port
+  "$bw" serve "$1" --name "$2" --listen 127.0.0.1:0 > "$work/$2.out" 2>/dev/null &
+  pids+=($!)
+  for _ in $(seq 100); do
+    port=$(sed -n 's#.*nbd://127.0.0.1:\([0-9]*\)/.*#\1#p' "$work/$2.out" | head -1)
+    [ -n "$port" ] && { echo "$port"; return; }
+    sleep 0.05
+  done
+  echo "server for $1 did not start" >&2; exit 1
+}
+src_port=$(serve "$work/src.img" src)
+truncate -s "$size" "$work/dst.img"
+dst_port=$(serve "$work/dst.img" dst)
+src="nbd://127.0.0.1:$src_port/src"
+dst="nbd://127.0.0.1:$dst_port/dst"
+
+reset_destination() { # punch the whole destination back to a hole
+  fallocate --punch-hole --offset 0 --length "$bytes" "$work/dst.img"
+  sync
+}
+timed() { local start end; start=$(date +%s.%N); "$@" >/dev/null; end=$(date +%s.%N); echo "$end - $start" | bc; }
+
+declare -a t_nbdcopy t_blockwire
+for ((r = 0; r < rounds; r++)); do
+  reset_destination
+  t_nbdcopy+=("$(timed nbdcopy "$src" "$dst")")
+  cmp "$work/src.img" "$work/dst.img" || { echo "nbdcopy produced a different image" >&2; exit 1; }
+  reset_destination
+  t_blockwire+=("$(timed "$bw" copy "$src" "$dst" --quiet)")
+  cmp "$work/src.img" "$work/dst.img" || { echo "blockwire copy produced a different image" >&2; exit 1; }
+  echo "round $((r + 1)): nbdcopy ${t_nbdcopy[r]} s, blockwire copy ${t_blockwire[r]} s" >&2
+done
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+m_nbdcopy=$(median "${t_nbdcopy[@]}")
+m_blockwire=$(median "${t_blockwire[@]}")
+echo "image $size (half data), $rounds rounds, median seconds:"
+echo "  nbdcopy         $m_nbdcopy"
+echo "  blockwire copy  $m_blockwire"
+echo "  speed ratio blockwire / nbdcopy: $(echo "scale=2; $m_nbdcopy / $m_blockwire" | bc)x"
