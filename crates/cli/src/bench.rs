@@ -12,6 +12,8 @@ use blockwire_bench::{BenchConfig, RunRequest, Workload};
 use blockwire_blockdev::size::parse_size;
 use clap::Args;
 
+use crate::open::{open, Target};
+
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// What to measure: a file or block device (overwritten!), a directory (a test
@@ -35,10 +37,14 @@ pub struct BenchArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1M")]
     pub block_size: u64,
 
-    /// Requests in flight for the sequential workload (one thread each).
-    #[arg(long, value_name = "N", default_value_t = 1,
-          value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub queue_depth: u32,
+    /// Requests in flight for the sequential workload (one thread each); default 1
+    /// on paths, 16 on NBD URIs.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub queue_depth: Option<u32>,
+
+    /// NBD connections for an nbd:// target (used when the server allows several).
+    #[arg(long, default_value_t = 1)]
+    pub connections: usize,
 
     /// Bypass the page cache with O_DIRECT (the default).
     #[arg(long, conflicts_with = "buffered")]
@@ -150,11 +156,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.block_size == 0 {
         bail!("--block-size must be larger than 0");
     }
+    let remote = matches!(Target::parse(&target), Ok(Target::Nbd(_)));
     let defaults = BenchConfig::default();
     let config = BenchConfig {
         workloads: args.workload.clone().map(|w| w.0).unwrap_or_default(),
         block_size: args.block_size,
-        queue_depth: args.queue_depth,
+        queue_depth: args.queue_depth.unwrap_or(if remote { 16 } else { 1 }),
         direct: !args.buffered,
         phase_time: args.time.unwrap_or(defaults.phase_time),
         sweep_time: args.time.unwrap_or(defaults.sweep_time),
@@ -163,6 +170,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         progress: std::io::stderr().is_terminal(),
         ..defaults
     };
+    // An NBD URI is opened through our initiator; the storage workloads run on it.
+    let remote_device = if remote {
+        Some(open(&Target::parse(&target)?, false, args.connections)?)
+    } else {
+        None
+    };
     let request = RunRequest {
         target,
         label: args.label.clone(),
@@ -170,7 +183,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         size: args.size,
         force: args.force,
         iperf_port: args.iperf_port,
-        remote_device: None,
+        remote_device,
     };
     remove_test_files_on_signals()?;
     let report = blockwire_bench::run(&request, &mut |note| eprintln!("{note}"))?;

@@ -3,6 +3,7 @@
 mod bench;
 mod config;
 mod copy;
+mod demo;
 mod info;
 mod open;
 mod serve;
@@ -34,10 +35,13 @@ enum Command {
     Info(info::InfoArgs),
     /// Copy any path or NBD URI to any other: sparse-aware, parallel, verified.
     Copy(copy::CopyArgs),
+    /// Serve an in-memory device over NBD on loopback and measure it both ways.
+    Demo(demo::DemoArgs),
 }
 
-fn init_logging(verbose: u8) {
+fn init_logging(verbose: u8, quiet: bool) {
     let level = match verbose {
+        0 if quiet => "warn",
         0 => "info",
         1 => "debug",
         _ => "trace",
@@ -53,12 +57,15 @@ fn init_logging(verbose: u8) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.verbose);
+    // The demo prints its own story; the in-process target's log would interleave.
+    let quiet = matches!(cli.command, Command::Demo(_));
+    init_logging(cli.verbose, quiet);
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Info(args) => info::run(args),
         Command::Copy(args) => copy::run(args),
+        Command::Demo(args) => demo::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
