@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# blockwire bench vs fio on the same workloads: on a local file (direct I/O, N threads
+# of synchronous I/O on both sides) and on the same NBD export (fio's nbd engine, i.e.
+# libnbd, vs blockwire's initiator, at the same queue depth). Prints both figures and
+# the ratio blockwire / fio per job; the accuracy target is agreement within 10% on the
+# local file, the speed target a ratio of at least 1.0 over NBD.
+#
+# usage: bench/bench-vs-fio.sh [--size 2G] [--time 5] [--dir DIR]
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+command -v fio >/dev/null || { echo "fio missing (apt-get install fio)" >&2; exit 1; }
+(cd "$root" && cargo build --release --quiet -p blockwire)
+exec python3 "$here/lib/bench_vs_fio.py" --blockwire "$root/target/release/blockwire" "$@"

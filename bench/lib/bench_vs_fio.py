@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""fio vs `blockwire bench` on the same jobs; see bench-vs-fio.sh."""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+# (label, fio rw, our op, block size, queue depth, our workload)
+LOCAL_JOBS = [
+    ("seq write 1M QD1", "write", "write", "1M", 1, "sequential"),
+    ("seq read 1M QD1", "read", "read", "1M", 1, "sequential"),
+    ("rand read 4K QD1", "randread", "randread", "4k", 1, "random"),
+    ("rand read 4K QD16", "randread", "randread", "4k", 16, "random"),
+    ("rand write 4K QD16", "randwrite", "randwrite", "4k", 16, "random"),
+]
+NBD_JOBS = [
+    ("seq write 1M QD16", "write", "write", "1M", 16, "sequential"),
+    ("seq read 1M QD16", "read", "read", "1M", 16, "sequential"),
+    ("rand read 4K QD16", "randread", "randread", "4k", 16, "random"),
+    ("rand write 4K QD16", "randwrite", "randwrite", "4k", 16, "random"),
+    ("rand read 4K QD64", "randread", "randread", "4k", 64, "random"),
+]
+BYTES = {"4k": 4096, "1M": 1 << 20}
+
+
+def fio(args, target, rw, bs, depth, nbd):
+    argv = ["fio", "--name=job", f"--rw={rw}", f"--bs={bs}", f"--size={args.size}",
+            "--output-format=json", "--randrepeat=0", "--norandommap"]
+    if nbd:
+        argv += ["--ioengine=nbd", f"--uri={target}", f"--iodepth={depth}"]
+    else:
+        # N threads of synchronous direct I/O: what our bench does at queue depth N.
+        argv += [f"--filename={target}", "--ioengine=psync", "--direct=1",
+                 f"--numjobs={depth}", "--group_reporting", "--thread"]
+    if rw.startswith("rand"):
+        argv += ["--time_based", f"--runtime={args.time}"]
+    elif rw == "write":
+        argv += ["--end_fsync=1"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    side = job["write"] if "write" in rw else job["read"]
+    return side["bw_bytes"] / 1e6, side["iops"]
+
+
+def ours(args, target, workload, depth, extra):
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        argv = [args.blockwire, "bench", target, "--workload", workload, "--size", args.size,
+                "--time", str(args.time), "--json", out.name] + extra
+        if workload == "sequential":
+            argv += ["--queue-depth", str(depth)]
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return json.load(open(out.name))["results"]
+
+
+def pick(results, op, bs, depth):
+    for r in results:
+        if r["op"] == op and r["block_size"] == BYTES[bs] and r["queue_depth"] == depth:
+            return r["mb_per_s"], r["iops"]
+    raise SystemExit(f"no result for {op} {bs} QD{depth} in blockwire's JSON")
+
+
+def compare(args, title, jobs, target, nbd, extra):
+    print(f"\n{title}")
+    print(f"{'job':<22}{'fio MB/s':>11}{'blockwire MB/s':>16}{'fio IOPS':>11}{'blockwire IOPS':>16}{'ratio':>8}")
+    cache = {}
+    rows = []
+    for label, rw, op, bs, depth, workload in jobs:
+        key = (workload, depth if workload == "sequential" else 0)
+        if key not in cache:
+            cache[key] = ours(args, target, workload, depth, extra)
+        ours_mbps, ours_iops = pick(cache[key], op, bs, depth)
+        fio_mbps, fio_iops = fio(args, target, rw, bs, depth, nbd)
+        ratio = ours_mbps / fio_mbps if fio_mbps else float("nan")
+        rows.append({"job": label, "fio_mb_per_s": round(fio_mbps, 1), "blockwire_mb_per_s": round(ours_mbps, 1),
+                     "fio_iops": round(fio_iops), "blockwire_iops": round(ours_iops), "ratio": round(ratio, 2)})
+        print(f"{label:<22}{fio_mbps:>11.1f}{ours_mbps:>16.1f}{fio_iops:>11.0f}{ours_iops:>16.0f}{ratio:>7.2f}x")
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--blockwire", required=True)
+    parser.add_argument("--size", default="2G")
+    parser.add_argument("--time", type=int, default=5)
+    parser.add_argument("--dir", default=None)
+    parser.add_argument("--json", default="bench/results/bench-vs-fio.json")
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="bw-vs-fio-", dir=args.dir)
+    image = os.path.join(work, "image.raw")
+    server = None
+    try:
+        subprocess.run(["fio", "--name=prefill", f"--filename={image}", "--rw=write", "--bs=1M",
+                        f"--size={args.size}", "--ioengine=psync", "--output-format=terse"],
+                       check=True, capture_output=True)
+        os.sync()
+        local = compare(args, f"local file {image} (direct I/O)", LOCAL_JOBS, image, False, ["--direct"])
+        server = subprocess.Popen([args.blockwire, "serve", image, "--name", "bench", "--listen", "127.0.0.1:0"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        port = None
+        for line in server.stdout:
+            m = re.search(r"nbd://127\.0\.0\.1:(\d+)/", line)
+            if m:
+                port = m.group(1)
+                break
+        uri = f"nbd://127.0.0.1:{port}/bench"
+        remote = compare(args, f"NBD export {uri} (fio: libnbd; blockwire: its initiator)", NBD_JOBS, uri, True, [])
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"size": args.size, "time_s": args.time, "local": local, "nbd": remote}, f, indent=2)
+        print(f"\nJSON written to {args.json}")
+    finally:
+        if server:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
