@@ -60,18 +60,24 @@ fn open_path(path: &Path, read_only: bool) -> Result<Device> {
     Ok(Device::from_device(device))
 }
 
+/// Creates `path` as a sparse file of `size` bytes; fails if it exists (never
+/// overwrites).
+pub fn create_sparse(path: &Path, size: u64) -> Result<()> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    file.set_len(size)
+        .with_context(|| format!("cannot size {} to {size} bytes", path.display()))
+}
+
 /// Opens a copy destination. A path that does not exist is created as a sparse file
 /// of `size` bytes; the flag says whether the device is known to read as zeroes.
 pub fn open_destination(target: &Target, size: u64, connections: usize) -> Result<(Device, bool)> {
     if let Target::Path(path) = target {
         if !path.exists() {
-            let file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(path)
-                .with_context(|| format!("cannot create {}", path.display()))?;
-            file.set_len(size)
-                .with_context(|| format!("cannot size {} to {size} bytes", path.display()))?;
+            create_sparse(path, size)?;
             return Ok((open_path(path, false)?, true));
         }
     }

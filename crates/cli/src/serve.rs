@@ -1,7 +1,6 @@
 //! `blockwire serve`: builds exports from arguments or a config file and runs the
 //! NBD target until SIGINT or SIGTERM.
 
-use std::fs::OpenOptions;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::thread;
@@ -13,6 +12,7 @@ use blockwire_nbd::{Export, ExportSet, Server, ServerConfig};
 use clap::Args;
 
 use crate::config::{Config, ExportSection};
+use crate::open::create_sparse;
 
 /// The NBD port registered with IANA.
 const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
@@ -78,13 +78,7 @@ pub fn open_or_create(path: &Path, size: Option<u64>, options: FileOptions) -> R
                     path.display()
                 );
             }
-            let file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(path)
-                .with_context(|| format!("cannot create {}", path.display()))?;
-            file.set_len(size)
-                .with_context(|| format!("cannot size {} to {size} bytes", path.display()))?;
+            create_sparse(path, size)?;
             tracing::info!(
                 "created sparse file {} of {}",
                 path.display(),
