@@ -11,7 +11,7 @@ peers=(
   nbdinfo:libnbd-bin nbdcopy:libnbd-bin
   qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils
   fio:fio nbdkit:nbdkit nbd-server:nbd-server
-  bon_csv2txt:bonnie++
+  bon_csv2txt:bonnie++ mkfs.ext4:e2fsprogs
 )
 missing=()
 for pair in "${peers[@]}"; do
