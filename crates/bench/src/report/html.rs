@@ -7,7 +7,7 @@ use std::path::Path;
 use blockwire_blockdev::size::format_size;
 
 use super::svg::{escape, grouped_bars, line_chart, Series};
-use super::{block, maybe, number};
+use super::{figure_cells, maybe};
 use crate::error::{Error, Result};
 use crate::results::{PhaseResult, RunReport};
 use crate::workloads::sweep;
@@ -192,23 +192,7 @@ fn facts(out: &mut String, report: &RunReport) {
 fn results_table(out: &mut String, report: &RunReport) {
     out.push_str("<table><tr><th class=\"l\">workload</th><th class=\"l\">op</th><th>block</th><th>qd</th><th>MB/s</th><th>IOPS</th><th>p50 µs</th><th>p99 µs</th><th>p99.9 µs</th><th>max µs</th><th>CPU%</th><th>target CPU%</th><th>MB/s per CPU%</th></tr>");
     for r in &report.results {
-        let cells = [
-            block(r.block_size),
-            r.queue_depth.to_string(),
-            if r.bytes > 0 {
-                number(r.mb_per_s)
-            } else {
-                "-".into()
-            },
-            number(r.iops),
-            number(r.latency_us.p50),
-            number(r.latency_us.p99),
-            number(r.latency_us.p999),
-            number(r.latency_us.max),
-            number(r.cpu_percent),
-            maybe(r.target_cpu_percent),
-            maybe(r.mb_per_s_per_cpu_percent),
-        ];
+        let cells = figure_cells(r);
         let _ = write!(
             out,
             "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td>",

@@ -94,6 +94,29 @@ pub(crate) fn maybe(value: Option<f64>) -> String {
 }
 
 /// Block size for display ("-" for none, "1" for per-character).
+/// The figures of one phase as the table and the HTML page show them: block size,
+/// queue depth, MB/s (or "-" for phases that move no data), IOPS, latency p50, p99,
+/// p99.9 and max, CPU%, target CPU%, MB/s per CPU%.
+pub(crate) fn figure_cells(r: &PhaseResult) -> [String; 11] {
+    [
+        block(r.block_size),
+        r.queue_depth.to_string(),
+        if r.bytes > 0 {
+            number(r.mb_per_s)
+        } else {
+            "-".into()
+        },
+        number(r.iops),
+        number(r.latency_us.p50),
+        number(r.latency_us.p99),
+        number(r.latency_us.p999),
+        number(r.latency_us.max),
+        number(r.cpu_percent),
+        maybe(r.target_cpu_percent),
+        maybe(r.mb_per_s_per_cpu_percent),
+    ]
+}
+
 pub(crate) fn block(bytes: u64) -> String {
     match bytes {
         0 => "-".into(),

@@ -2,7 +2,7 @@
 
 use blockwire_blockdev::size::format_size;
 
-use super::{block, maybe, number, TextTable};
+use super::{figure_cells, number, TextTable};
 use crate::results::RunReport;
 
 /// The run's summary lines and one row per phase.
@@ -53,26 +53,9 @@ pub fn render(report: &RunReport) -> String {
         2,
     );
     for r in &report.results {
-        let moves_bytes = r.bytes > 0;
-        table.row(vec![
-            r.workload.clone(),
-            r.op.clone(),
-            block(r.block_size),
-            r.queue_depth.to_string(),
-            if moves_bytes {
-                number(r.mb_per_s)
-            } else {
-                "-".into()
-            },
-            number(r.iops),
-            number(r.latency_us.p50),
-            number(r.latency_us.p99),
-            number(r.latency_us.p999),
-            number(r.latency_us.max),
-            number(r.cpu_percent),
-            maybe(r.target_cpu_percent),
-            maybe(r.mb_per_s_per_cpu_percent),
-        ]);
+        let mut row = vec![r.workload.clone(), r.op.clone()];
+        row.extend(figure_cells(r));
+        table.row(row);
     }
     out.push('\n');
     out.push_str(&table.render());
