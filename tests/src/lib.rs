@@ -23,6 +23,19 @@ pub fn blockwire_bin() -> PathBuf {
     path
 }
 
+/// One mebibyte.
+pub const MIB: u64 = 1 << 20;
+
+/// Command output as text (lossy), for assertions and messages.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A temporary path as `&str` (temp paths are UTF-8).
+pub fn path_str(path: &Path) -> &str {
+    path.to_str().expect("temporary paths are UTF-8")
+}
+
 /// Whether a program is on PATH.
 pub fn have(program: &str) -> bool {
     Command::new("sh")

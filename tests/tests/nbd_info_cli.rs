@@ -6,14 +6,9 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use blockwire_tests::{blockwire_bin, require, run, sparse_file, Served};
+use blockwire_tests::{blockwire_bin, path_str, require, run, sparse_file, text, Served, MIB};
 
-const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 fn info(args: &[&str]) -> Output {
     Command::new(blockwire_bin())
@@ -31,10 +26,6 @@ fn info_ok(args: &[&str]) -> String {
         text(&output.stderr)
     );
     text(&output.stdout)
-}
-
-fn path_str(path: &Path) -> &str {
-    path.to_str().expect("temporary paths are UTF-8")
 }
 
 /// A sparse file with data at a few places, some beyond the first 2 GiB so that

@@ -5,7 +5,7 @@
 //! peer program is missing is skipped with a message.
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::thread;
@@ -14,9 +14,7 @@ use std::time::{Duration, Instant};
 use blockwire_blockdev::conformance::{self, pattern};
 use blockwire_blockdev::{Device, ErrorKind, FileDevice, FileOptions, WriteFlags};
 use blockwire_nbd::client::{list_exports, ClientError, ClientOptions, NbdClient, NbdUri};
-use blockwire_tests::{require, sparse_file};
-
-const MIB: u64 = 1 << 20;
+use blockwire_tests::{path_str, require, sparse_file, MIB};
 
 /// A port that was free a moment ago. Peers take a port number, not a socket, so
 /// another process could take it in between; on loopback in a test run that is
@@ -145,8 +143,22 @@ fn conformance_with(peer: &mut Peer, uri: &NbdUri) {
     }
 }
 
-fn path_str(path: &Path) -> &str {
-    path.to_str().expect("temporary paths are UTF-8")
+/// `nbdkit -f` on 127.0.0.1:PORT with PLUGIN ARGS (read-only with `-r`).
+fn nbdkit(port: u16, read_only: bool, plugin: &[&str]) -> Command {
+    let mut command = Command::new("nbdkit");
+    command.args([
+        "-f",
+        "--exit-with-parent",
+        "-p",
+        &port.to_string(),
+        "--ipaddr",
+        "127.0.0.1",
+    ]);
+    if read_only {
+        command.arg("-r");
+    }
+    command.args(plugin);
+    command
 }
 
 #[test]
@@ -155,16 +167,7 @@ fn nbdkit_memory_conformance() {
     let port = free_port();
     let mut peer = Peer::start(
         "nbdkit memory",
-        Command::new("nbdkit").args([
-            "-f",
-            "--exit-with-parent",
-            "-p",
-            &port.to_string(),
-            "--ipaddr",
-            "127.0.0.1",
-            "memory",
-            "64M",
-        ]),
+        &mut nbdkit(port, false, &["memory", "64M"]),
     );
     let uri = NbdUri::tcp("127.0.0.1", port, "");
     let client = peer.connect(&uri, options(1));
@@ -183,16 +186,7 @@ fn nbdkit_file_writes_reach_the_file() {
     let port = free_port();
     let mut peer = Peer::start(
         "nbdkit file",
-        Command::new("nbdkit").args([
-            "-f",
-            "--exit-with-parent",
-            "-p",
-            &port.to_string(),
-            "--ipaddr",
-            "127.0.0.1",
-            "file",
-            path_str(&disk),
-        ]),
+        &mut nbdkit(port, false, &["file", path_str(&disk)]),
     );
     let uri = NbdUri::tcp("127.0.0.1", port, "");
     conformance_with(&mut peer, &uri);
@@ -217,17 +211,7 @@ fn nbdkit_read_only_file() {
     let port = free_port();
     let mut peer = Peer::start(
         "nbdkit -r file",
-        Command::new("nbdkit").args([
-            "-f",
-            "--exit-with-parent",
-            "-r",
-            "-p",
-            &port.to_string(),
-            "--ipaddr",
-            "127.0.0.1",
-            "file",
-            path_str(&disk),
-        ]),
+        &mut nbdkit(port, true, &["file", path_str(&disk)]),
     );
     let client = peer.connect(&NbdUri::tcp("127.0.0.1", port, ""), options(1));
     assert!(client.details().read_only());
@@ -241,16 +225,7 @@ fn nbdkit_killed_fails_requests_with_disconnected() {
     let port = free_port();
     let mut peer = Peer::start(
         "nbdkit memory",
-        Command::new("nbdkit").args([
-            "-f",
-            "--exit-with-parent",
-            "-p",
-            &port.to_string(),
-            "--ipaddr",
-            "127.0.0.1",
-            "memory",
-            "64M",
-        ]),
+        &mut nbdkit(port, false, &["memory", "64M"]),
     );
     let device = Device::new(Arc::new(
         peer.connect(&NbdUri::tcp("127.0.0.1", port, ""), options(2)),

@@ -10,13 +10,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use blockwire_tests::{patterned_file, require, run, sparse_file, Served};
-
-const MIB: u64 = 1 << 20;
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use blockwire_tests::{path_str, patterned_file, require, run, sparse_file, text, Served, MIB};
 
 /// stdout and stderr of a finished command, for assertion messages and searches.
 fn both(output: &Output) -> String {
@@ -33,10 +27,6 @@ fn run_unchecked(program: &str, args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {program}: {e}"))
-}
-
-fn path_str(path: &Path) -> &str {
-    path.to_str().expect("temporary paths are UTF-8")
 }
 
 /// Panics naming the first differing byte (not dumping megabytes) if `actual` differs
