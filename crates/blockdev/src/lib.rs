@@ -18,6 +18,7 @@ pub mod info;
 pub mod memory;
 pub mod read_only;
 pub mod size;
+pub mod workers;
 
 pub use buffer::IoBuf;
 pub use device::{BlockDevice, Extent, ExtentState, WriteFlags, ZeroFlags};

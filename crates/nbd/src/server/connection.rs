@@ -15,9 +15,9 @@ use blockwire_blockdev::IoBuf;
 use super::export::ExportSet;
 use super::negotiation::{Negotiation, Step};
 use super::session::{Action, Reply, Session};
-use super::workers::{InFlight, WorkerPool};
 use super::writer::{ReplySink, ReplyWriter, BATCH_BYTES, BATCH_REPLIES};
 use crate::wire::*;
+use blockwire_blockdev::workers::{InFlight, WorkerPool};
 
 /// Option data longer than this is refused with NBD_REP_ERR_TOO_BIG.
 const MAX_OPTION_DATA: u32 = 64 * 1024;

@@ -10,7 +10,6 @@ mod export;
 mod negotiation;
 mod session;
 mod stream;
-mod workers;
 mod writer;
 
 use std::collections::HashMap;
@@ -25,12 +24,12 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub use blockwire_blockdev::workers::WorkerPool;
 pub use connection::{negotiate, transmit, Ending};
 pub use export::{Export, ExportSet};
 pub use negotiation::{transmission_flags, HandshakeError, Negotiation, Step, BASE_ALLOCATION_ID};
 pub use session::{Action, FileSlice, Job, Reply, ReplyData, Session};
 pub use stream::Stream;
-pub use workers::WorkerPool;
 pub use writer::{ReplySink, ReplyWriter};
 
 /// Socket send buffer for each connection. With room for a few 1 MiB replies the
@@ -213,7 +212,7 @@ impl Server {
 
     /// Serves until shut down; then drains connections, flushes exports and returns.
     pub fn run(self) -> io::Result<()> {
-        let pool = Arc::new(WorkerPool::new(self.config.workers));
+        let pool = Arc::new(WorkerPool::new("nbd-worker", self.config.workers));
         let listeners: Vec<Arc<Listener>> = self.listeners.into_iter().map(Arc::new).collect();
         let acceptors: Vec<_> = listeners
             .iter()

@@ -7,8 +7,8 @@ use blockwire_blockdev::{Device, IoBuf, MemoryDevice};
 
 use super::*;
 use crate::server::connection::{transmit, Ending};
-use crate::server::workers::WorkerPool;
 use crate::server::writer::{ReplySink, ReplyWriter};
+use blockwire_blockdev::workers::WorkerPool;
 
 const SIZE: u64 = 4 << 20;
 
@@ -347,7 +347,7 @@ fn a_connection_runs_from_a_byte_stream_without_sockets() {
 
     let sink = SharedSink::default();
     let writer = Arc::new(ReplyWriter::new(sink.clone()));
-    let pool = WorkerPool::new(2);
+    let pool = WorkerPool::new("test-worker", 2);
     let ending = transmit(session, Cursor::new(input), writer, &pool);
     assert!(matches!(ending, Ending::Disconnect), "{ending:?}");
 
@@ -382,7 +382,7 @@ fn a_truncated_payload_never_reaches_the_device() {
     .encode(&mut input);
     input.extend(std::iter::repeat_n(0xEEu8, 5000));
     let writer = Arc::new(ReplyWriter::new(SharedSink::default()));
-    let pool = WorkerPool::new(1);
+    let pool = WorkerPool::new("test-worker", 1);
     let ending = transmit(session, Cursor::new(input), writer, &pool);
     assert!(matches!(ending, Ending::Violation(_)), "{ending:?}");
     let mut buf = vec![0u8; 8192];
@@ -404,7 +404,7 @@ fn a_bad_magic_ends_the_connection() {
     .encode(&mut input);
     input[0] ^= 0xff;
     let writer = Arc::new(ReplyWriter::new(SharedSink::default()));
-    let pool = WorkerPool::new(1);
+    let pool = WorkerPool::new("test-worker", 1);
     let ending = transmit(session, Cursor::new(input), writer, &pool);
     assert!(
         matches!(ending, Ending::Violation(ref reason) if reason.contains("magic")),

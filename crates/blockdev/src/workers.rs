@@ -1,5 +1,6 @@
 //! A shared pool of threads for requests that may block on hardware (flush, FUA
-//! writes, cache misses), so a connection keeps reading while they wait.
+//! writes, cache misses, direct I/O), so a target keeps reading the network while
+//! they wait. Every protocol target uses it.
 
 use std::sync::{Condvar, Mutex};
 use std::thread::{self, JoinHandle};
@@ -15,13 +16,14 @@ pub struct WorkerPool {
 }
 
 impl WorkerPool {
-    pub fn new(threads: usize) -> WorkerPool {
+    /// Starts `threads` workers (at least one), named `{name}-{i}`.
+    pub fn new(name: &str, threads: usize) -> WorkerPool {
         let (queue, tasks) = unbounded::<Task>();
         let threads = (0..threads.max(1))
             .map(|i| {
                 let tasks = tasks.clone();
                 thread::Builder::new()
-                    .name(format!("nbd-worker-{i}"))
+                    .name(format!("{name}-{i}"))
                     .spawn(move || {
                         for task in tasks {
                             task();
@@ -55,8 +57,8 @@ impl Drop for WorkerPool {
     }
 }
 
-/// Counts a connection's requests in flight on workers, bounding them and letting
-/// the connection wait until all have answered.
+/// Counts requests in flight on workers, bounding them and letting their submitter
+/// wait until all have answered.
 pub struct InFlight {
     count: Mutex<usize>,
     changed: Condvar,
@@ -64,6 +66,7 @@ pub struct InFlight {
 }
 
 impl InFlight {
+    /// A counter allowing `limit` (at least one) requests in flight.
     pub fn new(limit: usize) -> InFlight {
         InFlight {
             count: Mutex::new(0),
@@ -72,7 +75,7 @@ impl InFlight {
         }
     }
 
-    /// Takes a slot, waiting while the connection is at its limit.
+    /// Takes a slot, waiting while at the limit.
     pub fn acquire(&self) {
         let mut count = self.count.lock().unwrap_or_else(|e| e.into_inner());
         while *count >= self.limit {
@@ -110,7 +113,7 @@ mod tests {
 
     #[test]
     fn tasks_run_and_in_flight_drains() {
-        let pool = WorkerPool::new(4);
+        let pool = WorkerPool::new("test-worker", 4);
         let done = Arc::new(AtomicUsize::new(0));
         let in_flight = Arc::new(InFlight::new(2));
         for _ in 0..20 {
