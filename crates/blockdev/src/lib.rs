@@ -17,6 +17,7 @@ pub mod handle;
 pub mod info;
 pub mod memory;
 pub mod read_only;
+pub mod rmw;
 pub mod size;
 pub mod workers;
 
@@ -28,3 +29,4 @@ pub use handle::Device;
 pub use info::{BlockSizes, Capabilities, DeviceInfo, Limits, Support};
 pub use memory::MemoryDevice;
 pub use read_only::ReadOnly;
+pub use rmw::ReadModifyWrite;
