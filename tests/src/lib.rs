@@ -2,6 +2,8 @@
 //! programs: start a server on a free port, wait for it, stop it by PID, and skip a
 //! test (saying why) when a peer program is missing.
 
+pub mod netns;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

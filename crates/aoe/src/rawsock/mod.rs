@@ -1,0 +1,426 @@
+//! AF_PACKET raw sockets for AoE: one socket per interface, bound to it, filtered in
+//! the kernel to the AoE ethertype, with batched send (`sendmmsg`) and receive
+//! (`recvmmsg`). Frames are whole Ethernet frames (destination MAC first); building
+//! and parsing them is [`crate::wire`]'s business.
+//!
+//! - [`Interface`]: name to index, MAC address and MTU;
+//! - `filter`: the BPF program admitting only ethertype 0x88A2;
+//! - [`RecvBatch`]: reusable buffers for batched receive.
+
+use std::io;
+use std::mem;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr;
+use std::time::{Duration, Instant};
+
+/// The AoE ethertype (AoEr11 section 3.1).
+pub const AOE_ETHERTYPE: u16 = 0x88A2;
+
+/// An Ethernet MAC address.
+pub type MacAddr = [u8; 6];
+
+/// The Ethernet broadcast address (AoE discovery uses it).
+pub const BROADCAST: MacAddr = [0xff; 6];
+
+/// Destination MAC, source MAC, ethertype.
+const ETH_HEADER_LEN: usize = 14;
+
+/// The shortest Ethernet frame, without FCS. Physical NICs pad short frames, veth does
+/// not, and aoetools' aoeping drops frames shorter than this.
+const MIN_FRAME_LEN: usize = 60;
+
+/// How long `send` and `send_batch` keep retrying a full queue (ENOBUFS/EAGAIN)
+/// without any progress before giving the error back.
+const SEND_STALL_LIMIT: Duration = Duration::from_secs(5);
+
+mod batch;
+mod filter;
+mod interface;
+
+pub use batch::RecvBatch;
+pub use interface::Interface;
+
+/// One AF_PACKET SOCK_RAW socket bound to one interface, receiving only AoE frames.
+///
+/// It is `Send + Sync`: many threads may send at once while others receive.
+#[derive(Debug)]
+pub struct RawSocket {
+    fd: OwnedFd,
+    interface: Interface,
+}
+
+impl RawSocket {
+    /// Opens an AoE socket on `interface` with receive and send buffers of
+    /// `buffer_bytes` (0 keeps the system defaults).
+    ///
+    /// The BPF filter admits only ethertype 0x88A2, SO_RCVBUFFORCE/SO_SNDBUFFORCE are
+    /// tried before SO_RCVBUF/SO_SNDBUF (the latter are capped by `net.core.*mem_max`),
+    /// and PACKET_IGNORE_OUTGOING is set where the kernel has it (4.20+).
+    pub fn open(interface: &Interface, buffer_bytes: usize) -> io::Result<RawSocket> {
+        let fail = |what: &str, err: io::Error| {
+            io::Error::new(
+                err.kind(),
+                format!("AoE socket on {}: {what}: {err}", interface.name),
+            )
+        };
+        // Protocol 0: the socket receives nothing until bind() names the ethertype
+        // and the interface, so no frame from another interface, or unfiltered, is
+        // queued in between.
+        // SAFETY: socket(2) with constant arguments; the result is checked below.
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(fail("socket(AF_PACKET)", io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+
+        let mut program = filter::aoe_filter();
+        let fprog = libc::sock_fprog {
+            len: program.len() as u16,
+            filter: program.as_mut_ptr(),
+        };
+        set_option(fd.as_fd(), libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
+            .map_err(|e| fail("SO_ATTACH_FILTER", e))?;
+
+        if buffer_bytes > 0 {
+            // The kernel doubles the value for its bookkeeping; keep it in range.
+            let bytes = buffer_bytes.min(i32::MAX as usize / 2) as libc::c_int;
+            let sizes = [
+                (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, "SO_RCVBUF"),
+                (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, "SO_SNDBUF"),
+            ];
+            for (forced, capped, what) in sizes {
+                if set_option(fd.as_fd(), libc::SOL_SOCKET, forced, &bytes).is_err() {
+                    set_option(fd.as_fd(), libc::SOL_SOCKET, capped, &bytes)
+                        .map_err(|e| fail(what, e))?;
+                }
+            }
+        }
+
+        // Best effort: a protocol-bound packet socket does not see outgoing frames
+        // anyway; this only makes it explicit where the kernel supports it.
+        let _ = set_option(
+            fd.as_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_IGNORE_OUTGOING,
+            &(1 as libc::c_int),
+        );
+
+        // SAFETY: sockaddr_ll is plain data; all zeroes is a valid value.
+        let mut addr: libc::sockaddr_ll = unsafe { mem::zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_protocol = AOE_ETHERTYPE.to_be();
+        addr.sll_ifindex = interface.index;
+        // SAFETY: `addr` is a valid sockaddr_ll and we pass its exact size.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                ptr::addr_of!(addr).cast(),
+                mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(fail("bind", io::Error::last_os_error()));
+        }
+        Ok(RawSocket {
+            fd,
+            interface: interface.clone(),
+        })
+    }
+
+    /// The interface this socket is bound to.
+    pub fn interface(&self) -> &Interface {
+        &self.interface
+    }
+
+    /// Sends one whole Ethernet frame (destination, source, ethertype, payload).
+    /// Frames shorter than 60 bytes are zero-padded to 60.
+    pub fn send(&self, frame: &[u8]) -> io::Result<()> {
+        check_frame(frame)?;
+        let mut scratch = [0u8; MIN_FRAME_LEN];
+        let bytes = padded(frame, &mut scratch);
+        let mut stalled = None;
+        loop {
+            // SAFETY: `bytes` is a live slice of `bytes.len()` bytes that send only
+            // reads; the socket is bound, so no address is needed.
+            let rc =
+                unsafe { libc::send(self.fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) };
+            if rc >= 0 {
+                return Ok(());
+            }
+            self.wait_to_resend(io::Error::last_os_error(), &mut stalled)?;
+        }
+    }
+
+    /// Sends several frames, as few `sendmmsg` calls as the kernel allows (looping on
+    /// partial sends), each padded to 60 bytes; returns once all are sent.
+    ///
+    /// EINTR is retried; on ENOBUFS/EAGAIN it waits briefly and retries, and gives
+    /// the error back only after 5 s without progress.
+    pub fn send_batch(&self, frames: &[&[u8]]) -> io::Result<()> {
+        for frame in frames {
+            check_frame(frame)?;
+        }
+        let short = frames.iter().filter(|f| f.len() < MIN_FRAME_LEN).count();
+        let mut scratch = vec![[0u8; MIN_FRAME_LEN]; short];
+        let mut scratch = scratch.iter_mut();
+        let mut iovecs: Vec<libc::iovec> = frames
+            .iter()
+            .map(|&frame| {
+                let bytes = if frame.len() < MIN_FRAME_LEN {
+                    padded(
+                        frame,
+                        scratch.next().expect("one scratch buffer per short frame"),
+                    )
+                } else {
+                    frame
+                };
+                libc::iovec {
+                    iov_base: bytes.as_ptr() as *mut libc::c_void,
+                    iov_len: bytes.len(),
+                }
+            })
+            .collect();
+        let mut msgs = messages(&mut iovecs);
+
+        let mut sent = 0;
+        let mut stalled = None;
+        while sent < msgs.len() {
+            let rest = &mut msgs[sent..];
+            // SAFETY: `rest` holds initialised mmsghdrs, each pointing at one iovec
+            // in `iovecs`, which points into `frames` or the scratch buffers; all
+            // outlive the call. The kernel reads the frames and writes `msg_len`.
+            let rc = unsafe {
+                libc::sendmmsg(
+                    self.fd.as_raw_fd(),
+                    rest.as_mut_ptr(),
+                    rest.len().min(u32::MAX as usize) as libc::c_uint,
+                    0,
+                )
+            };
+            if rc > 0 {
+                sent += rc as usize;
+                stalled = None;
+            } else {
+                self.wait_to_resend(io::Error::last_os_error(), &mut stalled)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Decides whether a failed send is retried: at once after EINTR, after a short
+    /// wait on a full queue (ENOBUFS/EAGAIN) unless stalled too long; other errors
+    /// are given back.
+    fn wait_to_resend(&self, err: io::Error, stalled: &mut Option<Instant>) -> io::Result<()> {
+        match err.raw_os_error() {
+            Some(libc::EINTR) => Ok(()),
+            Some(code @ (libc::ENOBUFS | libc::EAGAIN)) => {
+                if stalled.get_or_insert_with(Instant::now).elapsed() > SEND_STALL_LIMIT {
+                    return Err(err);
+                }
+                // EAGAIN: the socket buffer is full and POLLOUT says when it drains.
+                // ENOBUFS: the device queue dropped the frame while the socket is
+                // writable, so poll returns at once; a short sleep lets it drain.
+                wait_for(self.fd.as_fd(), libc::POLLOUT, 10)?;
+                if code == libc::ENOBUFS {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                Ok(())
+            }
+            _ => Err(err),
+        }
+    }
+
+    /// Receives up to `batch.capacity()` frames with one `recvmmsg` call, waiting at
+    /// most `timeout` (None: forever) for the first one. Returns how many arrived;
+    /// 0 means the timeout passed. Frames already queued are taken without waiting.
+    pub fn recv_batch(
+        &self,
+        batch: &mut RecvBatch,
+        timeout: Option<Duration>,
+    ) -> io::Result<usize> {
+        batch.received = 0;
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let frame_bytes = batch.frame_bytes;
+        let mut iovecs: Vec<libc::iovec> = batch
+            .buffer
+            .chunks_exact_mut(frame_bytes)
+            .map(|buf| libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            })
+            .collect();
+        let mut msgs = messages(&mut iovecs);
+        loop {
+            // SAFETY: `msgs` holds initialised mmsghdrs, each pointing at one iovec
+            // that covers a distinct `frame_bytes` chunk of `batch.buffer`, all of
+            // which outlive the call; the kernel writes frames there and `msg_len`.
+            let rc = unsafe {
+                libc::recvmmsg(
+                    self.fd.as_raw_fd(),
+                    msgs.as_mut_ptr(),
+                    msgs.len() as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                    ptr::null_mut(),
+                )
+            };
+            if rc > 0 {
+                let n = rc as usize;
+                for (i, msg) in msgs[..n].iter().enumerate() {
+                    batch.lens[i] = msg.msg_len as usize;
+                    batch.truncated[i] = msg.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+                }
+                batch.received = n;
+                return Ok(n);
+            }
+            if rc < 0 {
+                let err = io::Error::last_os_error();
+                match err.raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    Some(libc::EAGAIN) => {}
+                    _ => return Err(err),
+                }
+            }
+            let wait_ms = match deadline {
+                None => -1,
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    // Round up, so a sub-millisecond remainder still waits.
+                    left.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int
+                }
+            };
+            if !wait_for(self.fd.as_fd(), libc::POLLIN, wait_ms)? {
+                return Ok(0);
+            }
+        }
+    }
+}
+
+impl AsRawFd for RawSocket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl AsFd for RawSocket {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// Refuses frames that cannot be Ethernet frames: shorter than the header.
+fn check_frame(frame: &[u8]) -> io::Result<()> {
+    if frame.len() < ETH_HEADER_LEN {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "a frame of {} bytes is shorter than an Ethernet header",
+                frame.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `frame` itself when it is at least 60 bytes long, else a copy zero-padded to 60
+/// in `scratch`.
+fn padded<'a>(frame: &'a [u8], scratch: &'a mut [u8; MIN_FRAME_LEN]) -> &'a [u8] {
+    if frame.len() >= MIN_FRAME_LEN {
+        return frame;
+    }
+    scratch[..frame.len()].copy_from_slice(frame);
+    scratch[frame.len()..].fill(0);
+    &scratch[..]
+}
+
+/// One mmsghdr per iovec, without addresses (the socket is bound).
+fn messages(iovecs: &mut [libc::iovec]) -> Vec<libc::mmsghdr> {
+    iovecs
+        .iter_mut()
+        .map(|iov| {
+            // SAFETY: mmsghdr is plain data; all zeroes (null pointers, zero
+            // lengths) is a valid value.
+            let mut msg: libc::mmsghdr = unsafe { mem::zeroed() };
+            msg.msg_hdr.msg_iov = iov;
+            msg.msg_hdr.msg_iovlen = 1;
+            msg
+        })
+        .collect()
+}
+
+/// Sets one socket option to `value`.
+fn set_option<T>(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &T,
+) -> io::Result<()> {
+    // SAFETY: `value` points to a live T and we pass its exact size; the kernel
+    // only reads it.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (value as *const T).cast(),
+            mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Waits up to `timeout_ms` (-1: forever) for `events` on `fd`. Returns false on
+/// timeout; true when ready, on error conditions (the next call reports them) and
+/// after EINTR (the caller retries and recomputes its wait).
+fn wait_for(
+    fd: BorrowedFd<'_>,
+    events: libc::c_short,
+    timeout_ms: libc::c_int,
+) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events,
+        revents: 0,
+    };
+    // SAFETY: `pfd` is one valid pollfd that lives for the call.
+    let rc = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+    if rc < 0 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EINTR) {
+            return Ok(true);
+        }
+        return Err(err);
+    }
+    Ok(rc > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_frames_are_padded_to_60() {
+        let mut scratch = [0xee; MIN_FRAME_LEN];
+        let frame = [7u8; 20];
+        let out = padded(&frame, &mut scratch);
+        assert_eq!(out.len(), 60);
+        assert_eq!(&out[..20], &frame[..]);
+        assert!(out[20..].iter().all(|&b| b == 0));
+        let long = [9u8; 61];
+        assert_eq!(padded(&long, &mut scratch).len(), 61);
+        assert!(check_frame(&[0; 13]).is_err());
+        assert!(check_frame(&[0; 14]).is_ok());
+    }
+
+    #[test]
+    fn socket_is_send_and_sync() {
+        fn shared<T: Send + Sync>() {}
+        shared::<RawSocket>();
+        shared::<Interface>();
+        fn owned<T: Send>() {}
+        owned::<RecvBatch>();
+    }
+}
