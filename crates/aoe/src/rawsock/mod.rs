@@ -13,21 +13,12 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr;
 use std::time::{Duration, Instant};
 
-/// The AoE ethertype (AoEr11 section 3.1).
-pub const AOE_ETHERTYPE: u16 = 0x88A2;
-
-/// An Ethernet MAC address.
-pub type MacAddr = [u8; 6];
-
-/// The Ethernet broadcast address (AoE discovery uses it).
-pub const BROADCAST: MacAddr = [0xff; 6];
-
 /// Destination MAC, source MAC, ethertype.
-const ETH_HEADER_LEN: usize = 14;
-
+use crate::wire::ETHERNET_HEADER_LEN as ETH_HEADER_LEN;
 /// The shortest Ethernet frame, without FCS. Physical NICs pad short frames, veth does
 /// not, and aoetools' aoeping drops frames shorter than this.
-const MIN_FRAME_LEN: usize = 60;
+use crate::wire::MIN_FRAME_LEN;
+pub use crate::wire::{MacAddr, AOE_ETHERTYPE, BROADCAST};
 
 /// How long `send` and `send_batch` keep retrying a full queue (ENOBUFS/EAGAIN)
 /// without any progress before giving the error back.
