@@ -1,0 +1,245 @@
+//! The AoE target: serves one device as shelf.slot on one or more interfaces.
+//!
+//! One receive thread per interface takes frames in batches (recvmmsg), answers
+//! management commands at once, and gathers ATA reads and writes whose sectors follow
+//! each other into one larger device I/O (a "run"). Devices that complete inline
+//! (page cache, memory) are read and written on the receive thread; others (direct
+//! I/O) run on a worker pool, so many runs are in flight while the thread keeps
+//! receiving. Responses go out in batches (sendmmsg).
+
+mod access;
+mod ata;
+mod receiver;
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+
+use blockwire_blockdev::workers::{InFlight, WorkerPool};
+use blockwire_blockdev::{Device, ReadModifyWrite};
+
+pub use access::{AccessState, Admission, ConfigAnswer};
+pub use ata::{ata_error, classify, response_args, AtaAction, AtaLimits};
+
+use crate::identify::Identity;
+use crate::rawsock::{Interface, RawSocket};
+use crate::wire::{sectors_per_frame, MacAddr, BROADCAST_SHELF, BROADCAST_SLOT, SECTOR_SIZE};
+
+/// Frames a target says it can queue, by default (the initiator's window).
+pub const DEFAULT_BUFFER_COUNT: u16 = 256;
+/// The firmware version a blockwire target reports.
+pub const FIRMWARE_VERSION: u16 = 0x0100;
+
+/// How to serve a device over AoE.
+#[derive(Debug, Clone)]
+pub struct TargetConfig {
+    /// Major address (0..=0xfffe).
+    pub shelf: u16,
+    /// Minor address (0..=0xfe).
+    pub slot: u8,
+    /// Interfaces to answer on.
+    pub interfaces: Vec<String>,
+    /// Frames the target advertises it can queue.
+    pub buffer_count: u16,
+    /// Threads for device I/O that may block (direct I/O, flush).
+    pub workers: usize,
+    /// The initial config string.
+    pub config_string: Vec<u8>,
+}
+
+impl TargetConfig {
+    /// A configuration with the defaults for everything but the address.
+    pub fn new(shelf: u16, slot: u8, interfaces: Vec<String>) -> TargetConfig {
+        TargetConfig {
+            shelf,
+            slot,
+            interfaces,
+            buffer_count: DEFAULT_BUFFER_COUNT,
+            workers: 16,
+            config_string: Vec::new(),
+        }
+    }
+}
+
+/// What every receive thread and worker shares.
+struct Shared {
+    device: Arc<Device>,
+    access: AccessState,
+    shelf: u16,
+    slot: u8,
+    buffer_count: u16,
+    identity: [u8; SECTOR_SIZE],
+    sectors: u64,
+    read_only: bool,
+    /// Device I/O runs on the receive thread.
+    inline: bool,
+    in_flight: InFlight,
+    stop: AtomicBool,
+}
+
+/// One interface a target answers on.
+struct Port {
+    socket: RawSocket,
+    mac: MacAddr,
+    /// Sectors per ATA frame on this interface.
+    max_sectors: u8,
+}
+
+/// A running AoE target. Stops (and flushes the device) on [`AoeTarget::stop`] or drop.
+pub struct AoeTarget {
+    shared: Arc<Shared>,
+    ports: Vec<Arc<Port>>,
+    receivers: Vec<JoinHandle<()>>,
+    pool: Option<Arc<WorkerPool>>,
+}
+
+fn invalid(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, message)
+}
+
+impl AoeTarget {
+    /// Opens the interfaces and starts answering. A device whose minimum block is
+    /// larger than a sector (direct I/O) is served through read-modify-write.
+    pub fn start(device: Arc<Device>, config: TargetConfig) -> io::Result<AoeTarget> {
+        if config.shelf == BROADCAST_SHELF || config.slot == BROADCAST_SLOT {
+            return Err(invalid(format!(
+                "e{}.{} is a broadcast address: shelf must be below 65535 and slot below 255",
+                config.shelf, config.slot
+            )));
+        }
+        if config.interfaces.is_empty() {
+            return Err(invalid("AoE needs at least one interface".into()));
+        }
+        let device = if device.info().block_sizes.minimum as usize > SECTOR_SIZE {
+            Arc::new(Device::from_device(ReadModifyWrite::new(
+                device,
+                SECTOR_SIZE as u32,
+            )))
+        } else {
+            device
+        };
+        let info = *device.info();
+        let sectors = info.size / SECTOR_SIZE as u64;
+        if sectors == 0 {
+            return Err(invalid("the device is smaller than one sector".into()));
+        }
+        if !info.size.is_multiple_of(SECTOR_SIZE as u64) {
+            tracing::warn!(
+                "device size {} is not a multiple of 512: the last {} bytes are not served",
+                info.size,
+                info.size % SECTOR_SIZE as u64
+            );
+        }
+        let mut ports = Vec::new();
+        for name in &config.interfaces {
+            let interface = Interface::lookup(name)?;
+            let max_sectors = sectors_per_frame(interface.mtu);
+            if max_sectors == 0 {
+                return Err(invalid(format!(
+                    "{name}: MTU {} cannot carry one 512-byte sector",
+                    interface.mtu
+                )));
+            }
+            // Room for every frame the initiators may send at once, several times over.
+            let frame = interface.mtu + 64;
+            let buffer = (usize::from(config.buffer_count) * frame * 4).max(16 << 20);
+            let socket = RawSocket::open(&interface, buffer)?;
+            ports.push(Arc::new(Port {
+                socket,
+                mac: interface.mac,
+                max_sectors,
+            }));
+        }
+        let identity = Identity {
+            sectors,
+            lba48: true,
+            model: "blockwire AoE target".into(),
+            serial: format!("e{}.{}", config.shelf, config.slot),
+            firmware: env!("CARGO_PKG_VERSION").into(),
+        };
+        let shared = Arc::new(Shared {
+            access: AccessState::with_config(&config.config_string),
+            shelf: config.shelf,
+            slot: config.slot,
+            buffer_count: config.buffer_count.max(1),
+            identity: identity.encode(),
+            sectors,
+            read_only: info.read_only,
+            inline: info.completes_inline,
+            in_flight: InFlight::new(usize::from(config.buffer_count.max(1))),
+            stop: AtomicBool::new(false),
+            device,
+        });
+        let pool = Arc::new(WorkerPool::new("aoe-worker", config.workers));
+        let receivers = ports
+            .iter()
+            .map(|port| {
+                let (shared, port, pool) = (shared.clone(), port.clone(), pool.clone());
+                thread::Builder::new()
+                    .name(format!("aoe-{}", port.socket.interface().name))
+                    .spawn(move || receiver::run(&shared, &port, &pool))
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        for port in &ports {
+            let interface = port.socket.interface();
+            tracing::info!(
+                "AoE e{}.{} on {} (MTU {}, {} sectors per frame)",
+                config.shelf,
+                config.slot,
+                interface.name,
+                interface.mtu,
+                port.max_sectors
+            );
+        }
+        Ok(AoeTarget {
+            shared,
+            ports,
+            receivers,
+            pool: Some(pool),
+        })
+    }
+
+    /// The interfaces the target answers on.
+    pub fn interfaces(&self) -> Vec<Interface> {
+        self.ports
+            .iter()
+            .map(|p| p.socket.interface().clone())
+            .collect()
+    }
+
+    /// The management state (config string, mask and reserve lists).
+    pub fn access(&self) -> &AccessState {
+        &self.shared.access
+    }
+
+    /// Stops answering, waits for device I/O in flight, and flushes the device.
+    pub fn stop(mut self) -> blockwire_blockdev::Result<()> {
+        self.shut_down()
+    }
+
+    fn shut_down(&mut self) -> blockwire_blockdev::Result<()> {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        for receiver in self.receivers.drain(..) {
+            let _ = receiver.join();
+        }
+        self.shared.in_flight.wait_idle();
+        // The last reference: joins the (idle) workers.
+        self.pool.take();
+        if self.shared.read_only {
+            Ok(())
+        } else {
+            self.shared.device.flush()
+        }
+    }
+}
+
+impl Drop for AoeTarget {
+    fn drop(&mut self) {
+        if !self.receivers.is_empty() || self.pool.is_some() {
+            if let Err(e) = self.shut_down() {
+                tracing::error!("AoE target: final flush failed: {e}");
+            }
+        }
+    }
+}

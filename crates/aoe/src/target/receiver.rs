@@ -1,0 +1,358 @@
+//! One interface's receive loop: batches of frames in, runs of device I/O, batches of
+//! responses out.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use blockwire_blockdev::workers::WorkerPool;
+use blockwire_blockdev::{IoBuf, WriteFlags};
+
+use super::access::{Admission, ConfigAnswer};
+use super::ata::{ata_error, classify, response_args, AtaAction, AtaLimits};
+use super::{Port, Shared, FIRMWARE_VERSION};
+use crate::rawsock::{RawSocket, RecvBatch};
+use crate::wire::{
+    ata, pad_to_minimum, AoeError, AtaArgs, Body, Command, ConfigQuery, Header, BROADCAST,
+    ETHERNET_HEADER_LEN, VERSION,
+};
+
+/// Frames taken per receive call.
+const BATCH: usize = 64;
+/// How often an idle receive thread looks at the stop flag.
+const POLL: Duration = Duration::from_millis(100);
+/// Largest device I/O a run of consecutive frames grows to.
+const MAX_RUN: usize = 1 << 20;
+
+/// A request waiting for its run to complete: everything its response needs.
+#[derive(Clone, Copy)]
+struct Pending {
+    reply: Header,
+    args: AtaArgs,
+}
+
+/// Consecutive reads (or writes) gathered into one device I/O.
+struct Run {
+    write: bool,
+    offset: u64,
+    len: usize,
+    frames: Vec<Pending>,
+    /// The gathered write data.
+    data: Option<IoBuf>,
+}
+
+impl Run {
+    fn continues(&self, write: bool, offset: u64, len: usize) -> bool {
+        self.write == write && self.offset + self.len as u64 == offset && self.len + len <= MAX_RUN
+    }
+}
+
+/// Response frames built during one batch, sent together.
+#[derive(Default)]
+struct Outbox {
+    frames: Vec<Vec<u8>>,
+    used: usize,
+}
+
+impl Outbox {
+    /// A cleared frame buffer to encode the next response into.
+    fn next(&mut self) -> &mut Vec<u8> {
+        if self.used == self.frames.len() {
+            self.frames.push(Vec::with_capacity(2048));
+        }
+        let frame = &mut self.frames[self.used];
+        self.used += 1;
+        frame.clear();
+        frame
+    }
+
+    fn error(&mut self, reply: &Header, error: AoeError) {
+        let frame = self.next();
+        let mut header = *reply;
+        header.error = error as u8;
+        header.encode(frame);
+        pad_to_minimum(frame);
+    }
+
+    fn ata(&mut self, reply: &Header, args: &AtaArgs, data: &[u8]) {
+        let frame = self.next();
+        reply.encode(frame);
+        args.encode(frame);
+        frame.extend_from_slice(data);
+        pad_to_minimum(frame);
+    }
+
+    fn send(&mut self, socket: &RawSocket) {
+        if self.used == 0 {
+            return;
+        }
+        let frames: Vec<&[u8]> = self.frames[..self.used].iter().map(Vec::as_slice).collect();
+        if let Err(e) = socket.send_batch(&frames) {
+            // The initiator retransmits what it does not hear back.
+            tracing::warn!("AoE: sending {} responses: {e}", frames.len());
+        }
+        self.used = 0;
+    }
+}
+
+/// The receive loop of one interface, until the target stops.
+pub(super) fn run(shared: &Arc<Shared>, port: &Arc<Port>, pool: &Arc<WorkerPool>) {
+    let mtu = port.socket.interface().mtu;
+    let mut batch = RecvBatch::new(BATCH, mtu + ETHERNET_HEADER_LEN + 4);
+    let mut out = Outbox::default();
+    let mut loop_ = Receiver {
+        shared,
+        port,
+        pool,
+        run: None,
+    };
+    while !shared.stop.load(Ordering::Relaxed) {
+        let received = match port.socket.recv_batch(&mut batch, Some(POLL)) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!("AoE: receiving on {}: {e}", port.socket.interface().name);
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        for i in 0..received {
+            // Frames larger than the MTU were cut short: nothing sane to answer.
+            if !batch.is_truncated(i) {
+                loop_.frame(batch.frame(i), &mut out);
+            }
+        }
+        loop_.finish_run(&mut out);
+        out.send(&port.socket);
+    }
+}
+
+struct Receiver<'a> {
+    shared: &'a Arc<Shared>,
+    port: &'a Arc<Port>,
+    pool: &'a Arc<WorkerPool>,
+    run: Option<Run>,
+}
+
+impl Receiver<'_> {
+    fn frame(&mut self, frame: &[u8], out: &mut Outbox) {
+        let Ok((header, body)) = Header::parse(frame) else {
+            return;
+        };
+        let shared = self.shared;
+        if header.response
+            || (header.dst != self.port.mac && header.dst != BROADCAST)
+            || !header.addresses(shared.shelf, shared.slot)
+        {
+            return;
+        }
+        let admission = shared.access.admit(&header.src);
+        if admission == Admission::Ignored {
+            return;
+        }
+        // Answer with our own address, also to a broadcast.
+        let mut reply = header.response_to(self.port.mac);
+        reply.shelf = shared.shelf;
+        reply.slot = shared.slot;
+        if header.version != VERSION {
+            return out.error(&reply, AoeError::UnsupportedVersion);
+        }
+        let Some(command) = Command::from_code(header.command) else {
+            return out.error(&reply, AoeError::UnrecognizedCommand);
+        };
+        let body = match Body::parse(command, body) {
+            Ok(body) => body,
+            Err(_) => return out.error(&reply, AoeError::BadArgument),
+        };
+        match body {
+            Body::QueryConfig(query) => self.config(&reply, &query, out),
+            Body::MacMaskList(_) | Body::Ata(..) if admission == Admission::Reserved => {
+                out.error(&reply, AoeError::TargetReserved)
+            }
+            Body::MacMaskList(list) => match shared.access.mask_list(&list) {
+                Ok(list) => {
+                    let frame = out.next();
+                    reply.encode(frame);
+                    list.encode(frame);
+                    pad_to_minimum(frame);
+                }
+                Err(e) => out.error(&reply, e),
+            },
+            Body::ReserveRelease(list) => match shared.access.reserve(&header.src, &list) {
+                Ok(list) => {
+                    let frame = out.next();
+                    reply.encode(frame);
+                    list.encode(frame);
+                    pad_to_minimum(frame);
+                }
+                Err(e) => out.error(&reply, e),
+            },
+            Body::Ata(args, data) => self.ata(reply, args, data, out),
+        }
+    }
+
+    fn config(&self, reply: &Header, query: &ConfigQuery<'_>, out: &mut Outbox) {
+        match self.shared.access.query_config(query) {
+            ConfigAnswer::Reply(config) => {
+                let answer = ConfigQuery {
+                    buffer_count: self.shared.buffer_count,
+                    firmware_version: FIRMWARE_VERSION,
+                    sector_count: self.port.max_sectors,
+                    aoe_version: VERSION,
+                    command: query.command,
+                    config: &config,
+                };
+                let frame = out.next();
+                reply.encode(frame);
+                answer.encode(frame);
+                pad_to_minimum(frame);
+            }
+            ConfigAnswer::Silent => {}
+            ConfigAnswer::Error(e) => out.error(reply, e),
+        }
+    }
+
+    fn ata(&mut self, reply: Header, args: AtaArgs, data: &[u8], out: &mut Outbox) {
+        let limits = AtaLimits {
+            sectors: self.shared.sectors,
+            max_sectors: self.port.max_sectors,
+            read_only: self.shared.read_only,
+        };
+        let pending = Pending { reply, args };
+        match classify(&args, data.len(), &limits) {
+            AtaAction::Read { offset, len } => self.gather(false, offset, len, pending, &[], out),
+            AtaAction::Write { offset, len } => {
+                self.gather(true, offset, len, pending, &data[..len], out)
+            }
+            AtaAction::Flush => {
+                // Writes received before the flush go to the device first.
+                self.finish_run(out);
+                let shared = self.shared.clone();
+                let port = self.port.clone();
+                shared.in_flight.acquire();
+                self.pool.submit(move || {
+                    let error = shared
+                        .device
+                        .flush()
+                        .err()
+                        .map(|e| ata_error(e.kind(), true));
+                    let mut out = Outbox::default();
+                    out.ata(&reply, &response_args(&args, error), &[]);
+                    out.send(&port.socket);
+                    shared.in_flight.release();
+                });
+            }
+            AtaAction::Identify => {
+                let mut answer = response_args(&args, None);
+                answer.sector_count = 1;
+                out.ata(&reply, &answer, &self.shared.identity);
+            }
+            AtaAction::CheckPowerMode => {
+                let mut answer = response_args(&args, None);
+                answer.sector_count = ata::POWER_ACTIVE;
+                out.ata(&reply, &answer, &[]);
+            }
+            AtaAction::Fail { error } => out.ata(&reply, &response_args(&args, Some(error)), &[]),
+            AtaAction::Reject(e) => out.error(&reply, e),
+        }
+    }
+
+    /// Adds a read or write to the current run, or starts a new one.
+    fn gather(
+        &mut self,
+        write: bool,
+        offset: u64,
+        len: usize,
+        pending: Pending,
+        data: &[u8],
+        out: &mut Outbox,
+    ) {
+        if !self
+            .run
+            .as_ref()
+            .is_some_and(|run| run.continues(write, offset, len))
+        {
+            self.finish_run(out);
+            self.run = Some(Run {
+                write,
+                offset,
+                len: 0,
+                frames: Vec::with_capacity(BATCH),
+                data: write.then(|| IoBuf::new(MAX_RUN)),
+            });
+        }
+        let run = self.run.as_mut().expect("a run was just started");
+        if let Some(buffer) = &mut run.data {
+            buffer[run.len..run.len + len].copy_from_slice(data);
+        }
+        run.len += len;
+        run.frames.push(pending);
+    }
+
+    /// Carries out the current run: here if the device completes inline, else on a
+    /// worker that sends the responses itself.
+    fn finish_run(&mut self, out: &mut Outbox) {
+        let Some(run) = self.run.take() else {
+            return;
+        };
+        let shared = self.shared;
+        if shared.inline {
+            if run.write {
+                let data = run.data.as_ref().expect("writes carry data");
+                let result =
+                    shared
+                        .device
+                        .write(&data[..run.len], run.offset, WriteFlags::default());
+                return respond(&run, None, result.err().map(|e| e.kind()), out);
+            }
+            let mut buffer = IoBuf::new(run.len);
+            match shared.device.try_read(&mut buffer, run.offset) {
+                Ok(true) => return respond(&run, Some(&buffer), None, out),
+                Ok(false) => {}
+                Err(e) => return respond(&run, None, Some(e.kind()), out),
+            }
+        }
+        let shared = shared.clone();
+        let port = self.port.clone();
+        shared.in_flight.acquire();
+        self.pool.submit(move || {
+            let mut out = Outbox::default();
+            if run.write {
+                let data = run.data.as_ref().expect("writes carry data");
+                let result =
+                    shared
+                        .device
+                        .write(&data[..run.len], run.offset, WriteFlags::default());
+                respond(&run, None, result.err().map(|e| e.kind()), &mut out);
+            } else {
+                let mut buffer = IoBuf::new(run.len);
+                match shared.device.read(&mut buffer, run.offset) {
+                    Ok(()) => respond(&run, Some(&buffer), None, &mut out),
+                    Err(e) => respond(&run, None, Some(e.kind()), &mut out),
+                }
+            }
+            out.send(&port.socket);
+            shared.in_flight.release();
+        });
+    }
+}
+
+/// Encodes the responses of a completed run: each frame its slice of the read data,
+/// or the error.
+fn respond(
+    run: &Run,
+    read: Option<&[u8]>,
+    error: Option<blockwire_blockdev::ErrorKind>,
+    out: &mut Outbox,
+) {
+    let error = error.map(|kind| ata_error(kind, run.write));
+    let mut at = 0;
+    for pending in &run.frames {
+        let len = pending.args.data_len();
+        let data = match (read, error) {
+            (Some(read), None) => &read[at..at + len],
+            _ => &[][..],
+        };
+        at += len;
+        out.ata(&pending.reply, &response_args(&pending.args, error), data);
+    }
+}
