@@ -7,7 +7,7 @@
 //! other's old data), so every write locks the blocks it touches, in one global order
 //! (stripe index) so that two writes never wait for each other in a cycle.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 
 use crate::buffer::IoBuf;
 use crate::device::{BlockDevice, WriteFlags};
@@ -21,7 +21,7 @@ const STRIPES: usize = 256;
 /// Presents `inner` with a smaller minimum block size, emulating partial-block writes
 /// by read-modify-write.
 pub struct ReadModifyWrite {
-    inner: Arc<Device>,
+    inner: Device,
     /// The inner device's minimum block size: the unit of read-modify-write.
     block: u64,
     info: DeviceInfo,
@@ -31,7 +31,7 @@ pub struct ReadModifyWrite {
 impl ReadModifyWrite {
     /// Wraps `inner`, presenting `minimum` (a power of two no larger than the inner
     /// minimum block size) as the minimum block size.
-    pub fn new(inner: Arc<Device>, minimum: u32) -> ReadModifyWrite {
+    pub fn new(inner: Device, minimum: u32) -> ReadModifyWrite {
         let mut info = *inner.info();
         let block = u64::from(info.block_sizes.minimum);
         info.block_sizes.minimum = minimum.min(info.block_sizes.minimum).max(1);
@@ -136,6 +136,7 @@ mod tests {
     use crate::conformance;
     use crate::file::{FileDevice, FileOptions};
     use crate::memory::MemoryDevice;
+    use std::sync::Arc;
 
     /// An inner device with 4 KiB blocks: memory behind a handle that insists on them.
     struct FourK(MemoryDevice);
@@ -158,7 +159,7 @@ mod tests {
     }
 
     fn adapter(size: u64) -> Device {
-        let inner = Arc::new(Device::from_device(FourK(MemoryDevice::new(size))));
+        let inner = Device::from_device(FourK(MemoryDevice::new(size)));
         Device::from_device(ReadModifyWrite::new(inner, 512))
     }
 
@@ -230,10 +231,7 @@ mod tests {
             eprintln!("skipped: O_DIRECT not supported here");
             return;
         };
-        let device = Device::from_device(ReadModifyWrite::new(
-            Arc::new(Device::from_device(direct)),
-            512,
-        ));
+        let device = Device::from_device(ReadModifyWrite::new(Device::from_device(direct), 512));
         assert_eq!(device.info().block_sizes.minimum, 512);
         conformance::run_all(&device);
     }

@@ -64,7 +64,7 @@ impl TargetConfig {
 
 /// What every receive thread and worker shares.
 struct Shared {
-    device: Arc<Device>,
+    device: Device,
     access: AccessState,
     shelf: u16,
     slot: u8,
@@ -101,7 +101,7 @@ fn invalid(message: String) -> io::Error {
 impl AoeTarget {
     /// Opens the interfaces and starts answering. A device whose minimum block is
     /// larger than a sector (direct I/O) is served through read-modify-write.
-    pub fn start(device: Arc<Device>, config: TargetConfig) -> io::Result<AoeTarget> {
+    pub fn start(device: Device, config: TargetConfig) -> io::Result<AoeTarget> {
         if config.shelf == BROADCAST_SHELF || config.slot == BROADCAST_SLOT {
             return Err(invalid(format!(
                 "e{}.{} is a broadcast address: shelf must be below 65535 and slot below 255",
@@ -112,10 +112,7 @@ impl AoeTarget {
             return Err(invalid("AoE needs at least one interface".into()));
         }
         let device = if device.info().block_sizes.minimum as usize > SECTOR_SIZE {
-            Arc::new(Device::from_device(ReadModifyWrite::new(
-                device,
-                SECTOR_SIZE as u32,
-            )))
+            Device::from_device(ReadModifyWrite::new(device, SECTOR_SIZE as u32))
         } else {
             device
         };
@@ -226,7 +223,7 @@ impl AoeTarget {
         self.shared.in_flight.wait_idle();
         // The last reference: joins the (idle) workers.
         self.pool.take();
-        if self.shared.read_only {
+        if self.shared.read_only || !self.shared.device.info().capabilities.flush.available() {
             Ok(())
         } else {
             self.shared.device.flush()
