@@ -48,6 +48,29 @@ pub struct ExportSection {
     pub read_only: bool,
     #[serde(default)]
     pub direct: bool,
+    /// Serve this export over NBD (default true).
+    #[serde(default = "yes")]
+    pub nbd: bool,
+    /// Also serve this export over AoE.
+    pub aoe: Option<AoeSection>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `aoe = { interfaces = ["eth0"], shelf = 1, slot = 2 }`: an export over AoE.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AoeSection {
+    pub interfaces: Vec<String>,
+    pub shelf: u16,
+    pub slot: u8,
+    /// Frames the target advertises it can queue (default 256).
+    pub buffer_count: Option<u16>,
+    /// Initial config string.
+    #[serde(default)]
+    pub config_string: String,
 }
 
 impl Config {
@@ -60,6 +83,12 @@ impl Config {
             bail!("config file {} defines no [[export]]", path.display());
         }
         for export in &config.exports {
+            if !export.nbd && export.aoe.is_none() {
+                bail!(
+                    "export '{}' is served by no protocol (nbd = false and no aoe)",
+                    export.name
+                );
+            }
             match (&export.path, &export.memory) {
                 (Some(_), None) | (None, Some(_)) => {}
                 _ => bail!(
@@ -101,6 +130,22 @@ mod tests {
         assert_eq!(config.exports.len(), 2);
         assert!(config.exports[0].read_only);
         assert_eq!(config.exports[1].memory.as_deref(), Some("64M"));
+    }
+
+    #[test]
+    fn parses_an_aoe_export() {
+        let text = r#"
+            [[export]]
+            name = "a"
+            path = "/tmp/a.img"
+            nbd = false
+            aoe = { interfaces = ["eth0", "eth1"], shelf = 3, slot = 4 }
+        "#;
+        let config: Config = toml::from_str(text).unwrap();
+        let aoe = config.exports[0].aoe.as_ref().unwrap();
+        assert_eq!(aoe.interfaces, ["eth0", "eth1"]);
+        assert_eq!((aoe.shelf, aoe.slot), (3, 4));
+        assert!(!config.exports[0].nbd);
     }
 
     #[test]

@@ -6,12 +6,13 @@ use std::path::{Path, PathBuf};
 use std::thread;
 
 use anyhow::{anyhow, bail, Context, Result};
+use blockwire_aoe::target::{AoeTarget, TargetConfig};
 use blockwire_blockdev::size::{format_size, parse_size};
 use blockwire_blockdev::{Device, FileDevice, FileOptions, MemoryDevice};
 use blockwire_nbd::{Export, ExportSet, Server, ServerConfig};
 use clap::Args;
 
-use crate::config::{Config, ExportSection};
+use crate::config::{AoeSection, Config, ExportSection};
 use crate::open::create_sparse;
 
 /// The NBD port registered with IANA.
@@ -58,9 +59,28 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 16)]
     pub workers: usize,
 
+    /// Serve over AoE on these interfaces (comma-separated), as eSHELF.SLOT. Without
+    /// --listen or --socket, NBD is then not served.
+    #[arg(long, value_name = "IFACE[,IFACE...]", value_delimiter = ',')]
+    pub aoe: Vec<String>,
+
+    /// AoE shelf (major address, 0-65534) for --aoe.
+    #[arg(long, requires = "aoe")]
+    pub shelf: Option<u16>,
+
+    /// AoE slot (minor address, 0-254) for --aoe.
+    #[arg(long, requires = "aoe")]
+    pub slot: Option<u8>,
+
     /// Serve the exports of this TOML file instead of PATH.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["path", "size", "name", "read_only", "direct"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["path", "size", "name", "read_only", "direct", "aoe"])]
     pub config: Option<PathBuf>,
+}
+
+/// What `serve` runs: NBD exports with their listeners, and AoE targets.
+struct Plan {
+    nbd: Option<(ExportSet, ServerConfig, Vec<PathBuf>)>,
+    aoe: Vec<(String, Device, TargetConfig)>,
 }
 
 /// Opens `path`, creating a sparse file of `size` bytes if it does not exist.
@@ -160,9 +180,8 @@ fn export_from_section(section: &ExportSection) -> Result<Export> {
     Ok(Export::new(&section.name, &section.description, device))
 }
 
-fn exports_from_args(args: &ServeArgs) -> Result<ExportSet> {
-    let mut exports = ExportSet::new();
-    let export = match &args.path {
+fn export_from_args(args: &ServeArgs) -> Result<Export> {
+    Ok(match &args.path {
         None => {
             let device = Device::from_device(MemoryDevice::new(DEMO_SIZE));
             let device = if args.read_only {
@@ -193,9 +212,92 @@ fn exports_from_args(args: &ServeArgs) -> Result<ExportSet> {
             };
             Export::new(name, args.description.clone(), device)
         }
+    })
+}
+
+fn aoe_config(section: &AoeSection) -> TargetConfig {
+    let mut config = TargetConfig::new(section.shelf, section.slot, section.interfaces.clone());
+    if let Some(count) = section.buffer_count {
+        config.buffer_count = count;
+    }
+    config.config_string = section.config_string.clone().into_bytes();
+    config
+}
+
+fn plan_from_file(path: &Path, workers: usize) -> Result<Plan> {
+    let file = Config::load(path)?;
+    let mut exports = ExportSet::new();
+    let mut aoe = Vec::new();
+    for section in &file.exports {
+        let export = export_from_section(section)?;
+        if let Some(target) = &section.aoe {
+            aoe.push((
+                export.name.clone(),
+                export.device.clone(),
+                aoe_config(target),
+            ));
+        }
+        if section.nbd {
+            exports.add(export).map_err(|e| anyhow!(e))?;
+        }
+    }
+    if exports.iter().next().is_none() {
+        return Ok(Plan { nbd: None, aoe });
+    }
+    if let Some(name) = &file.server.default_export {
+        exports.set_default(name).map_err(|e| anyhow!(e))?;
+    }
+    let mut config = listen_config(
+        &file.server.listen,
+        &file.server.socket,
+        file.server.workers.unwrap_or(workers),
+    )?;
+    if let Some(max) = file.server.max_connections {
+        config.max_connections = max;
+    }
+    Ok(Plan {
+        nbd: Some((exports, config, file.server.socket.clone())),
+        aoe,
+    })
+}
+
+fn plan_from_args(args: &ServeArgs) -> Result<Plan> {
+    let export = export_from_args(args)?;
+    let mut aoe = Vec::new();
+    if !args.aoe.is_empty() {
+        let (Some(shelf), Some(slot)) = (args.shelf, args.slot) else {
+            bail!("--aoe needs --shelf and --slot (the target's address, eSHELF.SLOT)");
+        };
+        let mut config = TargetConfig::new(shelf, slot, args.aoe.clone());
+        config.workers = args.workers;
+        aoe.push((export.name.clone(), export.device.clone(), config));
+    }
+    let nbd = if args.aoe.is_empty() || !args.listen.is_empty() || !args.socket.is_empty() {
+        let config = listen_config(&args.listen, &args.socket, args.workers)?;
+        let mut exports = ExportSet::new();
+        exports.add(export).map_err(|e| anyhow!(e))?;
+        Some((exports, config, args.socket.clone()))
+    } else {
+        None
     };
-    exports.add(export).map_err(|e| anyhow!(e))?;
-    Ok(exports)
+    Ok(Plan { nbd, aoe })
+}
+
+fn start_aoe(targets: Vec<(String, Device, TargetConfig)>) -> Result<Vec<AoeTarget>> {
+    let mut started = Vec::new();
+    for (name, device, config) in targets {
+        let address = format!("e{}.{}", config.shelf, config.slot);
+        let target = AoeTarget::start(device, config)
+            .with_context(|| format!("export '{name}': cannot serve AoE {address}"))?;
+        for interface in target.interfaces() {
+            println!(
+                "export '{name}': aoe {address} on {} (MTU {}); initiators use aoe://IFACE/{address}",
+                interface.name, interface.mtu
+            );
+        }
+        started.push(target);
+    }
+    Ok(started)
 }
 
 fn uri_host(addr: &SocketAddr) -> String {
@@ -226,54 +328,54 @@ fn announce(server: &Server, sockets: &[PathBuf]) {
             println!("  nbd+unix:///{}?socket={}", export.name, socket.display());
         }
     }
-    println!("press Ctrl-C to stop");
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    let (exports, config, sockets) = match &args.config {
-        Some(path) => {
-            let file = Config::load(path)?;
-            let mut exports = ExportSet::new();
-            for section in &file.exports {
-                exports
-                    .add(export_from_section(section)?)
-                    .map_err(|e| anyhow!(e))?;
-            }
-            if let Some(name) = &file.server.default_export {
-                exports.set_default(name).map_err(|e| anyhow!(e))?;
-            }
-            let mut config = listen_config(
-                &file.server.listen,
-                &file.server.socket,
-                file.server.workers.unwrap_or(args.workers),
-            )?;
-            if let Some(max) = file.server.max_connections {
-                config.max_connections = max;
-            }
-            (exports, config, file.server.socket.clone())
-        }
-        None => {
-            let config = listen_config(&args.listen, &args.socket, args.workers)?;
-            (exports_from_args(&args)?, config, args.socket.clone())
-        }
+    let plan = match &args.config {
+        Some(path) => plan_from_file(path, args.workers)?,
+        None => plan_from_args(&args)?,
     };
-    let server = Server::bind(exports, config)?;
-    announce(&server, &sockets);
-
-    let handle = server.shutdown_handle();
+    // Installed first, so a signal during start-up still stops cleanly.
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
     ])
     .context("cannot install signal handlers")?;
-    thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
+    let server = match plan.nbd {
+        Some((exports, config, sockets)) => {
+            let server = Server::bind(exports, config)?;
+            announce(&server, &sockets);
+            Some(server)
+        }
+        None => None,
+    };
+    let targets = start_aoe(plan.aoe)?;
+    println!("press Ctrl-C to stop");
+
+    let result = match server {
+        Some(server) => {
+            let handle = server.shutdown_handle();
+            thread::Builder::new()
+                .name("signals".into())
+                .spawn(move || {
+                    if let Some(signal) = signals.forever().next() {
+                        tracing::info!("received signal {signal}");
+                        handle.shutdown();
+                    }
+                })?;
+            server.run().context("server failed")
+        }
+        None => {
             if let Some(signal) = signals.forever().next() {
                 tracing::info!("received signal {signal}");
-                handle.shutdown();
             }
-        })?;
-    server.run().context("server failed")?;
-    Ok(())
+            Ok(())
+        }
+    };
+    for target in targets {
+        target
+            .stop()
+            .map_err(|e| anyhow!("AoE target: final flush failed: {e}"))?;
+    }
+    result
 }
