@@ -6,6 +6,7 @@
 //! - [`rawsock`]: AF_PACKET sockets bound to one interface, filtered to the AoE
 //!   ethertype, with batched receive and send.
 pub mod identify;
+pub mod initiator;
 pub mod rawsock;
 pub mod target;
 pub mod wire;

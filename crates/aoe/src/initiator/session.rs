@@ -1,0 +1,879 @@
+//! The initiator's protocol state, sans-IO: which frames are outstanding under which
+//! tags, the window, the retransmission timer, and the checks every answer must pass.
+//!
+//! No sockets, threads or clock here: callers pass `now` in and carry frames out, so
+//! tests drive it with a virtual clock and fake targets (`session_tests.rs`), and the
+//! driver (`engine.rs`) stays a thin loop around it. The call order is:
+//!
+//! 1. [`Session::submit`] a request (a read, write, flush or IDENTIFY as a [`Plan`]);
+//! 2. [`Session::poll_transmits`] hands out frames while the window has room; the
+//!    caller encodes and sends each [`Transmit`];
+//! 3. [`Session::handle_frame`] for every frame received: an answer completes its
+//!    frame (for reads it says which bytes to copy where), anything else is ignored;
+//!    then `poll_transmits` again, to refill the window;
+//! 4. [`Session::handle_timeout`] once [`Session::next_timeout`] has passed:
+//!    retransmissions come out as transmits, requests that ran out of time finish
+//!    with [`Fault::TimedOut`].
+//!
+//! Finished requests come out in [`Outputs::finished`], once each, with their result.
+//!
+//! Tags: the low [`SLOT_BITS`] bits are the index of the window slot a frame occupies,
+//! the high bits a per-slot generation that advances with every transmission. An
+//! answer is accepted when its slot holds a frame and its generation is one of that
+//! frame's transmissions, so answers to a frame that already completed (duplicates,
+//! late answers to retransmitted frames) are recognised and ignored, and the answer to
+//! the latest transmission gives an unambiguous round-trip sample.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use super::rtt::RttEstimator;
+use crate::wire::{
+    ata, AtaArgs, Command, Header, MacAddr, ATA_HEADER_LEN, MIN_FRAME_LEN, SECTOR_SIZE,
+};
+
+/// Tag bits that index the window slot.
+pub const SLOT_BITS: u32 = 10;
+/// The largest window the tag layout allows.
+pub const MAX_SLOTS: usize = 1 << SLOT_BITS;
+const SLOT_MASK: u32 = (1 << SLOT_BITS) - 1;
+const GEN_BITS: u32 = 32 - SLOT_BITS;
+const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
+/// Largest sector count of a request with 28-bit addressing: LBAs end at 2^28.
+pub const LBA28_LIMIT: u64 = 1 << 28;
+/// Largest sector count with 48-bit addressing.
+pub const LBA48_LIMIT: u64 = 1 << 48;
+
+/// The tag of a transmission from `slot` in generation `generation`.
+pub fn tag(generation: u32, slot: usize) -> u32 {
+    ((generation & GEN_MASK) << SLOT_BITS) | (slot as u32 & SLOT_MASK)
+}
+
+/// A tag's generation and slot.
+pub fn split_tag(tag: u32) -> (u32, usize) {
+    (tag >> SLOT_BITS, (tag & SLOT_MASK) as usize)
+}
+
+/// Generations are compared modulo 2^GEN_BITS.
+fn generation_distance(from: u32, to: u32) -> u32 {
+    to.wrapping_sub(from) & GEN_MASK
+}
+
+/// What a request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Read,
+    Write,
+    Flush,
+    /// ATA IDENTIFY DEVICE: one sector of data, like a read.
+    Identify,
+}
+
+impl Kind {
+    /// Whether answers carry sector data.
+    pub fn reads(self) -> bool {
+        matches!(self, Kind::Read | Kind::Identify)
+    }
+}
+
+/// One request before it is split into frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    pub kind: Kind,
+    /// First sector (reads and writes).
+    pub lba: u64,
+    /// Sectors to move (reads and writes; IDENTIFY moves one, flush none).
+    pub sectors: u64,
+}
+
+/// Where one frame of a request goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameSpec {
+    pub lba: u64,
+    /// Sectors in this frame.
+    pub sectors: u8,
+    /// Byte offset of this frame's data in the request's buffer.
+    pub offset: usize,
+}
+
+impl Plan {
+    pub fn read(lba: u64, sectors: u64) -> Plan {
+        Plan {
+            kind: Kind::Read,
+            lba,
+            sectors,
+        }
+    }
+
+    pub fn write(lba: u64, sectors: u64) -> Plan {
+        Plan {
+            kind: Kind::Write,
+            lba,
+            sectors,
+        }
+    }
+
+    pub fn flush() -> Plan {
+        Plan {
+            kind: Kind::Flush,
+            lba: 0,
+            sectors: 0,
+        }
+    }
+
+    pub fn identify() -> Plan {
+        Plan {
+            kind: Kind::Identify,
+            lba: 0,
+            sectors: 1,
+        }
+    }
+
+    /// Frames this request needs with `per_frame` sectors per frame.
+    pub fn frames(&self, per_frame: u8) -> u32 {
+        match self.kind {
+            Kind::Flush | Kind::Identify => 1,
+            Kind::Read | Kind::Write => {
+                let frames = self.sectors.div_ceil(u64::from(per_frame.max(1)));
+                u32::try_from(frames).expect("requests are limited to 32 MiB")
+            }
+        }
+    }
+
+    /// The `index`-th frame.
+    pub fn frame(&self, per_frame: u8, index: u32) -> FrameSpec {
+        match self.kind {
+            Kind::Flush => FrameSpec {
+                lba: 0,
+                sectors: 0,
+                offset: 0,
+            },
+            Kind::Identify => FrameSpec {
+                lba: 0,
+                sectors: 1,
+                offset: 0,
+            },
+            Kind::Read | Kind::Write => {
+                let per_frame = u64::from(per_frame.max(1));
+                let start = u64::from(index) * per_frame;
+                FrameSpec {
+                    lba: self.lba + start,
+                    sectors: (self.sectors - start).min(per_frame) as u8,
+                    offset: start as usize * SECTOR_SIZE,
+                }
+            }
+        }
+    }
+}
+
+/// The ATA arguments of a frame: READ/WRITE SECTORS (EXT with 48-bit addressing),
+/// FLUSH CACHE (EXT when the target supports it), IDENTIFY DEVICE.
+pub fn ata_args(kind: Kind, frame: FrameSpec, lba48: bool, flush_ext: bool) -> AtaArgs {
+    let (cmd_status, extended, write) = match kind {
+        Kind::Read if lba48 => (ata::READ_SECTORS_EXT, true, false),
+        Kind::Read => (ata::READ_SECTORS, false, false),
+        Kind::Write if lba48 => (ata::WRITE_SECTORS_EXT, true, true),
+        Kind::Write => (ata::WRITE_SECTORS, false, true),
+        Kind::Flush if flush_ext => (ata::FLUSH_CACHE_EXT, true, false),
+        Kind::Flush => (ata::FLUSH_CACHE, false, false),
+        Kind::Identify => (ata::IDENTIFY_DEVICE, false, false),
+    };
+    AtaArgs {
+        extended,
+        write,
+        sector_count: frame.sectors,
+        cmd_status,
+        lba: frame.lba,
+        ..AtaArgs::default()
+    }
+}
+
+/// One way to the target: a local socket (interface) and the target's MAC on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathAddr {
+    /// Index of the local socket the driver sends and receives on.
+    pub socket: usize,
+    /// Our MAC on that interface.
+    pub local: MacAddr,
+    /// The target's MAC as seen from that interface.
+    pub target: MacAddr,
+}
+
+/// What a session is set up with.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    pub shelf: u16,
+    pub slot: u8,
+    /// At least one.
+    pub paths: Vec<PathAddr>,
+    /// Frames outstanding at once, 1 to [`MAX_SLOTS`].
+    pub window: usize,
+    /// Sectors per frame, at least 1.
+    pub sectors_per_frame: u8,
+    /// Use the 48-bit (EXT) commands.
+    pub lba48: bool,
+    /// Flush with FLUSH CACHE EXT (else FLUSH CACHE).
+    pub flush_ext: bool,
+    /// A frame unanswered this long fails its request, and when nothing at all has
+    /// been answered for this long every request fails.
+    pub timeout: Duration,
+    /// A round-trip sample to start from (the discovery exchange).
+    pub initial_rtt: Option<Duration>,
+    /// First tag generation, so tags differ from an earlier session's.
+    pub tag_seed: u32,
+}
+
+/// One frame to send: the driver encodes the header and arguments, then the request
+/// buffer's `data` bytes (writes), and sends it on `paths[path].socket`.
+#[derive(Debug, Clone)]
+pub struct Transmit<R> {
+    pub request: R,
+    pub path: usize,
+    pub socket: usize,
+    pub header: Header,
+    pub args: AtaArgs,
+    /// Bytes of the request's buffer this frame carries (empty unless writing).
+    pub data: Range<usize>,
+    /// Whether this is a retransmission.
+    pub retransmit: bool,
+}
+
+/// Why a request failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// The target's ATA status had ERR (or DF) set; `error` is the error register.
+    Ata { status: u8, error: u8 },
+    /// The target set the AoE error flag with this code.
+    Aoe { code: u8 },
+    /// An answer matched the frame but could not be right.
+    Malformed(String),
+    /// A frame went unanswered for `waited` despite `retransmits` retransmissions,
+    /// or (`silent`) the target answered nothing at all for that long.
+    TimedOut {
+        waited: Duration,
+        retransmits: u32,
+        silent: bool,
+    },
+    /// The session was closed.
+    Closed,
+}
+
+/// A request that finished, with its result.
+#[derive(Debug)]
+pub struct Finished<R> {
+    pub request: R,
+    pub result: Result<(), Fault>,
+}
+
+/// What the session produced in one call: frames to send and finished requests.
+#[derive(Debug)]
+pub struct Outputs<R> {
+    pub transmits: Vec<Transmit<R>>,
+    pub finished: Vec<Finished<R>>,
+}
+
+impl<R> Default for Outputs<R> {
+    fn default() -> Self {
+        Outputs {
+            transmits: Vec::new(),
+            finished: Vec::new(),
+        }
+    }
+}
+
+impl<R> Outputs<R> {
+    pub fn is_empty(&self) -> bool {
+        self.transmits.is_empty() && self.finished.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.transmits.clear();
+        self.finished.clear();
+    }
+}
+
+/// Why a received frame was not taken as an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ignore {
+    /// Not an AoE frame, or shorter than its header.
+    NotAoe,
+    /// A request (the R flag is clear), e.g. another initiator's.
+    NotResponse,
+    /// An answer to another command (a late config query answer).
+    OtherCommand,
+    /// The tag names no outstanding transmission: a duplicate or late answer.
+    UnknownTag,
+    /// Not from the target's MAC to ours on that interface.
+    WrongPath,
+    /// From another shelf.slot.
+    WrongTarget,
+}
+
+/// What a received frame was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handled<R> {
+    Ignored(Ignore),
+    /// An answer completed (or failed) a frame that moves no data to the caller.
+    Answered,
+    /// A read answer: copy `frame[data]` to the request's buffer at `offset`.
+    Read {
+        request: R,
+        offset: usize,
+        data: Range<usize>,
+    },
+}
+
+/// Counters for diagnostics and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Frames handed out, retransmissions included.
+    pub transmits: u64,
+    pub retransmits: u64,
+    /// Answers accepted.
+    pub answers: u64,
+    /// Frames ignored.
+    pub ignored: u64,
+    /// Requests failed by a timeout.
+    pub timeouts: u64,
+}
+
+struct RequestState<R> {
+    handle: R,
+    plan: Plan,
+    frames: u32,
+    issued: u32,
+    done: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    request: u32,
+    index: u32,
+    first_generation: u32,
+    first_sent: Instant,
+    sent_at: Instant,
+    deadline: Instant,
+    retries: u32,
+    path: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    generation: u32,
+    frame: Option<InFlight>,
+}
+
+/// The initiator's state for one target; see the module documentation.
+pub struct Session<R> {
+    config: SessionConfig,
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    requests: Vec<Option<RequestState<R>>>,
+    free_requests: Vec<u32>,
+    /// Requests with frames not yet handed out, oldest first.
+    queue: VecDeque<u32>,
+    in_flight: usize,
+    rtt: RttEstimator,
+    /// Congestion window (frames): halved when a frame times out, grown by one per
+    /// window of answers, never above the target's buffer count.
+    cwnd: f64,
+    /// No further halving before this time (once per round trip).
+    recover_until: Option<Instant>,
+    next_path: usize,
+    /// Since when frames have been outstanding without any answer.
+    waiting_since: Option<Instant>,
+    next_deadline: Option<Instant>,
+    closed: bool,
+    stats: Stats,
+}
+
+impl<R: Clone> Session<R> {
+    pub fn new(config: SessionConfig) -> Session<R> {
+        assert!(!config.paths.is_empty(), "a session needs a path");
+        let window = config.window.clamp(1, MAX_SLOTS);
+        let slots = vec![
+            Slot {
+                generation: config.tag_seed & GEN_MASK,
+                frame: None,
+            };
+            window
+        ];
+        let mut rtt = RttEstimator::new();
+        if let Some(sample) = config.initial_rtt {
+            rtt.sample(sample);
+        }
+        Session {
+            config: SessionConfig {
+                window,
+                sectors_per_frame: config.sectors_per_frame.max(1),
+                ..config
+            },
+            free: (0..window).rev().collect(),
+            slots,
+            requests: Vec::new(),
+            free_requests: Vec::new(),
+            queue: VecDeque::new(),
+            in_flight: 0,
+            rtt,
+            cwnd: window as f64,
+            recover_until: None,
+            next_path: 0,
+            waiting_since: None,
+            next_deadline: None,
+            closed: false,
+            stats: Stats::default(),
+        }
+    }
+
+    pub fn config(&self) -> &SessionConfig {
+        &self.config
+    }
+
+    /// Frames outstanding.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Requests not yet finished.
+    pub fn requests(&self) -> usize {
+        self.requests.len() - self.free_requests.len()
+    }
+
+    pub fn rtt(&self) -> &RttEstimator {
+        &self.rtt
+    }
+
+    /// The congestion window, in frames.
+    pub fn cwnd(&self) -> f64 {
+        self.cwnd
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Switches between 28- and 48-bit commands and the two flushes (once IDENTIFY
+    /// told what the target supports); applies to frames handed out from now on.
+    pub fn set_addressing(&mut self, lba48: bool, flush_ext: bool) {
+        self.config.lba48 = lba48;
+        self.config.flush_ext = flush_ext;
+    }
+
+    /// Queues a request. A closed session finishes it at once with [`Fault::Closed`].
+    pub fn submit(&mut self, request: R, plan: Plan, out: &mut Outputs<R>) {
+        if self.closed {
+            out.finished.push(Finished {
+                request,
+                result: Err(Fault::Closed),
+            });
+            return;
+        }
+        let frames = plan.frames(self.config.sectors_per_frame);
+        let state = RequestState {
+            handle: request,
+            plan,
+            frames,
+            issued: 0,
+            done: 0,
+        };
+        let key = match self.free_requests.pop() {
+            Some(key) => {
+                self.requests[key as usize] = Some(state);
+                key
+            }
+            None => {
+                self.requests.push(Some(state));
+                (self.requests.len() - 1) as u32
+            }
+        };
+        self.queue.push_back(key);
+    }
+
+    /// Frames the window may hold now.
+    fn limit(&self) -> usize {
+        (self.cwnd as usize).clamp(1, self.slots.len())
+    }
+
+    /// Hands out frames of queued requests, oldest request first, while the window
+    /// has room.
+    pub fn poll_transmits(&mut self, now: Instant, out: &mut Outputs<R>) {
+        while let Some(&key) = self.queue.front() {
+            if self.in_flight >= self.limit() {
+                break;
+            }
+            let Some(slot) = self.free.pop() else {
+                break;
+            };
+            let state = self.requests[key as usize]
+                .as_mut()
+                .expect("queued requests exist");
+            let index = state.issued;
+            state.issued += 1;
+            if state.issued == state.frames {
+                self.queue.pop_front();
+            }
+            let generation = (self.slots[slot].generation + 1) & GEN_MASK;
+            self.slots[slot].generation = generation;
+            let path = self.next_path;
+            self.next_path = (path + 1) % self.config.paths.len();
+            let deadline = now + self.rtt.backoff(0);
+            self.slots[slot].frame = Some(InFlight {
+                request: key,
+                index,
+                first_generation: generation,
+                first_sent: now,
+                sent_at: now,
+                deadline,
+                retries: 0,
+                path,
+            });
+            self.in_flight += 1;
+            self.waiting_since.get_or_insert(now);
+            self.note_deadline(deadline);
+            self.note_deadline(now + self.config.timeout);
+            out.transmits.push(self.transmit(slot, false));
+        }
+    }
+
+    fn note_deadline(&mut self, deadline: Instant) {
+        if self.next_deadline.is_none_or(|next| deadline < next) {
+            self.next_deadline = Some(deadline);
+        }
+    }
+
+    /// The frame in `slot`, as its current transmission.
+    fn transmit(&mut self, slot: usize, retransmit: bool) -> Transmit<R> {
+        let frame = self.slots[slot].frame.expect("slot holds a frame");
+        let state = self.requests[frame.request as usize]
+            .as_ref()
+            .expect("frames belong to live requests");
+        let spec = state.plan.frame(self.config.sectors_per_frame, frame.index);
+        let path = self.config.paths[frame.path];
+        let header = Header::request(
+            path.target,
+            path.local,
+            self.config.shelf,
+            self.config.slot,
+            Command::Ata,
+            tag(self.slots[slot].generation, slot),
+        );
+        let args = ata_args(
+            state.plan.kind,
+            spec,
+            self.config.lba48,
+            self.config.flush_ext,
+        );
+        let data = match state.plan.kind {
+            Kind::Write => spec.offset..spec.offset + usize::from(spec.sectors) * SECTOR_SIZE,
+            _ => 0..0,
+        };
+        self.stats.transmits += 1;
+        if retransmit {
+            self.stats.retransmits += 1;
+        }
+        Transmit {
+            request: state.handle.clone(),
+            path: frame.path,
+            socket: path.socket,
+            header,
+            args,
+            data,
+            retransmit,
+        }
+    }
+
+    /// Takes a frame received on local socket `socket`.
+    pub fn handle_frame(
+        &mut self,
+        now: Instant,
+        socket: usize,
+        frame: &[u8],
+        out: &mut Outputs<R>,
+    ) -> Handled<R> {
+        let handled = self.check_frame(now, socket, frame, out);
+        if let Handled::Ignored(_) = handled {
+            self.stats.ignored += 1;
+        }
+        handled
+    }
+
+    fn check_frame(
+        &mut self,
+        now: Instant,
+        socket: usize,
+        frame: &[u8],
+        out: &mut Outputs<R>,
+    ) -> Handled<R> {
+        let Ok((header, body)) = Header::parse(frame) else {
+            return Handled::Ignored(Ignore::NotAoe);
+        };
+        if !header.response {
+            return Handled::Ignored(Ignore::NotResponse);
+        }
+        if header.command != Command::Ata as u8 {
+            return Handled::Ignored(Ignore::OtherCommand);
+        }
+        let (generation, slot) = split_tag(header.tag);
+        let Some(inflight) = self.slots.get(slot).and_then(|s| s.frame) else {
+            return Handled::Ignored(Ignore::UnknownTag);
+        };
+        let current = self.slots[slot].generation;
+        if generation_distance(inflight.first_generation, generation)
+            > generation_distance(inflight.first_generation, current)
+        {
+            return Handled::Ignored(Ignore::UnknownTag);
+        }
+        let from_target = self
+            .config
+            .paths
+            .iter()
+            .any(|p| p.socket == socket && p.target == header.src && p.local == header.dst);
+        if !from_target {
+            return Handled::Ignored(Ignore::WrongPath);
+        }
+        if header.shelf != self.config.shelf || header.slot != self.config.slot {
+            return Handled::Ignored(Ignore::WrongTarget);
+        }
+
+        // The answer is ours: from here on it completes or fails its frame.
+        self.stats.answers += 1;
+        self.waiting_since = Some(now);
+        let key = inflight.request;
+        if header.error != 0 {
+            self.fail(key, Fault::Aoe { code: header.error }, out);
+            return Handled::Answered;
+        }
+        let state = self.requests[key as usize]
+            .as_ref()
+            .expect("frames belong to live requests");
+        let kind = state.plan.kind;
+        let spec = state
+            .plan
+            .frame(self.config.sectors_per_frame, inflight.index);
+        let args = match AtaArgs::parse(body) {
+            Ok((args, _)) => args,
+            Err(_) => {
+                let fault = Fault::Malformed(format!(
+                    "an ATA answer of {} bytes, shorter than its {ATA_HEADER_LEN}-byte header",
+                    frame.len()
+                ));
+                self.fail(key, fault, out);
+                return Handled::Answered;
+            }
+        };
+        if args.cmd_status & (ata::STATUS_ERR | STATUS_DF) != 0 {
+            let fault = Fault::Ata {
+                status: args.cmd_status,
+                error: args.err_feature,
+            };
+            self.fail(key, fault, out);
+            return Handled::Answered;
+        }
+        // Targets either echo the count or, like an ATA device, count it down to zero.
+        if args.sector_count != 0 && args.sector_count != spec.sectors {
+            let fault = Fault::Malformed(format!(
+                "the answer reports {} sectors for a frame of {}",
+                args.sector_count, spec.sectors
+            ));
+            self.fail(key, fault, out);
+            return Handled::Answered;
+        }
+        let data_len = usize::from(spec.sectors) * SECTOR_SIZE;
+        let data = ATA_HEADER_LEN..ATA_HEADER_LEN + data_len;
+        if kind.reads() && frame.len() < data.end {
+            let fault = Fault::Malformed(format!(
+                "a read answer carries {} bytes of data, expected {data_len}",
+                frame.len() - ATA_HEADER_LEN
+            ));
+            self.fail(key, fault, out);
+            return Handled::Answered;
+        }
+
+        // Success.
+        if generation == current {
+            self.rtt
+                .sample(now.saturating_duration_since(inflight.sent_at));
+        }
+        self.cwnd = (self.cwnd + 1.0 / self.cwnd).min(self.slots.len() as f64);
+        self.release_slot(slot);
+        let state = self.requests[key as usize]
+            .as_mut()
+            .expect("frames belong to live requests");
+        state.done += 1;
+        let handled = if kind.reads() {
+            Handled::Read {
+                request: state.handle.clone(),
+                offset: spec.offset,
+                data,
+            }
+        } else {
+            Handled::Answered
+        };
+        if state.done == state.frames {
+            let state = self.remove_request(key);
+            out.finished.push(Finished {
+                request: state.handle,
+                result: Ok(()),
+            });
+        }
+        handled
+    }
+
+    fn release_slot(&mut self, slot: usize) {
+        if self.slots[slot].frame.take().is_some() {
+            self.free.push(slot);
+            self.in_flight -= 1;
+            if self.in_flight == 0 {
+                self.waiting_since = None;
+            }
+        }
+    }
+
+    fn remove_request(&mut self, key: u32) -> RequestState<R> {
+        let state = self.requests[key as usize].take().expect("request is live");
+        self.free_requests.push(key);
+        state
+    }
+
+    /// Fails a request: its outstanding frames are forgotten (their answers will be
+    /// ignored), its unsent frames dropped.
+    fn fail(&mut self, key: u32, fault: Fault, out: &mut Outputs<R>) {
+        let Some(state) = self.requests[key as usize].as_ref() else {
+            return;
+        };
+        if state.issued < state.frames {
+            self.queue.retain(|&queued| queued != key);
+        }
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].frame.is_some_and(|f| f.request == key) {
+                self.release_slot(slot);
+            }
+        }
+        let state = self.remove_request(key);
+        out.finished.push(Finished {
+            request: state.handle,
+            result: Err(fault),
+        });
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) has something to do next (it
+    /// may be called earlier or more often; it checks).
+    pub fn next_timeout(&self) -> Option<Instant> {
+        self.next_deadline
+    }
+
+    /// Retransmits frames whose timer ran out (on the next path, with a new tag and
+    /// a doubled timeout) and fails requests that ran out of time.
+    pub fn handle_timeout(&mut self, now: Instant, out: &mut Outputs<R>) {
+        match self.next_deadline {
+            Some(due) if now >= due => {}
+            _ => return,
+        }
+        self.next_deadline = None;
+        let timeout = self.config.timeout;
+        if let Some(since) = self.waiting_since {
+            if now.saturating_duration_since(since) >= timeout {
+                // Nothing at all answered for the whole timeout: the target is gone,
+                // and every request fails now rather than one timeout after another.
+                let retransmits = self
+                    .slots
+                    .iter()
+                    .filter_map(|s| s.frame.map(|f| f.retries))
+                    .max()
+                    .unwrap_or(0);
+                let fault = Fault::TimedOut {
+                    waited: now.saturating_duration_since(since),
+                    retransmits,
+                    silent: true,
+                };
+                self.fail_all(fault, out);
+                return;
+            }
+            self.note_deadline(since + timeout);
+        }
+        let mut expired = Vec::new();
+        for slot in 0..self.slots.len() {
+            let Some(mut frame) = self.slots[slot].frame else {
+                continue;
+            };
+            if now.saturating_duration_since(frame.first_sent) >= timeout {
+                expired.push((frame.request, frame.first_sent, frame.retries));
+                continue;
+            }
+            if now >= frame.deadline {
+                // Lost (or slow): halve the window once per round trip.
+                if self.recover_until.is_none_or(|until| now >= until) {
+                    self.cwnd = (self.cwnd / 2.0).max(1.0);
+                    self.recover_until = Some(now + self.rtt.rto());
+                }
+                frame.retries += 1;
+                frame.sent_at = now;
+                frame.deadline = now + self.rtt.backoff(frame.retries);
+                frame.path = (frame.path + 1) % self.config.paths.len();
+                self.slots[slot].generation = (self.slots[slot].generation + 1) & GEN_MASK;
+                self.slots[slot].frame = Some(frame);
+                out.transmits.push(self.transmit(slot, true));
+            }
+            self.note_deadline(frame.deadline);
+            self.note_deadline(frame.first_sent + timeout);
+        }
+        for (key, first_sent, retries) in expired {
+            if self.requests[key as usize].is_some() {
+                self.stats.timeouts += 1;
+                let fault = Fault::TimedOut {
+                    waited: now.saturating_duration_since(first_sent),
+                    retransmits: retries,
+                    silent: false,
+                };
+                self.fail(key, fault, out);
+            }
+        }
+    }
+
+    fn fail_all(&mut self, fault: Fault, out: &mut Outputs<R>) {
+        for key in 0..self.requests.len() as u32 {
+            if self.requests[key as usize].is_some() {
+                if matches!(fault, Fault::TimedOut { .. }) {
+                    self.stats.timeouts += 1;
+                }
+                self.fail(key, fault.clone(), out);
+            }
+        }
+        self.next_deadline = None;
+    }
+
+    /// Fails every request with [`Fault::Closed`] and refuses new ones.
+    pub fn close(&mut self, out: &mut Outputs<R>) {
+        self.closed = true;
+        self.fail_all(Fault::Closed, out);
+    }
+}
+
+/// ATA status: device fault.
+const STATUS_DF: u8 = 0x20;
+
+/// Appends the frame of `transmit` to `out`: header, ATA arguments, the bytes
+/// `source[transmit.data]` (writes), zero padding to the Ethernet minimum. Returns
+/// where in `out` the frame lies.
+pub fn encode_transmit<R>(
+    transmit: &Transmit<R>,
+    source: &[u8],
+    out: &mut Vec<u8>,
+) -> Range<usize> {
+    let start = out.len();
+    transmit.header.encode(out);
+    transmit.args.encode(out);
+    out.extend_from_slice(&source[transmit.data.clone()]);
+    let end = out.len().max(start + MIN_FRAME_LEN);
+    out.resize(end, 0);
+    start..end
+}
+
+#[cfg(test)]
+#[path = "session_tests.rs"]
+mod tests;

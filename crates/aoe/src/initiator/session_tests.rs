@@ -1,0 +1,853 @@
+//! The session against fake targets over a simulated link, with a virtual clock:
+//! splitting, the window, tags, answers that must be ignored, errors, retransmission,
+//! timeouts, and a lossy, duplicating, reordering link.
+
+use std::collections::HashMap;
+
+use super::*;
+use crate::wire::{Body, ConfigQuery, ATA_HEADER_LEN};
+
+const INITIATOR: MacAddr = [0x02, 0, 0, 0, 0, 0x01];
+const INITIATOR_2: MacAddr = [0x02, 0, 0, 0, 0, 0x02];
+const TARGET: MacAddr = [0x02, 0, 0, 0, 0, 0xaa];
+const TARGET_2: MacAddr = [0x02, 0, 0, 0, 0, 0xbb];
+const MS: Duration = Duration::from_millis(1);
+const US: Duration = Duration::from_micros(1);
+
+fn path(socket: usize, local: MacAddr, target: MacAddr) -> PathAddr {
+    PathAddr {
+        socket,
+        local,
+        target,
+    }
+}
+
+fn config(window: usize, per_frame: u8) -> SessionConfig {
+    SessionConfig {
+        shelf: 1,
+        slot: 2,
+        paths: vec![path(0, INITIATOR, TARGET)],
+        window,
+        sectors_per_frame: per_frame,
+        lba48: true,
+        flush_ext: true,
+        timeout: Duration::from_secs(10),
+        initial_rtt: Some(100 * US),
+        tag_seed: 77,
+    }
+}
+
+/// A target that serves a memory disk the way vblade does: it counts the sector count
+/// down to zero and answers IDNF beyond the end.
+struct FakeTarget {
+    disk: Vec<u8>,
+    /// Flushes seen.
+    flushes: usize,
+    /// Answer with this AoE error instead.
+    aoe_error: Option<u8>,
+}
+
+impl FakeTarget {
+    fn new(sectors: usize) -> FakeTarget {
+        let disk = (0..sectors * SECTOR_SIZE)
+            .map(|i| (i * 7 % 251) as u8)
+            .collect();
+        FakeTarget {
+            disk,
+            flushes: 0,
+            aoe_error: None,
+        }
+    }
+
+    /// The answer to a request frame, sent from `mac`.
+    fn answer(&mut self, frame: &[u8], mac: MacAddr) -> Vec<u8> {
+        let (header, body) = Header::parse(frame).unwrap();
+        assert!(!header.response);
+        assert_eq!((header.shelf, header.slot), (1, 2));
+        let (mut args, data) = AtaArgs::parse(body).unwrap();
+        let mut reply = header.response_to(mac);
+        if let Some(code) = self.aoe_error {
+            reply.error = code;
+            let mut out = Vec::new();
+            encode_frame(&reply, &Body::Ata(args, &[]), &mut out);
+            return out;
+        }
+        let sectors = args.sector_count as usize;
+        let start = args.lba as usize * SECTOR_SIZE;
+        let end = start + sectors * SECTOR_SIZE;
+        let mut payload = Vec::new();
+        let beyond = end > self.disk.len();
+        match args.cmd_status {
+            ata::READ_SECTORS
+            | ata::READ_SECTORS_EXT
+            | ata::WRITE_SECTORS
+            | ata::WRITE_SECTORS_EXT
+                if beyond =>
+            {
+                args.cmd_status = ata::STATUS_DRDY | ata::STATUS_ERR;
+                args.err_feature = ata::ERROR_IDNF;
+            }
+            ata::READ_SECTORS | ata::READ_SECTORS_EXT => {
+                payload.extend_from_slice(&self.disk[start..end]);
+                args.sector_count = 0;
+                args.cmd_status = ata::STATUS_DRDY;
+            }
+            ata::WRITE_SECTORS | ata::WRITE_SECTORS_EXT => {
+                assert!(args.write);
+                self.disk[start..end].copy_from_slice(&data[..sectors * SECTOR_SIZE]);
+                args.sector_count = 0;
+                args.cmd_status = ata::STATUS_DRDY;
+            }
+            ata::FLUSH_CACHE | ata::FLUSH_CACHE_EXT => {
+                self.flushes += 1;
+                args.cmd_status = ata::STATUS_DRDY;
+            }
+            ata::IDENTIFY_DEVICE => {
+                payload.extend_from_slice(&[0x5a; SECTOR_SIZE]);
+                args.cmd_status = ata::STATUS_DRDY;
+            }
+            _ => {
+                args.cmd_status = ata::STATUS_DRDY | ata::STATUS_ERR;
+                args.err_feature = ata::ERROR_ABRT;
+            }
+        }
+        let mut out = Vec::new();
+        encode_frame(&reply, &Body::Ata(args, &payload), &mut out);
+        out
+    }
+}
+
+use crate::wire::encode_frame;
+
+/// The initiator's side of a test: a session, request buffers by id, a clock.
+struct Harness {
+    session: Session<usize>,
+    buffers: HashMap<usize, Vec<u8>>,
+    results: HashMap<usize, Result<(), Fault>>,
+    out: Outputs<usize>,
+    now: Instant,
+    next_id: usize,
+}
+
+impl Harness {
+    fn new(config: SessionConfig) -> Harness {
+        Harness {
+            session: Session::new(config),
+            buffers: HashMap::new(),
+            results: HashMap::new(),
+            out: Outputs::default(),
+            now: Instant::now(),
+            next_id: 0,
+        }
+    }
+
+    fn submit(&mut self, plan: Plan, buffer: Vec<u8>) -> usize {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.buffers.insert(id, buffer);
+        self.session.submit(id, plan, &mut self.out);
+        self.collect();
+        id
+    }
+
+    fn read(&mut self, lba: u64, sectors: u64) -> usize {
+        self.submit(
+            Plan::read(lba, sectors),
+            vec![0; sectors as usize * SECTOR_SIZE],
+        )
+    }
+
+    /// Frames the session wants sent now, encoded, with their socket.
+    fn transmit(&mut self) -> Vec<(usize, Vec<u8>)> {
+        self.session.poll_transmits(self.now, &mut self.out);
+        self.take_frames()
+    }
+
+    fn take_frames(&mut self) -> Vec<(usize, Vec<u8>)> {
+        let frames = self
+            .out
+            .transmits
+            .drain(..)
+            .map(|t| {
+                let mut frame = Vec::new();
+                encode_transmit(&t, &self.buffers[&t.request], &mut frame);
+                (t.socket, frame)
+            })
+            .collect();
+        self.collect();
+        frames
+    }
+
+    fn collect(&mut self) {
+        for finished in self.out.finished.drain(..) {
+            let old = self.results.insert(finished.request, finished.result);
+            assert!(old.is_none(), "request {} finished twice", finished.request);
+        }
+    }
+
+    fn receive(&mut self, socket: usize, frame: &[u8]) -> Handled<usize> {
+        let handled = self
+            .session
+            .handle_frame(self.now, socket, frame, &mut self.out);
+        if let Handled::Read {
+            request,
+            offset,
+            data,
+        } = &handled
+        {
+            let buffer = self.buffers.get_mut(request).unwrap();
+            buffer[*offset..*offset + data.len()].copy_from_slice(&frame[data.clone()]);
+        }
+        self.collect();
+        handled
+    }
+
+    fn advance(&mut self, by: Duration) -> Vec<(usize, Vec<u8>)> {
+        self.now += by;
+        self.session.handle_timeout(self.now, &mut self.out);
+        self.take_frames()
+    }
+
+    /// Sends everything, lets `target` answer on a perfect link, until idle.
+    fn run(&mut self, target: &mut FakeTarget) {
+        let mut frames = self.transmit();
+        while !frames.is_empty() {
+            for (socket, frame) in std::mem::take(&mut frames) {
+                let answer = target.answer(&frame, TARGET);
+                self.now += 10 * US;
+                self.receive(socket, &answer);
+            }
+            frames = self.transmit();
+        }
+    }
+}
+
+#[test]
+fn tags_carry_slot_and_generation() {
+    for (generation, slot) in [(0, 0), (1, 5), (GEN_MASK, MAX_SLOTS - 1), (12345, 1000)] {
+        assert_eq!(split_tag(tag(generation, slot)), (generation, slot));
+    }
+    // Generations wrap within their bits.
+    assert_eq!(split_tag(tag(GEN_MASK + 1, 3)), (0, 3));
+    assert_eq!(generation_distance(GEN_MASK, 1), 2);
+}
+
+#[test]
+fn requests_split_into_frames() {
+    let plan = Plan::read(100, 5);
+    assert_eq!(plan.frames(2), 3);
+    let frames: Vec<FrameSpec> = (0..3).map(|i| plan.frame(2, i)).collect();
+    assert_eq!(
+        frames,
+        [
+            FrameSpec {
+                lba: 100,
+                sectors: 2,
+                offset: 0
+            },
+            FrameSpec {
+                lba: 102,
+                sectors: 2,
+                offset: 1024
+            },
+            FrameSpec {
+                lba: 104,
+                sectors: 1,
+                offset: 2048
+            },
+        ]
+    );
+    assert_eq!(Plan::write(0, 255).frames(255), 1);
+    assert_eq!(Plan::write(0, 256).frames(255), 2);
+    assert_eq!(Plan::write(0, 65536).frames(17), 3856);
+    assert_eq!(Plan::flush().frames(2), 1);
+    assert_eq!(Plan::identify().frame(2, 0).sectors, 1);
+}
+
+#[test]
+fn frames_use_28_or_48_bit_commands() {
+    // The last LBA28 sectors and the first beyond: the frame's LBA is encoded whole.
+    let plan = Plan::read(LBA28_LIMIT - 3, 4);
+    let last = plan.frame(2, 1);
+    assert_eq!(last.lba, LBA28_LIMIT - 1);
+    let args = ata_args(Kind::Read, last, false, false);
+    assert_eq!(args.cmd_status, ata::READ_SECTORS);
+    assert!(!args.extended);
+    let mut bytes = Vec::new();
+    args.encode(&mut bytes);
+    let (parsed, _) = AtaArgs::parse(&bytes).unwrap();
+    assert_eq!(parsed.lba, LBA28_LIMIT - 1);
+
+    let beyond = FrameSpec {
+        lba: LBA28_LIMIT + 1,
+        sectors: 2,
+        offset: 0,
+    };
+    let args = ata_args(Kind::Write, beyond, true, true);
+    assert_eq!(args.cmd_status, ata::WRITE_SECTORS_EXT);
+    assert!(args.extended && args.write);
+    let mut bytes = Vec::new();
+    args.encode(&mut bytes);
+    assert_eq!(AtaArgs::parse(&bytes).unwrap().0.lba, LBA28_LIMIT + 1);
+    let top = FrameSpec {
+        lba: LBA48_LIMIT - 1,
+        ..beyond
+    };
+    let mut bytes = Vec::new();
+    ata_args(Kind::Read, top, true, true).encode(&mut bytes);
+    assert_eq!(AtaArgs::parse(&bytes).unwrap().0.lba, LBA48_LIMIT - 1);
+
+    let flush = Plan::flush().frame(2, 0);
+    assert_eq!(
+        ata_args(Kind::Flush, flush, true, true).cmd_status,
+        ata::FLUSH_CACHE_EXT
+    );
+    assert_eq!(
+        ata_args(Kind::Flush, flush, true, false).cmd_status,
+        ata::FLUSH_CACHE
+    );
+    let identify = ata_args(Kind::Identify, Plan::identify().frame(2, 0), true, true);
+    assert_eq!(
+        (
+            identify.cmd_status,
+            identify.sector_count,
+            identify.extended
+        ),
+        (ata::IDENTIFY_DEVICE, 1, false)
+    );
+}
+
+#[test]
+fn reads_writes_and_flushes_reach_a_target() {
+    let mut target = FakeTarget::new(64);
+    let mut h = Harness::new(config(4, 2));
+    let data: Vec<u8> = (0..7 * SECTOR_SIZE).map(|i| (i % 13) as u8).collect();
+    let write = h.submit(Plan::write(3, 7), data.clone());
+    let flush = h.submit(Plan::flush(), Vec::new());
+    h.run(&mut target);
+    assert_eq!(h.results[&write], Ok(()));
+    assert_eq!(h.results[&flush], Ok(()));
+    assert_eq!(target.flushes, 1);
+    assert_eq!(&target.disk[3 * SECTOR_SIZE..10 * SECTOR_SIZE], &data[..]);
+
+    let read = h.read(2, 9);
+    h.run(&mut target);
+    assert_eq!(h.results[&read], Ok(()));
+    assert_eq!(
+        h.buffers[&read],
+        target.disk[2 * SECTOR_SIZE..11 * SECTOR_SIZE]
+    );
+    assert_eq!(h.session.in_flight(), 0);
+    assert_eq!(h.session.requests(), 0);
+    assert_eq!(h.session.stats().retransmits, 0);
+}
+
+#[test]
+fn the_window_bounds_frames_outstanding() {
+    let mut target = FakeTarget::new(64);
+    let mut h = Harness::new(config(4, 1));
+    let first = h.read(0, 10);
+    let second = h.read(20, 1);
+    let frames = h.transmit();
+    assert_eq!(frames.len(), 4);
+    assert!(h.transmit().is_empty(), "the window is full");
+    // One answer frees one slot for the next frame, still of the oldest request.
+    let answer = target.answer(&frames[0].1, TARGET);
+    assert!(matches!(h.receive(0, &answer), Handled::Read { .. }));
+    let next = h.transmit();
+    assert_eq!(next.len(), 1);
+    let (header, body) = Header::parse(&next[0].1).unwrap();
+    let (args, _) = AtaArgs::parse(body).unwrap();
+    assert_eq!(args.lba, 4);
+    // Tags of frames outstanding at once are distinct.
+    let mut tags: Vec<u32> = frames[1..]
+        .iter()
+        .map(|(_, f)| Header::parse(f).unwrap().0.tag)
+        .collect();
+    tags.push(header.tag);
+    tags.sort_unstable();
+    tags.dedup();
+    assert_eq!(tags.len(), 4);
+    for (socket, frame) in frames[1..].iter().chain(&next) {
+        let answer = target.answer(frame, TARGET);
+        h.receive(*socket, &answer);
+    }
+    h.run(&mut target);
+    assert_eq!(h.results[&first], Ok(()));
+    assert_eq!(h.results[&second], Ok(()));
+}
+
+#[test]
+fn duplicate_and_late_answers_are_ignored() {
+    let mut target = FakeTarget::new(64);
+    let mut h = Harness::new(config(2, 1));
+    let id = h.read(0, 4);
+    let frames = h.transmit();
+    let answer = target.answer(&frames[0].1, TARGET);
+    assert!(matches!(h.receive(0, &answer), Handled::Read { .. }));
+    // The same answer again: the frame is done.
+    assert_eq!(h.receive(0, &answer), Handled::Ignored(Ignore::UnknownTag));
+    // The slot is reused by the next frame; the old answer still does not match it.
+    let next = h.transmit();
+    assert_eq!(next.len(), 1);
+    assert_eq!(
+        split_tag(Header::parse(&next[0].1).unwrap().0.tag).1,
+        split_tag(Header::parse(&frames[0].1).unwrap().0.tag).1
+    );
+    assert_eq!(h.receive(0, &answer), Handled::Ignored(Ignore::UnknownTag));
+    // A retransmitted frame: the answer to the first transmission completes it, the
+    // answer to the retransmission is then ignored.
+    let retransmitted = h.advance(Duration::from_millis(50));
+    assert_eq!(retransmitted.len(), 2);
+    let late = target.answer(&frames[1].1, TARGET);
+    assert!(matches!(h.receive(0, &late), Handled::Read { .. }));
+    let again = target.answer(&retransmitted[0].1, TARGET);
+    let other = target.answer(&retransmitted[1].1, TARGET);
+    let ignored = [h.receive(0, &again), h.receive(0, &other)]
+        .iter()
+        .filter(|handled| **handled == Handled::Ignored(Ignore::UnknownTag))
+        .count();
+    assert_eq!(ignored, 1);
+    h.run(&mut target);
+    assert_eq!(h.results[&id], Ok(()));
+    assert_eq!(h.buffers[&id], target.disk[..4 * SECTOR_SIZE]);
+    assert_eq!(h.session.stats().ignored, 3);
+}
+
+#[test]
+fn answers_from_elsewhere_are_ignored() {
+    let mut target = FakeTarget::new(64);
+    let mut h = Harness::new(config(2, 1));
+    let id = h.read(0, 1);
+    let frames = h.transmit();
+    let answer = target.answer(&frames[0].1, TARGET);
+
+    let from_other_mac = target.answer(&frames[0].1, TARGET_2);
+    assert_eq!(
+        h.receive(0, &from_other_mac),
+        Handled::Ignored(Ignore::WrongPath)
+    );
+    assert_eq!(h.receive(1, &answer), Handled::Ignored(Ignore::WrongPath));
+    let mut to_other = answer.clone();
+    to_other[..6].copy_from_slice(&INITIATOR_2);
+    assert_eq!(h.receive(0, &to_other), Handled::Ignored(Ignore::WrongPath));
+    let mut other_slot = answer.clone();
+    other_slot[18] = 3;
+    assert_eq!(
+        h.receive(0, &other_slot),
+        Handled::Ignored(Ignore::WrongTarget)
+    );
+    let mut other_shelf = answer.clone();
+    other_shelf[16..18].copy_from_slice(&9u16.to_be_bytes());
+    assert_eq!(
+        h.receive(0, &other_shelf),
+        Handled::Ignored(Ignore::WrongTarget)
+    );
+    let mut request = answer.clone();
+    request[14] &= !0x08;
+    assert_eq!(
+        h.receive(0, &request),
+        Handled::Ignored(Ignore::NotResponse)
+    );
+    let mut config_answer = Vec::new();
+    let (header, _) = Header::parse(&answer).unwrap();
+    let header = Header {
+        command: Command::QueryConfig as u8,
+        ..header
+    };
+    let query = ConfigQuery {
+        buffer_count: 16,
+        firmware_version: 1,
+        sector_count: 2,
+        aoe_version: 1,
+        command: 0,
+        config: b"",
+    };
+    encode_frame(&header, &Body::QueryConfig(query), &mut config_answer);
+    assert_eq!(
+        h.receive(0, &config_answer),
+        Handled::Ignored(Ignore::OtherCommand)
+    );
+    assert_eq!(
+        h.receive(0, &answer[..20]),
+        Handled::Ignored(Ignore::NotAoe)
+    );
+    let mut not_aoe = answer.clone();
+    not_aoe[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    assert_eq!(h.receive(0, &not_aoe), Handled::Ignored(Ignore::NotAoe));
+    let mut bad_tag = answer.clone();
+    bad_tag[23] ^= 0x01;
+    assert_eq!(h.receive(0, &bad_tag), Handled::Ignored(Ignore::UnknownTag));
+
+    assert!(h.results.is_empty());
+    assert!(matches!(h.receive(0, &answer), Handled::Read { .. }));
+    assert_eq!(h.results[&id], Ok(()));
+}
+
+#[test]
+fn short_answers_are_accepted_when_complete() {
+    // A write answer is only the headers; veth does not pad it to 60 bytes.
+    let mut target = FakeTarget::new(8);
+    let mut h = Harness::new(config(2, 2));
+    let id = h.submit(Plan::write(0, 1), vec![1; SECTOR_SIZE]);
+    let frames = h.transmit();
+    let answer = target.answer(&frames[0].1, TARGET);
+    assert_eq!(h.receive(0, &answer[..ATA_HEADER_LEN]), Handled::Answered);
+    assert_eq!(h.results[&id], Ok(()));
+}
+
+#[test]
+fn ata_errors_fail_the_request_and_forget_its_frames() {
+    let mut target = FakeTarget::new(8);
+    let mut h = Harness::new(config(8, 1));
+    // Sectors 6..10: the last two are beyond the end.
+    let id = h.read(6, 4);
+    let frames = h.transmit();
+    assert_eq!(frames.len(), 4);
+    let answers: Vec<Vec<u8>> = frames
+        .iter()
+        .map(|(_, f)| target.answer(f, TARGET))
+        .collect();
+    assert!(matches!(h.receive(0, &answers[0]), Handled::Read { .. }));
+    assert_eq!(h.receive(0, &answers[2]), Handled::Answered);
+    assert_eq!(
+        h.results[&id],
+        Err(Fault::Ata {
+            status: ata::STATUS_DRDY | ata::STATUS_ERR,
+            error: ata::ERROR_IDNF
+        })
+    );
+    // The other frames were forgotten.
+    assert_eq!(h.session.in_flight(), 0);
+    assert_eq!(
+        h.receive(0, &answers[1]),
+        Handled::Ignored(Ignore::UnknownTag)
+    );
+    assert_eq!(
+        h.receive(0, &answers[3]),
+        Handled::Ignored(Ignore::UnknownTag)
+    );
+    assert!(h.advance(Duration::from_secs(20)).is_empty());
+}
+
+#[test]
+fn aoe_errors_fail_the_request() {
+    let mut target = FakeTarget::new(8);
+    target.aoe_error = Some(3);
+    let mut h = Harness::new(config(8, 2));
+    let id = h.submit(Plan::write(0, 4), vec![0; 4 * SECTOR_SIZE]);
+    h.run(&mut target);
+    assert_eq!(h.results[&id], Err(Fault::Aoe { code: 3 }));
+    assert_eq!(h.session.requests(), 0);
+}
+
+#[test]
+fn malformed_answers_fail_the_request() {
+    let mut target = FakeTarget::new(8);
+    let mut h = Harness::new(config(8, 2));
+    let short = h.read(0, 2);
+    let frames = h.transmit();
+    let answer = target.answer(&frames[0].1, TARGET);
+    assert_eq!(
+        h.receive(0, &answer[..ATA_HEADER_LEN + 600]),
+        Handled::Answered
+    );
+    assert!(
+        matches!(&h.results[&short], Err(Fault::Malformed(m)) if m.contains("600")),
+        "{:?}",
+        h.results[&short]
+    );
+
+    let count = h.read(0, 2);
+    let frames = h.transmit();
+    let mut answer = target.answer(&frames[0].1, TARGET);
+    answer[HEADER_COUNT_AT] = 1;
+    assert_eq!(h.receive(0, &answer), Handled::Answered);
+    assert!(matches!(&h.results[&count], Err(Fault::Malformed(_))));
+
+    // Echoing the count is as good as counting it down.
+    let echo = h.read(0, 2);
+    let frames = h.transmit();
+    let mut answer = target.answer(&frames[0].1, TARGET);
+    answer[HEADER_COUNT_AT] = 2;
+    assert!(matches!(h.receive(0, &answer), Handled::Read { .. }));
+    assert_eq!(h.results[&echo], Ok(()));
+}
+
+/// Offset of the ATA sector count in a frame.
+const HEADER_COUNT_AT: usize = 26;
+
+#[test]
+fn silent_targets_time_out_with_back_off() {
+    let mut h = Harness::new(config(4, 2));
+    let id = h.read(0, 2);
+    let queued = h.read(10, 2);
+    let first = h.transmit();
+    assert_eq!(first.len(), 2);
+    let start = h.now;
+    let rto = h.session.rtt().rto();
+    assert!(h.advance(rto / 2).is_empty());
+    let mut gaps = Vec::new();
+    let mut last = start;
+    let mut tags = vec![Header::parse(&first[0].1).unwrap().0.tag];
+    while h.results.is_empty() {
+        let sent = h.advance(100 * US);
+        if let Some((_, frame)) = sent.first() {
+            gaps.push(h.now - last);
+            last = h.now;
+            tags.push(Header::parse(frame).unwrap().0.tag);
+        }
+        assert!(h.now < start + Duration::from_secs(11));
+    }
+    // Each retransmission waits about twice as long as the one before, up to 1 s,
+    // and has a new tag in the same slot.
+    assert!(gaps.len() > 8, "{gaps:?}");
+    for pair in gaps.windows(2).take(6) {
+        let ratio = pair[1].as_secs_f64() / pair[0].as_secs_f64();
+        assert!((1.6..2.5).contains(&ratio), "{gaps:?}");
+    }
+    assert!(gaps.iter().all(|gap| *gap <= Duration::from_millis(1001)));
+    let slots: Vec<usize> = tags.iter().map(|t| split_tag(*t).1).collect();
+    assert!(slots.iter().all(|s| *s == slots[0]));
+    let mut unique = tags.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), tags.len());
+    // Both requests fail after the timeout, within a few milliseconds of it.
+    for request in [id, queued] {
+        match &h.results[&request] {
+            Err(Fault::TimedOut {
+                waited,
+                retransmits,
+                silent: true,
+            }) => {
+                assert!(*waited >= Duration::from_secs(10));
+                assert!(*waited < Duration::from_millis(10_010));
+                assert!(*retransmits > 8);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(h.session.in_flight(), 0);
+    assert_eq!(h.session.stats().timeouts, 2);
+}
+
+#[test]
+fn one_lost_frame_times_out_alone_while_others_are_answered() {
+    let mut target = FakeTarget::new(64);
+    let mut h = Harness::new(config(4, 1));
+    let start = h.now;
+    let doomed = h.read(0, 1);
+    assert_eq!(h.transmit().len(), 1, "sent, and lost");
+    let mut others = Vec::new();
+    while !h.results.contains_key(&doomed) {
+        assert!(h.now < start + Duration::from_secs(11));
+        others.push(h.read(8, 1));
+        let mut frames = h.transmit();
+        frames.extend(h.advance(50 * MS));
+        for (socket, frame) in frames {
+            let (_, body) = Header::parse(&frame).unwrap();
+            if AtaArgs::parse(body).unwrap().0.lba == 0 {
+                continue; // every transmission of the doomed frame is lost
+            }
+            let answer = target.answer(&frame, TARGET);
+            h.receive(socket, &answer);
+        }
+    }
+    assert!(h.now >= start + Duration::from_secs(10));
+    match &h.results[&doomed] {
+        Err(Fault::TimedOut {
+            silent: false,
+            retransmits,
+            ..
+        }) => assert!(*retransmits > 5),
+        other => panic!("{other:?}"),
+    }
+    assert!(others.iter().all(|id| h.results.get(id) == Some(&Ok(()))));
+}
+
+#[test]
+fn retransmissions_take_the_next_path() {
+    let mut cfg = config(4, 1);
+    cfg.paths = vec![path(0, INITIATOR, TARGET), path(1, INITIATOR_2, TARGET_2)];
+    let mut h = Harness::new(cfg);
+    let mut target = FakeTarget::new(64);
+    let id = h.read(0, 4);
+    let frames = h.transmit();
+    // Round-robin over both paths, each with its own addresses.
+    let sockets: Vec<usize> = frames.iter().map(|(s, _)| *s).collect();
+    assert_eq!(sockets, [0, 1, 0, 1]);
+    for (socket, frame) in &frames {
+        let (header, _) = Header::parse(frame).unwrap();
+        let expected = if *socket == 0 {
+            (TARGET, INITIATOR)
+        } else {
+            (TARGET_2, INITIATOR_2)
+        };
+        assert_eq!((header.dst, header.src), expected);
+    }
+    let again = h.advance(Duration::from_millis(200));
+    let sockets: Vec<usize> = again.iter().map(|(s, _)| *s).collect();
+    assert_eq!(sockets, [1, 0, 1, 0]);
+    for (socket, frame) in &again {
+        let mac = if *socket == 0 { TARGET } else { TARGET_2 };
+        let answer = target.answer(frame, mac);
+        assert!(matches!(h.receive(*socket, &answer), Handled::Read { .. }));
+    }
+    assert_eq!(h.results[&id], Ok(()));
+}
+
+#[test]
+fn loss_halves_the_window_and_answers_grow_it_back() {
+    let mut target = FakeTarget::new(256);
+    let mut h = Harness::new(config(16, 1));
+    h.read(0, 32);
+    let frames = h.transmit();
+    assert_eq!(frames.len(), 16);
+    let again = h.advance(Duration::from_millis(200));
+    assert_eq!(again.len(), 16);
+    assert_eq!(h.session.cwnd(), 8.0);
+    for (socket, frame) in &again {
+        let answer = target.answer(frame, TARGET);
+        h.receive(*socket, &answer);
+    }
+    // Only about half a window goes out now.
+    let cwnd = h.session.cwnd();
+    assert!((8.0..11.0).contains(&cwnd), "{cwnd}");
+    let frames = h.transmit();
+    assert_eq!(frames.len(), cwnd as usize);
+    for (socket, frame) in &frames {
+        let answer = target.answer(frame, TARGET);
+        h.receive(*socket, &answer);
+    }
+    h.run(&mut target);
+    for _ in 0..10 {
+        h.read(0, 64);
+        h.run(&mut target);
+    }
+    assert_eq!(h.session.cwnd(), 16.0);
+}
+
+#[test]
+fn close_fails_everything_and_refuses_more() {
+    let mut h = Harness::new(config(2, 1));
+    let sent = h.read(0, 4);
+    let queued = h.read(10, 1);
+    assert_eq!(h.transmit().len(), 2);
+    h.session.close(&mut h.out);
+    h.collect();
+    assert_eq!(h.results[&sent], Err(Fault::Closed));
+    assert_eq!(h.results[&queued], Err(Fault::Closed));
+    let late = h.read(0, 1);
+    assert_eq!(h.results[&late], Err(Fault::Closed));
+    assert!(h.transmit().is_empty());
+    assert_eq!(h.session.in_flight(), 0);
+}
+
+/// A deterministic xorshift generator, so a failing run can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+}
+
+#[test]
+fn a_lossy_duplicating_reordering_link_still_delivers_every_byte() {
+    for seed in 1..=8u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut target = FakeTarget::new(512);
+        let mut cfg = config(8, 3);
+        cfg.timeout = Duration::from_secs(30);
+        let mut h = Harness::new(cfg);
+        let mut expected = target.disk.clone();
+        // Writes one at a time (each spread over many frames), so the result is
+        // defined; then every read at once.
+        for _ in 0..12 {
+            let lba = rng.next() % 400;
+            let sectors = 1 + rng.next() % 100;
+            let data: Vec<u8> = (0..sectors as usize * SECTOR_SIZE)
+                .map(|_| rng.next() as u8)
+                .collect();
+            let at = lba as usize * SECTOR_SIZE;
+            expected[at..at + data.len()].copy_from_slice(&data);
+            let id = h.submit(Plan::write(lba, sectors), data);
+            let mut frames = h.transmit();
+            drive_lossy(&mut h, &mut target, &mut rng, &mut frames);
+            assert_eq!(h.results.get(&id), Some(&Ok(())), "seed {seed} write {id}");
+        }
+        assert!(target.disk == expected, "seed {seed}: the disk differs");
+        let mut reads = Vec::new();
+        for _ in 0..30 {
+            let lba = rng.next() % 400;
+            let sectors = 1 + rng.next() % 100;
+            reads.push((h.read(lba, sectors), lba));
+        }
+        let mut frames = h.transmit();
+        drive_lossy(&mut h, &mut target, &mut rng, &mut frames);
+        for (id, lba) in reads {
+            assert_eq!(h.results.get(&id), Some(&Ok(())), "seed {seed} read {id}");
+            let at = lba as usize * SECTOR_SIZE;
+            let buffer = &h.buffers[&id];
+            assert!(
+                buffer[..] == expected[at..at + buffer.len()],
+                "seed {seed}: read {id} differs"
+            );
+        }
+        let stats = h.session.stats();
+        assert!(stats.retransmits > 0 && stats.ignored > 0, "{stats:?}");
+        assert_eq!(h.session.in_flight(), 0);
+    }
+}
+
+/// Runs the link until the session is idle: each frame is lost with 10 %
+/// probability, duplicated with 10 %, and answers arrive in shuffled batches.
+fn drive_lossy(
+    h: &mut Harness,
+    target: &mut FakeTarget,
+    rng: &mut Rng,
+    frames: &mut Vec<(usize, Vec<u8>)>,
+) {
+    let mut rounds = 0;
+    while h.session.requests() > 0 {
+        rounds += 1;
+        assert!(rounds < 100_000, "no progress");
+        let mut answers = Vec::new();
+        for (socket, frame) in frames.drain(..) {
+            if rng.chance(10) {
+                continue;
+            }
+            let answer = target.answer(&frame, TARGET);
+            if rng.chance(10) {
+                answers.push((socket, answer.clone()));
+            }
+            if !rng.chance(10) {
+                answers.push((socket, answer));
+            }
+        }
+        for i in (1..answers.len()).rev() {
+            let j = (rng.next() % (i as u64 + 1)) as usize;
+            answers.swap(i, j);
+        }
+        h.now += 20 * US;
+        for (socket, answer) in &answers {
+            h.receive(*socket, answer);
+        }
+        frames.extend(h.transmit());
+        if frames.is_empty() {
+            let wait = h
+                .session
+                .next_timeout()
+                .map_or(MS, |due| due.saturating_duration_since(h.now));
+            frames.extend(h.advance(wait));
+        }
+    }
+}
