@@ -353,6 +353,8 @@ struct InFlight {
     first_generation: u32,
     first_sent: Instant,
     sent_at: Instant,
+    /// Order of the latest transmission among all transmissions.
+    sent_seq: u64,
     deadline: Instant,
     retries: u32,
     path: usize,
@@ -384,6 +386,11 @@ pub struct Session<R> {
     /// Since when frames have been outstanding without any answer.
     waiting_since: Option<Instant>,
     next_deadline: Option<Instant>,
+    /// Transmissions so far (their order).
+    seq: u64,
+    /// When the last answer came, and the order of the latest transmission answered.
+    last_answer: Option<Instant>,
+    newest_answered_seq: u64,
     closed: bool,
     stats: Stats,
 }
@@ -421,6 +428,9 @@ impl<R: Clone> Session<R> {
             next_path: 0,
             waiting_since: None,
             next_deadline: None,
+            seq: 0,
+            last_answer: None,
+            newest_answered_seq: 0,
             closed: false,
             stats: Stats::default(),
         }
@@ -528,6 +538,7 @@ impl<R: Clone> Session<R> {
                 first_generation: generation,
                 first_sent: now,
                 sent_at: now,
+                sent_seq: self.next_seq(),
                 deadline,
                 retries: 0,
                 path,
@@ -538,6 +549,11 @@ impl<R: Clone> Session<R> {
             self.note_deadline(now + self.config.timeout);
             out.transmits.push(self.transmit(slot, false));
         }
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
     }
 
     fn note_deadline(&mut self, deadline: Instant) {
@@ -695,9 +711,11 @@ impl<R: Clone> Session<R> {
         }
 
         // Success.
+        self.last_answer = Some(now);
         if generation == current {
             self.rtt
                 .sample(now.saturating_duration_since(inflight.sent_at));
+            self.newest_answered_seq = self.newest_answered_seq.max(inflight.sent_seq);
         }
         self.cwnd = (self.cwnd + 1.0 / self.cwnd).min(self.slots.len() as f64);
         self.release_slot(slot);
@@ -805,7 +823,19 @@ impl<R: Clone> Session<R> {
                 expired.push((frame.request, frame.first_sent, frame.retries));
                 continue;
             }
-            if now >= frame.deadline {
+            let rto = self.rtt.rto();
+            let answering = self.last_answer.filter(|at| now < *at + rto);
+            if let Some(answered_at) =
+                answering.filter(|_| frame.sent_seq > self.newest_answered_seq)
+            {
+                if now >= frame.deadline {
+                    // The target is still answering frames sent before this one: it
+                    // is queued, not lost. Restart its timer from the last answer, as
+                    // TCP restarts its timer when an acknowledgement arrives.
+                    frame.deadline = answered_at + rto;
+                    self.slots[slot].frame = Some(frame);
+                }
+            } else if now >= frame.deadline {
                 // Lost (or slow): halve the window once per round trip.
                 if self.recover_until.is_none_or(|until| now >= until) {
                     self.cwnd = (self.cwnd / 2.0).max(1.0);
@@ -813,6 +843,7 @@ impl<R: Clone> Session<R> {
                 }
                 frame.retries += 1;
                 frame.sent_at = now;
+                frame.sent_seq = self.next_seq();
                 frame.deadline = now + self.rtt.backoff(frame.retries);
                 frame.path = (frame.path + 1) % self.config.paths.len();
                 self.slots[slot].generation = (self.slots[slot].generation + 1) & GEN_MASK;

@@ -667,6 +667,53 @@ fn one_lost_frame_times_out_alone_while_others_are_answered() {
 }
 
 #[test]
+fn frames_queued_behind_answered_ones_are_not_retransmitted() {
+    // A target working through a full window in order, slower than the RTO per
+    // frame of the queue: the frames behind are waiting, not lost.
+    let mut target = FakeTarget::new(64);
+    let mut h = Harness::new(config(16, 1));
+    let id = h.read(0, 16);
+    let frames = h.transmit();
+    assert_eq!(frames.len(), 16);
+    let rto = h.session.rtt().rto();
+    for (socket, frame) in &frames {
+        assert!(h.advance(rto * 2 / 3).is_empty(), "spurious retransmission");
+        let answer = target.answer(frame, TARGET);
+        h.receive(*socket, &answer);
+    }
+    assert_eq!(h.results[&id], Ok(()));
+    assert_eq!(h.session.stats().retransmits, 0);
+
+    // When a frame sent later is answered first, the earlier one was lost.
+    let id = h.read(0, 2);
+    let frames = h.transmit();
+    let answer = target.answer(&frames[1].1, TARGET);
+    h.receive(0, &answer);
+    let again = h.advance(h.session.rtt().rto());
+    assert_eq!(again.len(), 1);
+    let answer = target.answer(&again[0].1, TARGET);
+    h.receive(0, &answer);
+    assert_eq!(h.results[&id], Ok(()));
+
+    // And when the target stops answering altogether, everything is retransmitted.
+    let id = h.read(0, 3);
+    let frames = h.transmit();
+    let answer = target.answer(&frames[0].1, TARGET);
+    h.receive(0, &answer);
+    let mut again = Vec::new();
+    for _ in 0..2 {
+        // The second round is within the doubled timeout: nothing more.
+        again.extend(h.advance(h.session.rtt().rto()));
+    }
+    assert_eq!(again.len(), 2, "both unanswered frames, once");
+    for (socket, frame) in &again {
+        let answer = target.answer(frame, TARGET);
+        h.receive(*socket, &answer);
+    }
+    assert_eq!(h.results[&id], Ok(()));
+}
+
+#[test]
 fn retransmissions_take_the_next_path() {
     let mut cfg = config(4, 1);
     cfg.paths = vec![path(0, INITIATOR, TARGET), path(1, INITIATOR_2, TARGET_2)];
