@@ -360,6 +360,19 @@ struct InFlight {
     path: usize,
 }
 
+/// What one path has been doing.
+#[derive(Debug, Clone, Copy, Default)]
+struct PathState {
+    /// Timeouts since its last answer; with [`PATH_FAILURES`] or more the path is
+    /// avoided for new frames (but probed now and then).
+    failures: u32,
+    /// When it last carried an answer.
+    last_answer: Option<Instant>,
+    /// The order of the latest transmission answered on it: targets answer a path's
+    /// frames in order, so frames sent after that one are queued, not lost.
+    newest_answered_seq: u64,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     generation: u32,
@@ -383,14 +396,15 @@ pub struct Session<R> {
     /// No further halving before this time (once per round trip).
     recover_until: Option<Instant>,
     next_path: usize,
+    /// What each path has been doing.
+    path_state: Vec<PathState>,
+    /// When a new frame last went to an avoided path, to see whether it recovered.
+    last_probe: Option<Instant>,
     /// Since when frames have been outstanding without any answer.
     waiting_since: Option<Instant>,
     next_deadline: Option<Instant>,
     /// Transmissions so far (their order).
     seq: u64,
-    /// When the last answer came, and the order of the latest transmission answered.
-    last_answer: Option<Instant>,
-    newest_answered_seq: u64,
     closed: bool,
     stats: Stats,
 }
@@ -406,6 +420,7 @@ impl<R: Clone> Session<R> {
             };
             window
         ];
+        let paths = config.paths.len();
         let mut rtt = RttEstimator::new();
         if let Some(sample) = config.initial_rtt {
             rtt.sample(sample);
@@ -426,11 +441,11 @@ impl<R: Clone> Session<R> {
             cwnd: window as f64,
             recover_until: None,
             next_path: 0,
+            path_state: vec![PathState::default(); paths],
+            last_probe: None,
             waiting_since: None,
             next_deadline: None,
             seq: 0,
-            last_answer: None,
-            newest_answered_seq: 0,
             closed: false,
             stats: Stats::default(),
         }
@@ -529,8 +544,7 @@ impl<R: Clone> Session<R> {
             }
             let generation = (self.slots[slot].generation + 1) & GEN_MASK;
             self.slots[slot].generation = generation;
-            let path = self.next_path;
-            self.next_path = (path + 1) % self.config.paths.len();
+            let path = self.pick_path(now);
             let deadline = now + self.rtt.backoff(0);
             self.slots[slot].frame = Some(InFlight {
                 request: key,
@@ -549,6 +563,38 @@ impl<R: Clone> Session<R> {
             self.note_deadline(now + self.config.timeout);
             out.transmits.push(self.transmit(slot, false));
         }
+    }
+
+    fn healthy(&self, path: usize) -> bool {
+        self.path_state[path].failures < PATH_FAILURES
+    }
+
+    /// The path for a new frame: round-robin over healthy paths; once per
+    /// [`PROBE_INTERVAL`], or when none is healthy, plain round-robin, so a path that
+    /// recovers is noticed.
+    fn pick_path(&mut self, now: Instant) -> usize {
+        let count = self.config.paths.len();
+        let start = self.next_path;
+        let mut path = (0..count)
+            .map(|i| (start + i) % count)
+            .find(|&p| self.healthy(p))
+            .unwrap_or(start);
+        if path != start && self.last_probe.is_none_or(|at| now >= at + PROBE_INTERVAL) {
+            self.last_probe = Some(now);
+            path = start;
+        }
+        self.next_path = (path + 1) % count;
+        path
+    }
+
+    /// The path for a retransmission: the next healthy one after `path`, else the
+    /// next one.
+    fn other_path(&self, path: usize) -> usize {
+        let count = self.config.paths.len();
+        (1..=count)
+            .map(|i| (path + i) % count)
+            .find(|&p| self.healthy(p))
+            .unwrap_or((path + 1) % count)
     }
 
     fn next_seq(&mut self) -> u64 {
@@ -644,20 +690,21 @@ impl<R: Clone> Session<R> {
         {
             return Handled::Ignored(Ignore::UnknownTag);
         }
-        let from_target = self
-            .config
-            .paths
-            .iter()
-            .any(|p| p.socket == socket && p.target == header.src && p.local == header.dst);
-        if !from_target {
+        let Some(path) =
+            self.config.paths.iter().position(|p| {
+                p.socket == socket && p.target == header.src && p.local == header.dst
+            })
+        else {
             return Handled::Ignored(Ignore::WrongPath);
-        }
+        };
         if header.shelf != self.config.shelf || header.slot != self.config.slot {
             return Handled::Ignored(Ignore::WrongTarget);
         }
 
         // The answer is ours: from here on it completes or fails its frame.
         self.stats.answers += 1;
+        self.path_state[path].failures = 0;
+        self.path_state[path].last_answer = Some(now);
         self.waiting_since = Some(now);
         let key = inflight.request;
         if header.error != 0 {
@@ -711,11 +758,11 @@ impl<R: Clone> Session<R> {
         }
 
         // Success.
-        self.last_answer = Some(now);
         if generation == current {
             self.rtt
                 .sample(now.saturating_duration_since(inflight.sent_at));
-            self.newest_answered_seq = self.newest_answered_seq.max(inflight.sent_seq);
+            let state = &mut self.path_state[path];
+            state.newest_answered_seq = state.newest_answered_seq.max(inflight.sent_seq);
         }
         self.cwnd = (self.cwnd + 1.0 / self.cwnd).min(self.slots.len() as f64);
         self.release_slot(slot);
@@ -824,14 +871,16 @@ impl<R: Clone> Session<R> {
                 continue;
             }
             let rto = self.rtt.rto();
-            let answering = self.last_answer.filter(|at| now < *at + rto);
+            let on_path = self.path_state[frame.path];
+            let answering = on_path.last_answer.filter(|at| now < *at + rto);
             if let Some(answered_at) =
-                answering.filter(|_| frame.sent_seq > self.newest_answered_seq)
+                answering.filter(|_| frame.sent_seq > on_path.newest_answered_seq)
             {
                 if now >= frame.deadline {
-                    // The target is still answering frames sent before this one: it
-                    // is queued, not lost. Restart its timer from the last answer, as
-                    // TCP restarts its timer when an acknowledgement arrives.
+                    // The target is still answering frames sent on this path before
+                    // this one: it is queued, not lost. Restart its timer from the last
+                    // answer, as TCP restarts its timer when an acknowledgement
+                    // arrives.
                     frame.deadline = answered_at + rto;
                     self.slots[slot].frame = Some(frame);
                 }
@@ -845,7 +894,9 @@ impl<R: Clone> Session<R> {
                 frame.sent_at = now;
                 frame.sent_seq = self.next_seq();
                 frame.deadline = now + self.rtt.backoff(frame.retries);
-                frame.path = (frame.path + 1) % self.config.paths.len();
+                let failures = &mut self.path_state[frame.path].failures;
+                *failures = failures.saturating_add(1);
+                frame.path = self.other_path(frame.path);
                 self.slots[slot].generation = (self.slots[slot].generation + 1) & GEN_MASK;
                 self.slots[slot].frame = Some(frame);
                 out.transmits.push(self.transmit(slot, true));
@@ -887,6 +938,10 @@ impl<R: Clone> Session<R> {
 
 /// ATA status: device fault.
 const STATUS_DF: u8 = 0x20;
+/// Timeouts in a row after which a path is avoided.
+const PATH_FAILURES: u32 = 3;
+/// How often a new frame goes to an avoided path, to see whether it recovered.
+const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Appends the frame of `transmit` to `out`: header, ATA arguments, the bytes
 /// `source[transmit.data]` (writes), zero padding to the Ethernet minimum. Returns

@@ -745,6 +745,53 @@ fn retransmissions_take_the_next_path() {
 }
 
 #[test]
+fn a_dead_path_is_avoided_and_probed() {
+    let mut cfg = config(8, 1);
+    cfg.paths = vec![path(0, INITIATOR, TARGET), path(1, INITIATOR_2, TARGET_2)];
+    let mut h = Harness::new(cfg);
+    let mut target = FakeTarget::new(64);
+    // Path 0 loses everything: requests still complete, through path 1.
+    let mut sent_on_0 = Vec::new();
+    for round in 0..100 {
+        let id = h.read(round % 32, 2);
+        let mut on_0 = 0;
+        let mut frames = h.transmit();
+        while !h.results.contains_key(&id) {
+            for (socket, frame) in std::mem::take(&mut frames) {
+                if socket == 0 {
+                    on_0 += 1;
+                    continue;
+                }
+                let answer = target.answer(&frame, TARGET_2);
+                h.receive(1, &answer);
+            }
+            let wait = h.session.next_timeout().unwrap() - h.now;
+            frames = h.advance(wait);
+        }
+        assert_eq!(h.results[&id], Ok(()));
+        sent_on_0.push(on_0);
+    }
+    // After the first few rounds, only probes go to path 0.
+    let later: usize = sent_on_0[10..].iter().sum();
+    assert!(sent_on_0[..3].iter().sum::<usize>() >= 3, "{sent_on_0:?}");
+    assert!(later <= 4, "{sent_on_0:?}");
+    // Path 0 answers again: once a probe gets through, it takes its share again.
+    let mut on_0 = 0;
+    for round in 0..100 {
+        h.now += 5 * MS;
+        let id = h.read(round % 32, 2);
+        for (socket, frame) in h.transmit() {
+            let mac = if socket == 0 { TARGET } else { TARGET_2 };
+            on_0 += usize::from(socket == 0);
+            let answer = target.answer(&frame, mac);
+            h.receive(socket, &answer);
+        }
+        assert_eq!(h.results[&id], Ok(()));
+    }
+    assert!(on_0 >= 60, "{on_0} of 200 frames on path 0");
+}
+
+#[test]
 fn loss_halves_the_window_and_answers_grow_it_back() {
     let mut target = FakeTarget::new(256);
     let mut h = Harness::new(config(16, 1));
