@@ -2,6 +2,7 @@
 //! programs: start a server on a free port, wait for it, stop it by PID, and skip a
 //! test (saying why) when a peer program is missing.
 
+pub mod aoe;
 pub mod netns;
 
 use std::io::{BufRead, BufReader};
@@ -93,7 +94,40 @@ impl Served {
 
     /// Spawns the server and reads its announcement (`  nbd://127.0.0.1:PORT/...`)
     /// for the port; keeps draining its stdout afterwards.
-    fn spawn_announced(mut command: Command, name: &str) -> Served {
+    fn spawn_announced(command: Command, name: &str) -> Served {
+        Served::spawn_until(command, name, |line| {
+            line.trim()
+                .strip_prefix("nbd://127.0.0.1:")
+                .and_then(|rest| rest.split('/').next())
+                .and_then(|port| port.parse::<u16>().ok())
+        })
+    }
+
+    /// Spawns `command` (a `blockwire serve ...`, possibly run through `ip netns
+    /// exec`) and waits until it prints "press Ctrl-C to stop": all its targets are up.
+    /// `port` is then 0 unless it also announced an NBD port.
+    pub fn spawn_ready(command: Command, name: &str) -> Served {
+        let mut port = 0;
+        Served::spawn_until(command, name, move |line| {
+            if let Some(p) = line
+                .trim()
+                .strip_prefix("nbd://127.0.0.1:")
+                .and_then(|rest| rest.split('/').next())
+                .and_then(|p| p.parse::<u16>().ok())
+            {
+                port = p;
+            }
+            line.contains("press Ctrl-C to stop").then_some(port)
+        })
+    }
+
+    /// Spawns the server and feeds its stdout lines to `ready` until that returns
+    /// the port; keeps draining its stdout afterwards.
+    fn spawn_until(
+        mut command: Command,
+        name: &str,
+        mut ready: impl FnMut(&str) -> Option<u16> + Send + 'static,
+    ) -> Served {
         let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -102,14 +136,8 @@ impl Served {
         let stdout = child.stdout.take().expect("piped stdout");
         let (found, port) = mpsc::channel();
         std::thread::spawn(move || {
-            let prefix = "nbd://127.0.0.1:";
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let port = line
-                    .trim()
-                    .strip_prefix(prefix)
-                    .and_then(|rest| rest.split('/').next())
-                    .and_then(|port| port.parse::<u16>().ok());
-                if let Some(port) = port {
+                if let Some(port) = ready(&line) {
                     let _ = found.send(port);
                 }
             }
@@ -123,7 +151,7 @@ impl Served {
             Err(e) => {
                 let _ = child.kill();
                 let status = child.wait();
-                panic!("{command:?} did not announce a TCP port ({e}); exit status {status:?}");
+                panic!("{command:?} did not come up ({e}); exit status {status:?}");
             }
         }
     }
