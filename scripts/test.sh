@@ -12,6 +12,7 @@ peers=(
   qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils
   fio:fio nbdkit:nbdkit nbd-server:nbd-server
   bon_csv2txt:bonnie++ mkfs.ext4:e2fsprogs
+  ip:iproute2 vblade:vblade aoe-sancheck:aoetools aoeping:aoetools tshark:tshark
 )
 missing=()
 for pair in "${peers[@]}"; do
