@@ -137,7 +137,9 @@ pub fn run(request: &RunRequest, note: &mut dyn FnMut(&str)) -> Result<RunReport
 
     match TargetSpec::parse(&request.target) {
         TargetSpec::Remote(remote) => {
-            if config.wants(Workload::Network) {
+            if config.wants(Workload::Network) && remote.scheme == "aoe" {
+                note("network: skipped (AoE is layer 2: there is no IP host for iperf3)");
+            } else if config.wants(Workload::Network) {
                 let time = config.phase_time.max(Duration::from_secs(1));
                 match network::measure(&remote.host, request.iperf_port, time) {
                     network::Outcome::Measured(result) => {

@@ -156,7 +156,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.block_size == 0 {
         bail!("--block-size must be larger than 0");
     }
-    let remote = matches!(Target::parse(&target), Ok(Target::Nbd(_)));
+    let remote = Target::parse(&target).is_ok_and(|t| t.is_remote());
     let defaults = BenchConfig::default();
     let config = BenchConfig {
         workloads: args.workload.clone().map(|w| w.0).unwrap_or_default(),
@@ -170,7 +170,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         progress: std::io::stderr().is_terminal(),
         ..defaults
     };
-    // An NBD URI is opened through our initiator; the storage workloads run on it.
+    // A URI is opened through our initiator; the storage workloads run on it.
     let remote_device = if remote {
         Some(open(&Target::parse(&target)?, false, args.connections)?)
     } else {

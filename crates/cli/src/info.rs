@@ -15,11 +15,12 @@ use clap::Args;
 
 #[derive(Args, Debug)]
 pub struct InfoArgs {
-    /// The export: nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH.
+    /// The export: nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH or
+    /// aoe://IFACE[,IFACE]/eSHELF.SLOT (with --list, aoe://IFACE is enough).
     pub uri: String,
 
     /// List the server's exports with their descriptions (the URI's export name is
-    /// ignored).
+    /// ignored); for aoe://, every target that answers on the interfaces.
     #[arg(long, conflicts_with = "map")]
     pub list: bool,
 
@@ -33,6 +34,12 @@ pub struct InfoArgs {
 }
 
 pub fn run(args: InfoArgs) -> Result<()> {
+    if args.uri.starts_with("aoe://") {
+        if args.map {
+            bail!("--map needs NBD's block status; AoE has no allocation map");
+        }
+        return crate::info_aoe::run(&args.uri, args.list, args.json);
+    }
     let uri: NbdUri = args.uri.parse().map_err(|e| anyhow!("{e}"))?;
     let text = if args.list {
         let exports = list_exports(&uri).map_err(|e| anyhow!("{e}"))?;

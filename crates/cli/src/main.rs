@@ -5,6 +5,7 @@ mod config;
 mod copy;
 mod demo;
 mod info;
+mod info_aoe;
 mod open;
 mod serve;
 

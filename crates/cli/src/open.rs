@@ -1,11 +1,13 @@
-//! Opening what a command names: a path (`/srv/disk.img`, `file:///srv/disk.img`) or
-//! an NBD URI (`nbd://host[:port]/export`, `nbd+unix:///export?socket=PATH`).
+//! Opening what a command names: a path (`/srv/disk.img`, `file:///srv/disk.img`), an
+//! NBD URI (`nbd://host[:port]/export`, `nbd+unix:///export?socket=PATH`) or an AoE
+//! URI (`aoe://eth0/e1.2`, `aoe://eth0,eth1/e1.2`).
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
+use blockwire_aoe::initiator::{AoeClient, AoeOptions, AoeUri};
 use blockwire_blockdev::{Device, FileDevice, FileOptions};
 use blockwire_nbd::client::{ClientOptions, NbdClient, NbdUri};
 
@@ -14,6 +16,7 @@ use blockwire_nbd::client::{ClientOptions, NbdClient, NbdUri};
 pub enum Target {
     Path(PathBuf),
     Nbd(NbdUri),
+    Aoe(AoeUri),
 }
 
 impl Target {
@@ -22,11 +25,15 @@ impl Target {
             let uri: NbdUri = spec.parse().map_err(|e| anyhow!("{e}"))?;
             return Ok(Target::Nbd(uri));
         }
+        if spec.starts_with("aoe://") {
+            let uri: AoeUri = spec.parse().map_err(|e| anyhow!("{e}"))?;
+            return Ok(Target::Aoe(uri));
+        }
         if let Some(path) = spec.strip_prefix("file://") {
             return Ok(Target::Path(PathBuf::from(path)));
         }
         if spec.contains("://") {
-            bail!("'{spec}': unknown URI scheme (expected a path, file://, nbd:// or nbd+unix://)");
+            bail!("'{spec}': unknown URI scheme (expected a path, file://, nbd://, nbd+unix:// or aoe://)");
         }
         Ok(Target::Path(PathBuf::from(spec)))
     }
@@ -48,6 +55,17 @@ pub fn open(target: &Target, read_only: bool, connections: usize) -> Result<Devi
             }
             Ok(device)
         }
+        Target::Aoe(uri) => {
+            let client = AoeClient::open(uri, AoeOptions::default()).map_err(|e| anyhow!("{e}"))?;
+            Ok(Device::new(Arc::new(client)))
+        }
+    }
+}
+
+impl Target {
+    /// Whether the target is reached over the network (an initiator).
+    pub fn is_remote(&self) -> bool {
+        !matches!(self, Target::Path(_))
     }
 }
 
@@ -106,6 +124,11 @@ mod tests {
             Target::parse("nbd+unix:///disk?socket=/tmp/s").unwrap(),
             Target::Nbd(_)
         ));
+        assert!(matches!(
+            Target::parse("aoe://eth0,eth1/e1.2").unwrap(),
+            Target::Aoe(_)
+        ));
+        assert!(Target::parse("aoe://eth0/1.2").is_err());
         assert!(Target::parse("iscsi://host/iqn.x/0").is_err());
     }
 }
