@@ -38,7 +38,7 @@ pub struct BenchArgs {
     pub block_size: u64,
 
     /// Requests in flight for the sequential workload (one thread each); default 1
-    /// on paths, 16 on NBD URIs.
+    /// on paths, 16 on URIs (nbd://, aoe://).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub queue_depth: Option<u32>,
 
@@ -58,6 +58,11 @@ pub struct BenchArgs {
     /// each sweep measurement (default 3, sweep 2).
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
     pub time: Option<Duration>,
+
+    /// Queue depths of the random workload, comma-separated [default: 1,4,16,64].
+    #[arg(long, value_name = "N[,N...]", value_delimiter = ',',
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub random_depths: Vec<u32>,
 
     /// Files for bonnie's create/stat/delete tests, in units of 1024 (bonnie++ -n).
     #[arg(long, value_name = "N", default_value_t = 16,
@@ -166,6 +171,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         phase_time: args.time.unwrap_or(defaults.phase_time),
         sweep_time: args.time.unwrap_or(defaults.sweep_time),
         files_k: args.files,
+        random_depths: if args.random_depths.is_empty() {
+            defaults.random_depths.clone()
+        } else {
+            args.random_depths.clone()
+        },
         target_pid: args.target_pid,
         progress: std::io::stderr().is_terminal(),
         ..defaults
