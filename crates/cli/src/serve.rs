@@ -13,7 +13,17 @@ use blockwire_nbd::{Export, ExportSet, Server, ServerConfig};
 use clap::Args;
 
 use crate::config::{AoeSection, Config, ExportSection};
-use crate::open::create_sparse;
+use crate::open::{create_sparse, open, Target};
+
+/// The remote target a PATH argument names, if it is a URI (nbd://, aoe://).
+fn remote_target(path: &Path) -> Result<Option<Target>> {
+    match path.to_str() {
+        Some(text) if text.contains("://") && !text.starts_with("file://") => {
+            Ok(Some(Target::parse(text)?).filter(Target::is_remote))
+        }
+        _ => Ok(None),
+    }
+}
 
 /// The NBD port registered with IANA.
 const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
@@ -22,8 +32,9 @@ const DEMO_SIZE: u64 = 1 << 30;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// File or block device to export. Without it (and without --config), serves a
-    /// 1 GiB in-memory demo export.
+    /// File or block device to export, or a remote device (nbd://..., aoe://...) to
+    /// serve again as a gateway. Without it (and without --config), serves a 1 GiB
+    /// in-memory demo export.
     pub path: Option<PathBuf>,
 
     /// Create PATH as a sparse file of this size if it does not exist (e.g. 4G).
@@ -196,6 +207,24 @@ fn export_from_args(args: &ServeArgs) -> Result<Export> {
                 args.description.clone()
             };
             Export::new(name, description, device)
+        }
+        Some(path) if remote_target(path)?.is_some() => {
+            // A gateway: a remote device (through our initiator) served again.
+            let target = remote_target(path)?.expect("checked above");
+            if args.size.is_some() || args.direct {
+                bail!(
+                    "--size and --direct apply to files, not to {}",
+                    path.display()
+                );
+            }
+            let device = open(&target, args.read_only, 1)?;
+            let device = if args.read_only {
+                device.read_only()
+            } else {
+                device
+            };
+            let name = args.name.clone().unwrap_or_else(|| "remote".into());
+            Export::new(name, args.description.clone(), device)
         }
         Some(path) => {
             let options = FileOptions {
