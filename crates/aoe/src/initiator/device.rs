@@ -429,7 +429,7 @@ impl AoeClient {
     fn check(&self, op: Op, offset: u64, len: usize) -> Result<(u64, u64)> {
         let len64 = len as u64;
         let sector = SECTOR_SIZE as u64;
-        if offset % sector != 0 || len64 % sector != 0 {
+        if !offset.is_multiple_of(sector) || !len64.is_multiple_of(sector) {
             return Err(Error::new(ErrorKind::Misaligned, op, offset, len64)
                 .with_detail("AoE moves 512-byte sectors"));
         }

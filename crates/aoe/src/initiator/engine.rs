@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-use super::session::{encode_transmit, Fault, Handled, Outputs, Plan, Session, Stats, Transmit};
+use super::session::{encode_transmit, Fault, Handled, Outputs, Plan, Session, Stats};
 use crate::rawsock::{RawSocket, RecvBatch};
 
 /// How long a receiver waits for frames while frames are outstanding: the timer's
@@ -34,6 +34,9 @@ const BUSY_TICK: Duration = Duration::from_millis(1);
 const IDLE_TICK: Duration = Duration::from_millis(20);
 /// Run the timer at least this often even when every batch comes in full.
 const TIMER_EVERY: Duration = Duration::from_millis(2);
+/// Frames polled and sent at once: a window of hundreds goes out in several
+/// `sendmmsg` calls, each stamped when it is built rather than all at the start.
+const CHUNK: usize = 32;
 
 /// One request's shared state: the lent buffer, the holds, the result, the waiter.
 pub(crate) struct Request {
@@ -115,6 +118,7 @@ struct Scratch {
     out: Outputs<Handle>,
     frames: Vec<u8>,
     ranges: Vec<Range<usize>>,
+    tags: Vec<u32>,
 }
 
 thread_local! {
@@ -178,13 +182,8 @@ impl Engine {
             {
                 let mut session = self.lock();
                 session.submit(request.clone(), plan, &mut scratch.out);
-                session.poll_transmits(Instant::now(), &mut scratch.out);
-                for transmit in &scratch.out.transmits {
-                    transmit.request.hold();
-                }
-                self.busy.store(session.in_flight() > 0, Ordering::Relaxed);
             }
-            self.dispatch(scratch);
+            self.fill(scratch);
         });
         request.wait();
         let fault = request
@@ -195,6 +194,26 @@ impl Engine {
         match fault {
             None => Ok(()),
             Some(fault) => Err(fault),
+        }
+    }
+
+    /// Sends frames while the window has room, in chunks of [`CHUNK`], each polled
+    /// (and so timestamped) just before it goes out.
+    fn fill(&self, scratch: &mut Scratch) {
+        loop {
+            let handed = {
+                let mut session = self.lock();
+                let handed = session.poll_transmits_up_to(Instant::now(), &mut scratch.out, CHUNK);
+                for transmit in &scratch.out.transmits {
+                    transmit.request.hold();
+                }
+                self.busy.store(session.in_flight() > 0, Ordering::Relaxed);
+                handed
+            };
+            self.dispatch(scratch);
+            if handed < CHUNK {
+                return;
+            }
         }
     }
 
@@ -211,22 +230,23 @@ impl Engine {
             }
             finished.request.release();
         }
-        if !scratch.out.transmits.is_empty() {
-            self.send(
-                &mut scratch.out.transmits,
-                &mut scratch.frames,
-                &mut scratch.ranges,
-            );
-        }
+        self.send(scratch);
     }
 
     /// Encodes and sends held transmits, one batch per socket, and releases them.
-    fn send(
-        &self,
-        transmits: &mut Vec<Transmit<Handle>>,
-        frames: &mut Vec<u8>,
-        ranges: &mut Vec<Range<usize>>,
-    ) {
+    fn send(&self, scratch: &mut Scratch) {
+        let Scratch {
+            out,
+            frames,
+            ranges,
+            tags,
+        } = scratch;
+        let transmits = &mut out.transmits;
+        if transmits.is_empty() {
+            return;
+        }
+        tags.clear();
+        tags.extend(transmits.iter().map(|t| t.header.tag));
         for (index, socket) in self.sockets.iter().enumerate() {
             frames.clear();
             ranges.clear();
@@ -256,6 +276,8 @@ impl Engine {
         for transmit in transmits.drain(..) {
             transmit.request.release();
         }
+        // Their timers start now that they are out.
+        self.lock().sent(Instant::now(), tags);
     }
 
     /// A receiver thread: answers in, data copied, window refilled, timer run.
@@ -292,6 +314,7 @@ impl Engine {
                 }
             };
             let now = Instant::now();
+            let handed;
             {
                 let mut session = self.lock();
                 for i in 0..received {
@@ -314,12 +337,14 @@ impl Engine {
                     session.handle_timeout(now, &mut scratch.out);
                     last_timer = now;
                 }
-                session.poll_transmits(now, &mut scratch.out);
+                handed = session.poll_transmits_up_to(now, &mut scratch.out, CHUNK);
                 for transmit in &scratch.out.transmits {
                     transmit.request.hold();
                 }
                 self.busy.store(session.in_flight() > 0, Ordering::Relaxed);
             }
+            // Refill the target's queue first, then copy what it sent.
+            self.send(&mut scratch);
             for (request, offset, i, data) in reads.drain(..) {
                 let frame = batch.frame(i);
                 // SAFETY: held since the session handed out this frame's range, which
@@ -328,6 +353,9 @@ impl Engine {
                 request.release();
             }
             self.dispatch(&mut scratch);
+            if handed == CHUNK {
+                self.fill(&mut scratch);
+            }
         }
     }
 

@@ -28,7 +28,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use super::rtt::RttEstimator;
+use super::rtt::{RttEstimator, RTO_MAX, RTO_MIN};
 use crate::wire::{
     ata, AtaArgs, Command, Header, MacAddr, ATA_HEADER_LEN, MIN_FRAME_LEN, SECTOR_SIZE,
 };
@@ -330,6 +330,11 @@ pub struct Stats {
     /// Frames handed out, retransmissions included.
     pub transmits: u64,
     pub retransmits: u64,
+    /// Retransmissions while the target answered nothing (probes of a stalled or
+    /// gone target); the rest were frames deemed lost while others were answered.
+    pub probes: u64,
+    /// Retransmissions that proved needless: the earlier transmission was answered.
+    pub needless: u64,
     /// Answers accepted.
     pub answers: u64,
     /// Frames ignored.
@@ -355,6 +360,10 @@ struct InFlight {
     sent_at: Instant,
     /// Order of the latest transmission among all transmissions.
     sent_seq: u64,
+    /// Order of the first transmission: the oldest frame is probed first.
+    first_seq: u64,
+    /// The last retransmission was because frames sent after it were answered.
+    reordered: bool,
     deadline: Instant,
     retries: u32,
     path: usize,
@@ -373,10 +382,22 @@ struct PathState {
     newest_answered_seq: u64,
 }
 
+/// What a late answer to a completed, retransmitted frame needs.
+#[derive(Debug, Clone, Copy)]
+struct Retransmitted {
+    first_generation: u32,
+    last_generation: u32,
+    first_sent: Instant,
+    reordered: bool,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     generation: u32,
     frame: Option<InFlight>,
+    /// The last frame completed here after retransmissions. A late answer to one of
+    /// its earlier transmissions shows the retransmission was needless.
+    retransmitted: Option<Retransmitted>,
 }
 
 /// The initiator's state for one target; see the module documentation.
@@ -393,6 +414,13 @@ pub struct Session<R> {
     /// Congestion window (frames): halved when a frame times out, grown by one per
     /// window of answers, never above the target's buffer count.
     cwnd: f64,
+    /// The window before the last halving, restored when that proves needless.
+    cwnd_before_loss: f64,
+    /// How long past its timer a frame may still be answered after frames sent
+    /// later were: 0 until the target is seen to reorder, then grown each time a
+    /// retransmission proves needless, halved after [`REORDER_DECAY`] answers without.
+    reorder_window: Duration,
+    answers_since_needless: u32,
     /// No further halving before this time (once per round trip).
     recover_until: Option<Instant>,
     next_path: usize,
@@ -417,6 +445,7 @@ impl<R: Clone> Session<R> {
             Slot {
                 generation: config.tag_seed & GEN_MASK,
                 frame: None,
+                retransmitted: None,
             };
             window
         ];
@@ -439,6 +468,9 @@ impl<R: Clone> Session<R> {
             in_flight: 0,
             rtt,
             cwnd: window as f64,
+            cwnd_before_loss: window as f64,
+            reorder_window: Duration::ZERO,
+            answers_since_needless: 0,
             recover_until: None,
             next_path: 0,
             path_state: vec![PathState::default(); paths],
@@ -467,6 +499,11 @@ impl<R: Clone> Session<R> {
 
     pub fn rtt(&self) -> &RttEstimator {
         &self.rtt
+    }
+
+    /// How long past its timer a frame may still be answered out of order.
+    pub fn reorder_window(&self) -> Duration {
+        self.reorder_window
     }
 
     /// The congestion window, in frames.
@@ -527,10 +564,24 @@ impl<R: Clone> Session<R> {
     /// Hands out frames of queued requests, oldest request first, while the window
     /// has room.
     pub fn poll_transmits(&mut self, now: Instant, out: &mut Outputs<R>) {
+        self.poll_transmits_up_to(now, out, usize::MAX);
+    }
+
+    /// Like [`poll_transmits`](Self::poll_transmits), but hands out at most `max`
+    /// frames; returns how many. A driver that sends a large window in chunks, each
+    /// polled just before it is sent, keeps the send times it reports honest.
+    pub fn poll_transmits_up_to(
+        &mut self,
+        now: Instant,
+        out: &mut Outputs<R>,
+        max: usize,
+    ) -> usize {
+        let mut handed = 0;
         while let Some(&key) = self.queue.front() {
-            if self.in_flight >= self.limit() {
+            if self.in_flight >= self.limit() || handed == max {
                 break;
             }
+            handed += 1;
             let Some(slot) = self.free.pop() else {
                 break;
             };
@@ -552,9 +603,11 @@ impl<R: Clone> Session<R> {
                 first_generation: generation,
                 first_sent: now,
                 sent_at: now,
-                sent_seq: self.next_seq(),
+                sent_seq: self.seq + 1,
+                first_seq: self.next_seq(),
                 deadline,
                 retries: 0,
+                reordered: false,
                 path,
             });
             self.in_flight += 1;
@@ -563,6 +616,7 @@ impl<R: Clone> Session<R> {
             self.note_deadline(now + self.config.timeout);
             out.transmits.push(self.transmit(slot, false));
         }
+        handed
     }
 
     fn healthy(&self, path: usize) -> bool {
@@ -600,6 +654,35 @@ impl<R: Clone> Session<R> {
     fn next_seq(&mut self) -> u64 {
         self.seq += 1;
         self.seq
+    }
+
+    /// Tells the session that the frames with these tags went out at `now` (after
+    /// `sendmmsg` returned): their timers and their place in the send order start
+    /// here rather than when they were handed out, which matters when the sending
+    /// thread was delayed in between, or two threads sent at once. Frames already
+    /// answered (or sent again since) are skipped. Optional: without it, frames
+    /// count as sent when handed out.
+    pub fn sent(&mut self, now: Instant, tags: &[u32]) {
+        for &tag in tags {
+            let (generation, slot) = split_tag(tag);
+            let Some(entry) = self.slots.get_mut(slot) else {
+                continue;
+            };
+            let Some(frame) = entry.frame.as_mut() else {
+                continue;
+            };
+            if entry.generation != generation & GEN_MASK {
+                continue;
+            }
+            self.seq += 1;
+            frame.sent_seq = self.seq;
+            if frame.retries == 0 {
+                frame.first_sent = now;
+                frame.first_seq = self.seq;
+            }
+            frame.sent_at = now;
+            frame.deadline = now + self.rtt.backoff(frame.retries);
+        }
     }
 
     fn note_deadline(&mut self, deadline: Instant) {
@@ -681,15 +764,27 @@ impl<R: Clone> Session<R> {
             return Handled::Ignored(Ignore::OtherCommand);
         }
         let (generation, slot) = split_tag(header.tag);
-        let Some(inflight) = self.slots.get(slot).and_then(|s| s.frame) else {
+        let Some(entry) = self.slots.get(slot) else {
             return Handled::Ignored(Ignore::UnknownTag);
         };
-        let current = self.slots[slot].generation;
-        if generation_distance(inflight.first_generation, generation)
-            > generation_distance(inflight.first_generation, current)
-        {
+        let current = entry.generation;
+        let inflight = entry.frame.filter(|f| {
+            generation_distance(f.first_generation, generation)
+                <= generation_distance(f.first_generation, current)
+        });
+        let Some(inflight) = inflight else {
+            if let Some(done) = entry.retransmitted {
+                let first = done.first_generation;
+                if generation_distance(first, generation)
+                    < generation_distance(first, done.last_generation)
+                {
+                    self.slots[slot].retransmitted = None;
+                    let sample = (generation == first).then(|| now - done.first_sent);
+                    self.needless_retransmission(done.reordered, sample);
+                }
+            }
             return Handled::Ignored(Ignore::UnknownTag);
-        }
+        };
         let Some(path) =
             self.config.paths.iter().position(|p| {
                 p.socket == socket && p.target == header.src && p.local == header.dst
@@ -758,6 +853,17 @@ impl<R: Clone> Session<R> {
         }
 
         // Success.
+        if generation != current {
+            let sample = (generation == inflight.first_generation)
+                .then(|| now.saturating_duration_since(inflight.first_sent));
+            self.needless_retransmission(inflight.reordered, sample);
+        } else {
+            self.answers_since_needless += 1;
+            if self.answers_since_needless >= REORDER_DECAY {
+                self.reorder_window /= 2;
+                self.answers_since_needless = 0;
+            }
+        }
         if generation == current {
             self.rtt
                 .sample(now.saturating_duration_since(inflight.sent_at));
@@ -765,6 +871,13 @@ impl<R: Clone> Session<R> {
             state.newest_answered_seq = state.newest_answered_seq.max(inflight.sent_seq);
         }
         self.cwnd = (self.cwnd + 1.0 / self.cwnd).min(self.slots.len() as f64);
+        self.slots[slot].retransmitted =
+            (inflight.retries > 0 && generation == current).then_some(Retransmitted {
+                first_generation: inflight.first_generation,
+                last_generation: current,
+                first_sent: inflight.first_sent,
+                reordered: inflight.reordered,
+            });
         self.release_slot(slot);
         let state = self.requests[key as usize]
             .as_mut()
@@ -787,6 +900,23 @@ impl<R: Clone> Session<R> {
             });
         }
         handled
+    }
+
+    /// An earlier transmission of a retransmitted frame was answered after all: undo
+    /// the window's halving, learn the round trip of the first transmission when it
+    /// was that one (its tag tells; this is how the timer learns about slow
+    /// answers), and if the retransmission was for reordering, tolerate more.
+    fn needless_retransmission(&mut self, reordered: bool, first_rtt: Option<Duration>) {
+        self.stats.needless += 1;
+        self.cwnd = self.cwnd.max(self.cwnd_before_loss);
+        if let Some(rtt) = first_rtt {
+            self.rtt.sample(rtt);
+        }
+        if reordered {
+            let step = (self.rtt.srtt().unwrap_or(RTO_MIN) / 4).max(RTO_MIN / 4);
+            self.reorder_window = (self.reorder_window * 2).max(step).min(RTO_MAX);
+            self.answers_since_needless = 0;
+        }
     }
 
     fn release_slot(&mut self, slot: usize) {
@@ -861,6 +991,38 @@ impl<R: Clone> Session<R> {
             }
             self.note_deadline(since + timeout);
         }
+        let rto = self.rtt.rto();
+        let answering = |state: &PathState| state.last_answer.filter(|at| now < *at + rto);
+        let target_answering = self.path_state.iter().any(|p| answering(p).is_some());
+        // A path that answers nothing (a stalled or busy target, a dead link): sending
+        // its whole share again only piles duplicates on it. As TCP after a timeout,
+        // send only its oldest frame again, as a probe (on the next path), and hold
+        // the others until the probe's timer runs out. Once it failed
+        // [`PATH_FAILURES`] probes in a row while another path answers, it is dead:
+        // everything moves over.
+        let mut probes: Vec<Option<(u64, usize)>> = vec![None; self.config.paths.len()];
+        for (slot, entry) in self.slots.iter().enumerate() {
+            let due = |f: &InFlight| {
+                now >= f.deadline
+                    && now.saturating_duration_since(f.first_sent) < timeout
+                    && answering(&self.path_state[f.path]).is_none()
+            };
+            if let Some(frame) = entry.frame.filter(due) {
+                let probe = &mut probes[frame.path];
+                if probe.is_none_or(|(first_seq, _)| frame.first_seq < first_seq) {
+                    *probe = Some((frame.first_seq, slot));
+                }
+            }
+        }
+        let held_until: Vec<Option<Instant>> = probes
+            .iter()
+            .map(|probe| {
+                probe.map(|(_, slot)| {
+                    let retries = self.slots[slot].frame.map_or(0, |f| f.retries);
+                    now + self.rtt.backoff(retries + 1)
+                })
+            })
+            .collect();
         let mut expired = Vec::new();
         for slot in 0..self.slots.len() {
             let Some(mut frame) = self.slots[slot].frame else {
@@ -870,36 +1032,38 @@ impl<R: Clone> Session<R> {
                 expired.push((frame.request, frame.first_sent, frame.retries));
                 continue;
             }
-            let rto = self.rtt.rto();
             let on_path = self.path_state[frame.path];
-            let answering = on_path.last_answer.filter(|at| now < *at + rto);
-            if let Some(answered_at) =
-                answering.filter(|_| frame.sent_seq > on_path.newest_answered_seq)
-            {
-                if now >= frame.deadline {
+            let due = now >= frame.deadline;
+            if let Some(answered_at) = answering(&on_path) {
+                if due && frame.sent_seq > on_path.newest_answered_seq {
                     // The target is still answering frames sent on this path before
                     // this one: it is queued, not lost. Restart its timer from the last
                     // answer, as TCP restarts its timer when an acknowledgement
                     // arrives.
                     frame.deadline = answered_at + rto;
                     self.slots[slot].frame = Some(frame);
+                } else if due {
+                    // Frames sent after it were answered: lost, unless the target
+                    // is known to reorder this much.
+                    let lost_at =
+                        frame.sent_at + self.rtt.backoff(frame.retries) + self.reorder_window;
+                    if now >= lost_at {
+                        frame = self.retransmit(now, slot, true, out);
+                    } else {
+                        frame.deadline = lost_at;
+                        self.slots[slot].frame = Some(frame);
+                    }
                 }
-            } else if now >= frame.deadline {
-                // Lost (or slow): halve the window once per round trip.
-                if self.recover_until.is_none_or(|until| now >= until) {
-                    self.cwnd = (self.cwnd / 2.0).max(1.0);
-                    self.recover_until = Some(now + self.rtt.rto());
-                }
-                frame.retries += 1;
-                frame.sent_at = now;
-                frame.sent_seq = self.next_seq();
-                frame.deadline = now + self.rtt.backoff(frame.retries);
-                let failures = &mut self.path_state[frame.path].failures;
-                *failures = failures.saturating_add(1);
-                frame.path = self.other_path(frame.path);
-                self.slots[slot].generation = (self.slots[slot].generation + 1) & GEN_MASK;
+            } else if due && target_answering && !self.healthy(frame.path) {
+                // A dead path while another answers: move the frame over.
+                frame = self.retransmit(now, slot, false, out);
+            } else if due && probes[frame.path].is_some_and(|p| p.1 == slot) {
+                self.stats.probes += 1;
+                frame = self.retransmit(now, slot, false, out);
+            } else if let Some(until) = held_until[frame.path].filter(|_| due) {
+                // Held behind its path's probe.
+                frame.deadline = until;
                 self.slots[slot].frame = Some(frame);
-                out.transmits.push(self.transmit(slot, true));
             }
             self.note_deadline(frame.deadline);
             self.note_deadline(frame.first_sent + timeout);
@@ -915,6 +1079,36 @@ impl<R: Clone> Session<R> {
                 self.fail(key, fault, out);
             }
         }
+    }
+
+    /// Sends the frame in `slot` again: a new tag, the next path, a doubled timer.
+    /// Returns the updated frame.
+    fn retransmit(
+        &mut self,
+        now: Instant,
+        slot: usize,
+        reordered: bool,
+        out: &mut Outputs<R>,
+    ) -> InFlight {
+        let mut frame = self.slots[slot].frame.expect("slot holds a frame");
+        frame.reordered = reordered;
+        // Lost (or slow): halve the window once per round trip.
+        if self.recover_until.is_none_or(|until| now >= until) {
+            self.cwnd_before_loss = self.cwnd;
+            self.cwnd = (self.cwnd / 2.0).max(1.0);
+            self.recover_until = Some(now + self.rtt.rto());
+        }
+        frame.retries += 1;
+        frame.sent_at = now;
+        frame.sent_seq = self.next_seq();
+        frame.deadline = now + self.rtt.backoff(frame.retries);
+        let failures = &mut self.path_state[frame.path].failures;
+        *failures = failures.saturating_add(1);
+        frame.path = self.other_path(frame.path);
+        self.slots[slot].generation = (self.slots[slot].generation + 1) & GEN_MASK;
+        self.slots[slot].frame = Some(frame);
+        out.transmits.push(self.transmit(slot, true));
+        frame
     }
 
     fn fail_all(&mut self, fault: Fault, out: &mut Outputs<R>) {
@@ -938,6 +1132,9 @@ impl<R: Clone> Session<R> {
 
 /// ATA status: device fault.
 const STATUS_DF: u8 = 0x20;
+/// Answers without a needless retransmission after which the reordering window
+/// halves.
+const REORDER_DECAY: u32 = 4096;
 /// Timeouts in a row after which a path is avoided.
 const PATH_FAILURES: u32 = 3;
 /// How often a new frame goes to an avoided path, to see whether it recovered.

@@ -208,6 +208,17 @@ impl Harness {
         self.take_frames()
     }
 
+    /// Moves the clock on in small steps until the session sends something.
+    fn advance_until_sent(&mut self) -> Vec<(usize, Vec<u8>)> {
+        for _ in 0..100_000 {
+            let sent = self.advance(10 * US);
+            if !sent.is_empty() {
+                return sent;
+            }
+        }
+        panic!("nothing sent for a second");
+    }
+
     /// Sends everything, lets `target` answer on a perfect link, until idle.
     fn run(&mut self, target: &mut FakeTarget) {
         let mut frames = self.transmit();
@@ -397,17 +408,18 @@ fn duplicate_and_late_answers_are_ignored() {
     assert_eq!(h.receive(0, &answer), Handled::Ignored(Ignore::UnknownTag));
     // A retransmitted frame: the answer to the first transmission completes it, the
     // answer to the retransmission is then ignored.
+    // The target answers nothing for a while: only the oldest frame outstanding is
+    // sent again, as a probe.
     let retransmitted = h.advance(Duration::from_millis(50));
-    assert_eq!(retransmitted.len(), 2);
+    assert_eq!(retransmitted.len(), 1);
+    assert_eq!(lba_of(&retransmitted[0].1), lba_of(&frames[1].1));
     let late = target.answer(&frames[1].1, TARGET);
     assert!(matches!(h.receive(0, &late), Handled::Read { .. }));
     let again = target.answer(&retransmitted[0].1, TARGET);
-    let other = target.answer(&retransmitted[1].1, TARGET);
-    let ignored = [h.receive(0, &again), h.receive(0, &other)]
-        .iter()
-        .filter(|handled| **handled == Handled::Ignored(Ignore::UnknownTag))
-        .count();
-    assert_eq!(ignored, 1);
+    assert_eq!(h.receive(0, &again), Handled::Ignored(Ignore::UnknownTag));
+    // The frame held behind the probe is answered as it was.
+    let held = target.answer(&next[0].1, TARGET);
+    assert!(matches!(h.receive(0, &held), Handled::Read { .. }));
     h.run(&mut target);
     assert_eq!(h.results[&id], Ok(()));
     assert_eq!(h.buffers[&id], target.disk[..4 * SECTOR_SIZE]);
@@ -574,6 +586,11 @@ fn malformed_answers_fail_the_request() {
     assert_eq!(h.results[&echo], Ok(()));
 }
 
+fn lba_of(frame: &[u8]) -> u64 {
+    let (_, body) = Header::parse(frame).unwrap();
+    AtaArgs::parse(body).unwrap().0.lba
+}
+
 /// Offset of the ATA sector count in a frame.
 const HEADER_COUNT_AT: usize = 26;
 
@@ -695,22 +712,118 @@ fn frames_queued_behind_answered_ones_are_not_retransmitted() {
     h.receive(0, &answer);
     assert_eq!(h.results[&id], Ok(()));
 
-    // And when the target stops answering altogether, everything is retransmitted.
+    // When the target stops answering altogether, only the oldest frame is probed;
+    // once the probe is answered, the frame held behind it counts as lost.
     let id = h.read(0, 3);
     let frames = h.transmit();
     let answer = target.answer(&frames[0].1, TARGET);
     h.receive(0, &answer);
-    let mut again = Vec::new();
-    for _ in 0..2 {
-        // The second round is within the doubled timeout: nothing more.
-        again.extend(h.advance(h.session.rtt().rto()));
+    let probe = h.advance_until_sent();
+    assert_eq!(probe.len(), 1, "the others wait for the probe");
+    assert_eq!(lba_of(&probe[0].1), 1);
+    let answer = target.answer(&probe[0].1, TARGET);
+    h.receive(0, &answer);
+    let lost = h.advance_until_sent();
+    assert_eq!(lost.len(), 1);
+    assert_eq!(lba_of(&lost[0].1), 2);
+    let answer = target.answer(&lost[0].1, TARGET);
+    h.receive(0, &answer);
+    assert_eq!(h.results[&id], Ok(()));
+}
+
+#[test]
+fn a_stalled_target_gets_probes_not_a_storm() {
+    let mut target = FakeTarget::new(64);
+    let mut h = Harness::new(config(16, 1));
+    let id = h.read(0, 16);
+    let frames = h.transmit();
+    assert_eq!(frames.len(), 16);
+    // The target stalls for 20 ms (a write blocked on writeback, say).
+    let end = h.now + 20 * MS;
+    let mut sent = Vec::new();
+    while h.now < end {
+        sent.extend(h.advance(50 * US));
     }
-    assert_eq!(again.len(), 2, "both unanswered frames, once");
-    for (socket, frame) in &again {
+    assert!((3..=8).contains(&sent.len()), "{} probes", sent.len());
+    assert!(sent.iter().all(|(_, frame)| lba_of(frame) == 0));
+    // Then it answers everything, in order, duplicates last.
+    for (socket, frame) in frames.iter().chain(&sent) {
         let answer = target.answer(frame, TARGET);
         h.receive(*socket, &answer);
     }
     assert_eq!(h.results[&id], Ok(()));
+    assert_eq!(h.session.stats().retransmits, sent.len() as u64);
+    assert_eq!(h.session.stats().ignored, sent.len() as u64);
+}
+
+#[test]
+fn a_reordering_target_teaches_patience() {
+    // The target answers the second frame at once and the first one late (a read
+    // that missed its cache, say): the first retransmission of it proves needless,
+    // so the next time the session waits longer before deciding it was lost.
+    let mut target = FakeTarget::new(64);
+    let mut h = Harness::new(config(4, 1));
+    let mut waits = Vec::new();
+    for round in 0..2 {
+        let id = h.read(0, 2);
+        let frames = h.transmit();
+        let start = h.now;
+        let second = target.answer(&frames[1].1, TARGET);
+        h.receive(0, &second);
+        let again = h.advance_until_sent();
+        waits.push(h.now - start);
+        assert_eq!(again.len(), 1);
+        assert_eq!(lba_of(&again[0].1), 0);
+        let first = target.answer(&frames[0].1, TARGET);
+        assert!(matches!(h.receive(0, &first), Handled::Read { .. }));
+        let duplicate = target.answer(&again[0].1, TARGET);
+        assert_eq!(
+            h.receive(0, &duplicate),
+            Handled::Ignored(Ignore::UnknownTag)
+        );
+        assert_eq!(h.results[&id], Ok(()));
+        assert_eq!(h.session.stats().needless, round + 1);
+        // The halving of the window was undone.
+        assert!(h.session.cwnd() >= 4.0 - 1e-9, "{}", h.session.cwnd());
+    }
+    assert!(waits[1] > waits[0], "{waits:?}");
+
+    // A needless retransmission is also recognised when its answer comes first.
+    let id = h.read(0, 2);
+    let frames = h.transmit();
+    let second = target.answer(&frames[1].1, TARGET);
+    h.receive(0, &second);
+    let again = h.advance_until_sent();
+    let duplicate = target.answer(&again[0].1, TARGET);
+    assert!(matches!(h.receive(0, &duplicate), Handled::Read { .. }));
+    assert_eq!(h.results[&id], Ok(()));
+    let first = target.answer(&frames[0].1, TARGET);
+    assert_eq!(h.receive(0, &first), Handled::Ignored(Ignore::UnknownTag));
+    assert_eq!(h.session.stats().needless, 3);
+}
+
+#[test]
+fn frames_overtaken_past_their_timer_widen_the_reorder_window() {
+    let mut target = FakeTarget::new(64);
+    let mut h = Harness::new(config(4, 1));
+    assert_eq!(h.session.reorder_window(), Duration::ZERO);
+    let id = h.read(0, 3);
+    let frames = h.transmit();
+    // The third frame is answered first, the second keeps the target looking busy,
+    // the first is late: it counts as lost, for reordering.
+    let third = target.answer(&frames[2].1, TARGET);
+    h.receive(0, &third);
+    let rto = h.session.rtt().rto();
+    assert!(h.advance(rto * 9 / 10).is_empty());
+    let second = target.answer(&frames[1].1, TARGET);
+    h.receive(0, &second);
+    let again = h.advance_until_sent();
+    assert_eq!(again.len(), 1);
+    assert_eq!(h.session.stats().probes, 0);
+    let first = target.answer(&frames[0].1, TARGET);
+    assert!(matches!(h.receive(0, &first), Handled::Read { .. }));
+    assert_eq!(h.results[&id], Ok(()));
+    assert!(h.session.reorder_window() > Duration::ZERO);
 }
 
 #[test]
@@ -733,13 +846,18 @@ fn retransmissions_take_the_next_path() {
         };
         assert_eq!((header.dst, header.src), expected);
     }
-    let again = h.advance(Duration::from_millis(200));
-    let sockets: Vec<usize> = again.iter().map(|(s, _)| *s).collect();
-    assert_eq!(sockets, [1, 0, 1, 0]);
-    for (socket, frame) in &again {
-        let mac = if *socket == 0 { TARGET } else { TARGET_2 };
-        let answer = target.answer(frame, mac);
-        assert!(matches!(h.receive(*socket, &answer), Handled::Read { .. }));
+    // Nothing answered: each path's oldest frame is probed, on the other path; then
+    // the frames held behind the probes, which count as lost once the probes are
+    // answered, move over too.
+    for _ in 0..2 {
+        let again = h.advance(Duration::from_secs(1));
+        let sockets: Vec<usize> = again.iter().map(|(s, _)| *s).collect();
+        assert_eq!(sockets, [1, 0]);
+        for (socket, frame) in &again {
+            let mac = if *socket == 0 { TARGET } else { TARGET_2 };
+            let answer = target.answer(frame, mac);
+            assert!(matches!(h.receive(*socket, &answer), Handled::Read { .. }));
+        }
     }
     assert_eq!(h.results[&id], Ok(()));
 }
@@ -799,9 +917,9 @@ fn loss_halves_the_window_and_answers_grow_it_back() {
     let frames = h.transmit();
     assert_eq!(frames.len(), 16);
     let again = h.advance(Duration::from_millis(200));
-    assert_eq!(again.len(), 16);
+    assert_eq!(again.len(), 1, "only the oldest frame is probed");
     assert_eq!(h.session.cwnd(), 8.0);
-    for (socket, frame) in &again {
+    for (socket, frame) in again.iter().chain(&frames[1..]) {
         let answer = target.answer(frame, TARGET);
         h.receive(*socket, &answer);
     }
