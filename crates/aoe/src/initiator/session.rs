@@ -581,10 +581,10 @@ impl<R: Clone> Session<R> {
             if self.in_flight >= self.limit() || handed == max {
                 break;
             }
-            handed += 1;
             let Some(slot) = self.free.pop() else {
                 break;
             };
+            handed += 1;
             let state = self.requests[key as usize]
                 .as_mut()
                 .expect("queued requests exist");

@@ -827,6 +827,29 @@ fn frames_overtaken_past_their_timer_widen_the_reorder_window() {
 }
 
 #[test]
+fn timers_start_when_frames_are_reported_sent() {
+    let mut target = FakeTarget::new(64);
+    let mut h = Harness::new(config(4, 1));
+    let id = h.read(0, 2);
+    h.session.poll_transmits(h.now, &mut h.out);
+    let tags: Vec<u32> = h.out.transmits.iter().map(|t| t.header.tag).collect();
+    let frames = h.take_frames();
+    // The sending thread was held up for 5 ms before the frames went out.
+    h.now += 5 * MS;
+    let first = target.answer(&frames[0].1, TARGET);
+    h.receive(0, &first);
+    h.session.sent(h.now, &tags); // the answered frame is skipped
+    let sent_at = h.now;
+    let rto = h.session.rtt().rto();
+    let again = h.advance_until_sent();
+    assert!(h.now - sent_at >= rto, "the timer started at the send");
+    assert_eq!(lba_of(&again[0].1), 1);
+    let answer = target.answer(&again[0].1, TARGET);
+    h.receive(0, &answer);
+    assert_eq!(h.results[&id], Ok(()));
+}
+
+#[test]
 fn retransmissions_take_the_next_path() {
     let mut cfg = config(4, 1);
     cfg.paths = vec![path(0, INITIATOR, TARGET), path(1, INITIATOR_2, TARGET_2)];
