@@ -1,0 +1,141 @@
+//! Our AoE initiator against our AoE target across a veth pair between two network
+//! namespaces: the device conformance suite at MTU 1500 and 9000, and the commands a
+//! user runs on an AoE URI — info, copy (which flushes: the data survives SIGKILL of
+//! the target), bench, and serve as a gateway to NBD. Needs root.
+
+use std::sync::Arc;
+
+use blockwire_aoe::initiator::{AoeClient, AoeOptions, AoeUri};
+use blockwire_blockdev::{conformance, Device};
+use blockwire_tests::aoe::{file_has, AoeLab, SHELF, SLOT};
+use blockwire_tests::{blockwire_bin, path_str, patterned_file, require_root, text, Served, MIB};
+
+fn backing_file(dir: &tempfile::TempDir, size: u64) -> String {
+    let path = dir.path().join("aoe.img");
+    std::fs::File::create(&path).unwrap().set_len(size).unwrap();
+    path_str(&path).to_string()
+}
+
+fn uri() -> String {
+    format!("aoe://eth0/e{SHELF}.{SLOT}")
+}
+
+fn conformance_through_aoe(short: &str, mtu: usize, extra: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = backing_file(&dir, 64 * MIB);
+    let mut args = vec![file.as_str()];
+    args.extend_from_slice(extra);
+    let lab = AoeLab::start(short, mtu, &args);
+    let uri: AoeUri = uri().parse().unwrap();
+    let client = lab.lab.run_in(lab.lab.initiator_ns(), || {
+        AoeClient::open(&uri, AoeOptions::default()).expect("open the AoE target")
+    });
+    assert_eq!(
+        client.sectors_per_frame(),
+        blockwire_aoe::wire::sectors_per_frame(mtu)
+    );
+    let device = Device::new(Arc::new(client));
+    conformance::run_all(&device);
+}
+
+#[test]
+fn conformance_suite_through_aoe_at_mtu_1500() {
+    require_root!();
+    conformance_through_aoe("cf", 1500, &[]);
+}
+
+#[test]
+fn conformance_suite_through_aoe_at_mtu_9000() {
+    require_root!();
+    conformance_through_aoe("cj", 9000, &[]);
+}
+
+#[test]
+fn conformance_suite_through_aoe_to_a_direct_io_export() {
+    require_root!();
+    conformance_through_aoe("cd", 1500, &["--direct"]);
+}
+
+#[test]
+fn info_copy_bench_and_gateway_on_an_aoe_uri() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let file = backing_file(&dir, 32 * MIB);
+    let mut lab = AoeLab::start("cc", 1500, &[&file]);
+    let initiator = lab.lab.initiator_ns().to_string();
+    let blockwire = |args: &[&str]| {
+        let output = std::process::Command::new("ip")
+            .args(["netns", "exec", &initiator])
+            .arg(blockwire_bin())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "blockwire {args:?}: {}",
+            text(&output.stderr)
+        );
+        text(&output.stdout)
+    };
+
+    let info = blockwire(&["info", &uri()]);
+    assert!(info.contains(&format!("target: e{SHELF}.{SLOT}")), "{info}");
+    assert!(info.contains("sectors per frame: 2"), "{info}");
+    assert!(info.contains("33554432 bytes"), "{info}");
+    let list = blockwire(&["info", "--list", "--json", "aoe://eth0"]);
+    assert!(
+        list.contains(&format!("\"target\": \"e{SHELF}.{SLOT}\"")),
+        "{list}"
+    );
+
+    let source = patterned_file(dir.path(), "source.img", 8 << 20, 3);
+    blockwire(&["copy", path_str(&source), &uri()]);
+    // copy flushed before it returned: the data is in the file even if the target
+    // dies at once.
+    lab.kill_target();
+    let expected = std::fs::read(&source).unwrap();
+    assert!(file_has(dir.path().join("aoe.img").as_path(), 0, &expected));
+    lab.restart(&[&file]);
+
+    // Gateway: the AoE device, opened by our initiator, served again over NBD.
+    let socket = dir.path().join("gateway.sock");
+    let mut command = lab.lab.command_in(&initiator, blockwire_bin());
+    command
+        .args(["serve", &uri(), "--name", "gw", "--socket"])
+        .arg(&socket);
+    let _gateway = Served::spawn_ready(command, "gw");
+    let nbd_uri = format!("nbd+unix:///gw?socket={}", path_str(&socket));
+    let client = blockwire_nbd::client::NbdClient::connect(
+        &nbd_uri.parse().unwrap(),
+        blockwire_nbd::client::ClientOptions::default(),
+    )
+    .expect("connect to the gateway");
+    let device = Device::new(Arc::new(client));
+    assert_eq!(device.size(), 32 * MIB);
+    let mut back = vec![0; 1 << 20];
+    device.read(&mut back, 0).unwrap();
+    assert!(
+        back == expected[..1 << 20],
+        "the gateway serves the AoE data"
+    );
+    drop(device);
+    drop(_gateway);
+
+    // Last, as it overwrites the device with its own data.
+
+    let json = dir.path().join("bench.json");
+    blockwire(&[
+        "bench",
+        &uri(),
+        "--workload",
+        "sequential",
+        "--size",
+        "8M",
+        "--json",
+        path_str(&json),
+    ]);
+    let report = std::fs::read_to_string(&json).unwrap();
+    for op in ["\"op\": \"write\"", "\"op\": \"read\""] {
+        assert!(report.contains(op), "bench reports {op}: {report}");
+    }
+}
