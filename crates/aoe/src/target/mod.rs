@@ -9,6 +9,7 @@
 
 mod access;
 mod ata;
+mod harness;
 mod receiver;
 
 use std::io;
@@ -21,10 +22,11 @@ use blockwire_blockdev::{Device, ReadModifyWrite};
 
 pub use access::{AccessState, Admission, ConfigAnswer};
 pub use ata::{ata_error, classify, response_args, AtaAction, AtaLimits};
+pub use harness::TargetHarness;
 
 use crate::identify::Identity;
 use crate::rawsock::{Interface, RawSocket};
-use crate::wire::{sectors_per_frame, MacAddr, BROADCAST_SHELF, BROADCAST_SLOT, SECTOR_SIZE};
+use crate::wire::{sectors_per_frame, BROADCAST_SHELF, BROADCAST_SLOT, SECTOR_SIZE};
 
 /// Frames a target says it can queue, by default (the initiator's window).
 pub const DEFAULT_BUFFER_COUNT: u16 = 256;
@@ -78,38 +80,15 @@ struct Shared {
     stop: AtomicBool,
 }
 
-/// One interface a target answers on.
-struct Port {
-    socket: RawSocket,
-    mac: MacAddr,
-    /// Sectors per ATA frame on this interface.
-    max_sectors: u8,
-}
-
-/// A running AoE target. Stops (and flushes the device) on [`AoeTarget::stop`] or drop.
-pub struct AoeTarget {
-    shared: Arc<Shared>,
-    ports: Vec<Arc<Port>>,
-    receivers: Vec<JoinHandle<()>>,
-    pool: Option<Arc<WorkerPool>>,
-}
-
-fn invalid(message: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidInput, message)
-}
-
-impl AoeTarget {
-    /// Opens the interfaces and starts answering. A device whose minimum block is
-    /// larger than a sector (direct I/O) is served through read-modify-write.
-    pub fn start(device: Device, config: TargetConfig) -> io::Result<AoeTarget> {
+impl Shared {
+    /// Checks the device and address; wraps a device with blocks larger than a
+    /// sector (direct I/O) in read-modify-write.
+    fn new(device: Device, config: &TargetConfig) -> io::Result<Shared> {
         if config.shelf == BROADCAST_SHELF || config.slot == BROADCAST_SLOT {
             return Err(invalid(format!(
                 "e{}.{} is a broadcast address: shelf must be below 65535 and slot below 255",
                 config.shelf, config.slot
             )));
-        }
-        if config.interfaces.is_empty() {
-            return Err(invalid("AoE needs at least one interface".into()));
         }
         let device = if device.info().block_sizes.minimum as usize > SECTOR_SIZE {
             Device::from_device(ReadModifyWrite::new(device, SECTOR_SIZE as u32))
@@ -128,26 +107,6 @@ impl AoeTarget {
                 info.size % SECTOR_SIZE as u64
             );
         }
-        let mut ports = Vec::new();
-        for name in &config.interfaces {
-            let interface = Interface::lookup(name)?;
-            let max_sectors = sectors_per_frame(interface.mtu);
-            if max_sectors == 0 {
-                return Err(invalid(format!(
-                    "{name}: MTU {} cannot carry one 512-byte sector",
-                    interface.mtu
-                )));
-            }
-            // Room for every frame the initiators may send at once, several times over.
-            let frame = interface.mtu + 64;
-            let buffer = (usize::from(config.buffer_count) * frame * 4).max(16 << 20);
-            let socket = RawSocket::open(&interface, buffer)?;
-            ports.push(Arc::new(Port {
-                socket,
-                mac: interface.mac,
-                max_sectors,
-            }));
-        }
         let identity = Identity {
             sectors,
             lba48: true,
@@ -155,7 +114,7 @@ impl AoeTarget {
             serial: format!("e{}.{}", config.shelf, config.slot),
             firmware: env!("CARGO_PKG_VERSION").into(),
         };
-        let shared = Arc::new(Shared {
+        Ok(Shared {
             access: AccessState::with_config(&config.config_string),
             shelf: config.shelf,
             slot: config.slot,
@@ -167,19 +126,91 @@ impl AoeTarget {
             in_flight: InFlight::new(usize::from(config.buffer_count.max(1))),
             stop: AtomicBool::new(false),
             device,
-        });
+        })
+    }
+}
+
+/// Where a target's responses go: a raw socket, or a collector in tests.
+pub trait FrameSink: Send + Sync {
+    /// Sends whole Ethernet frames.
+    fn send_batch(&self, frames: &[&[u8]]) -> io::Result<()>;
+}
+
+impl FrameSink for RawSocket {
+    fn send_batch(&self, frames: &[&[u8]]) -> io::Result<()> {
+        RawSocket::send_batch(self, frames)
+    }
+}
+
+/// One interface a target answers on.
+struct Port {
+    sink: Arc<dyn FrameSink>,
+    interface: Interface,
+    /// Sectors per ATA frame on this interface.
+    max_sectors: u8,
+}
+
+impl Port {
+    fn new(interface: Interface, sink: Arc<dyn FrameSink>) -> io::Result<Port> {
+        let max_sectors = sectors_per_frame(interface.mtu);
+        if max_sectors == 0 {
+            return Err(invalid(format!(
+                "{}: MTU {} cannot carry one 512-byte sector",
+                interface.name, interface.mtu
+            )));
+        }
+        Ok(Port {
+            sink,
+            interface,
+            max_sectors,
+        })
+    }
+}
+
+/// A running AoE target. Stops (and flushes the device) on [`AoeTarget::stop`] or drop.
+pub struct AoeTarget {
+    shared: Arc<Shared>,
+    ports: Vec<Arc<Port>>,
+    receivers: Vec<JoinHandle<()>>,
+    pool: Option<Arc<WorkerPool>>,
+}
+
+fn invalid(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, message)
+}
+
+impl AoeTarget {
+    /// Opens the interfaces and starts answering. A device whose minimum block is
+    /// larger than a sector (direct I/O) is served through read-modify-write.
+    pub fn start(device: Device, config: TargetConfig) -> io::Result<AoeTarget> {
+        if config.interfaces.is_empty() {
+            return Err(invalid("AoE needs at least one interface".into()));
+        }
+        let shared = Arc::new(Shared::new(device, &config)?);
+        let mut ports = Vec::new();
+        let mut sockets = Vec::new();
+        for name in &config.interfaces {
+            let interface = Interface::lookup(name)?;
+            // Room for every frame the initiators may send at once, several times over.
+            let frame = interface.mtu + 64;
+            let buffer = (usize::from(config.buffer_count) * frame * 4).max(16 << 20);
+            let socket = Arc::new(RawSocket::open(&interface, buffer)?);
+            ports.push(Arc::new(Port::new(interface, socket.clone())?));
+            sockets.push(socket);
+        }
         let pool = Arc::new(WorkerPool::new("aoe-worker", config.workers));
         let receivers = ports
             .iter()
-            .map(|port| {
+            .zip(sockets)
+            .map(|(port, socket)| {
                 let (shared, port, pool) = (shared.clone(), port.clone(), pool.clone());
                 thread::Builder::new()
-                    .name(format!("aoe-{}", port.socket.interface().name))
-                    .spawn(move || receiver::run(&shared, &port, &pool))
+                    .name(format!("aoe-{}", port.interface.name))
+                    .spawn(move || receiver::run(&shared, &port, &socket, &pool))
             })
             .collect::<io::Result<Vec<_>>>()?;
         for port in &ports {
-            let interface = port.socket.interface();
+            let interface = &port.interface;
             tracing::info!(
                 "AoE e{}.{} on {} (MTU {}, {} sectors per frame)",
                 config.shelf,
@@ -199,10 +230,7 @@ impl AoeTarget {
 
     /// The interfaces the target answers on.
     pub fn interfaces(&self) -> Vec<Interface> {
-        self.ports
-            .iter()
-            .map(|p| p.socket.interface().clone())
-            .collect()
+        self.ports.iter().map(|p| p.interface.clone()).collect()
     }
 
     /// The management state (config string, mask and reserve lists).

@@ -10,7 +10,7 @@ use blockwire_blockdev::{IoBuf, WriteFlags};
 
 use super::access::{Admission, ConfigAnswer};
 use super::ata::{ata_error, classify, response_args, AtaAction, AtaLimits};
-use super::{Port, Shared, FIRMWARE_VERSION};
+use super::{FrameSink, Port, Shared, FIRMWARE_VERSION};
 use crate::rawsock::{RawSocket, RecvBatch};
 use crate::wire::{
     ata, pad_to_minimum, AoeError, AtaArgs, Body, Command, ConfigQuery, Header, BROADCAST,
@@ -49,7 +49,7 @@ impl Run {
 
 /// Response frames built during one batch, sent together.
 #[derive(Default)]
-struct Outbox {
+pub(super) struct Outbox {
     frames: Vec<Vec<u8>>,
     used: usize,
 }
@@ -82,12 +82,12 @@ impl Outbox {
         pad_to_minimum(frame);
     }
 
-    fn send(&mut self, socket: &RawSocket) {
+    pub(super) fn send(&mut self, sink: &dyn FrameSink) {
         if self.used == 0 {
             return;
         }
         let frames: Vec<&[u8]> = self.frames[..self.used].iter().map(Vec::as_slice).collect();
-        if let Err(e) = socket.send_batch(&frames) {
+        if let Err(e) = sink.send_batch(&frames) {
             // The initiator retransmits what it does not hear back.
             tracing::warn!("AoE: sending {} responses: {e}", frames.len());
         }
@@ -96,51 +96,73 @@ impl Outbox {
 }
 
 /// The receive loop of one interface, until the target stops.
-pub(super) fn run(shared: &Arc<Shared>, port: &Arc<Port>, pool: &Arc<WorkerPool>) {
-    let mtu = port.socket.interface().mtu;
+pub(super) fn run(
+    shared: &Arc<Shared>,
+    port: &Arc<Port>,
+    socket: &RawSocket,
+    pool: &Arc<WorkerPool>,
+) {
+    let mtu = port.interface.mtu;
     let mut batch = RecvBatch::new(BATCH, mtu + ETHERNET_HEADER_LEN + 4);
     let mut out = Outbox::default();
-    let mut loop_ = Receiver {
-        shared,
-        port,
-        pool,
-        run: None,
-    };
+    let mut receiver = Receiver::new(shared, port, pool);
     while !shared.stop.load(Ordering::Relaxed) {
-        let received = match port.socket.recv_batch(&mut batch, Some(POLL)) {
+        let received = match socket.recv_batch(&mut batch, Some(POLL)) {
             Ok(n) => n,
             Err(e) => {
-                tracing::warn!("AoE: receiving on {}: {e}", port.socket.interface().name);
+                tracing::warn!("AoE: receiving on {}: {e}", port.interface.name);
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
         };
-        for i in 0..received {
-            // Frames larger than the MTU were cut short: nothing sane to answer.
-            if !batch.is_truncated(i) {
-                loop_.frame(batch.frame(i), &mut out);
-            }
-        }
-        loop_.finish_run(&mut out);
-        out.send(&port.socket);
+        // Frames larger than the MTU were cut short: nothing sane to answer.
+        let frames = (0..received)
+            .filter(|&i| !batch.is_truncated(i))
+            .map(|i| batch.frame(i));
+        receiver.batch(frames, &mut out);
+        out.send(port.sink.as_ref());
     }
 }
 
-struct Receiver<'a> {
+/// The frame handling of one interface, without its socket: what [`run`] and the
+/// [`TargetHarness`](super::TargetHarness) drive.
+pub(super) struct Receiver<'a> {
     shared: &'a Arc<Shared>,
     port: &'a Arc<Port>,
     pool: &'a Arc<WorkerPool>,
     run: Option<Run>,
 }
 
-impl Receiver<'_> {
+impl<'a> Receiver<'a> {
+    pub(super) fn new(
+        shared: &'a Arc<Shared>,
+        port: &'a Arc<Port>,
+        pool: &'a Arc<WorkerPool>,
+    ) -> Receiver<'a> {
+        Receiver {
+            shared,
+            port,
+            pool,
+            run: None,
+        }
+    }
+
+    /// Handles a batch of received frames; responses that complete here go to
+    /// `out`, the others (worker I/O) to the port's sink.
+    pub(super) fn batch<'f>(&mut self, frames: impl Iterator<Item = &'f [u8]>, out: &mut Outbox) {
+        for frame in frames {
+            self.frame(frame, out);
+        }
+        self.finish_run(out);
+    }
+
     fn frame(&mut self, frame: &[u8], out: &mut Outbox) {
         let Ok((header, body)) = Header::parse(frame) else {
             return;
         };
         let shared = self.shared;
         if header.response
-            || (header.dst != self.port.mac && header.dst != BROADCAST)
+            || (header.dst != self.port.interface.mac && header.dst != BROADCAST)
             || !header.addresses(shared.shelf, shared.slot)
         {
             return;
@@ -150,7 +172,7 @@ impl Receiver<'_> {
             return;
         }
         // Answer with our own address, also to a broadcast.
-        let mut reply = header.response_to(self.port.mac);
+        let mut reply = header.response_to(self.port.interface.mac);
         reply.shelf = shared.shelf;
         reply.slot = shared.slot;
         if header.version != VERSION {
@@ -237,7 +259,7 @@ impl Receiver<'_> {
                         .map(|e| ata_error(e.kind(), true));
                     let mut out = Outbox::default();
                     out.ata(&reply, &response_args(&args, error), &[]);
-                    out.send(&port.socket);
+                    out.send(port.sink.as_ref());
                     shared.in_flight.release();
                 });
             }
@@ -330,7 +352,7 @@ impl Receiver<'_> {
                     Err(e) => respond(&run, None, Some(e.kind()), &mut out),
                 }
             }
-            out.send(&port.socket);
+            out.send(port.sink.as_ref());
             shared.in_flight.release();
         });
     }
