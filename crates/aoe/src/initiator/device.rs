@@ -227,6 +227,14 @@ impl AoeClient {
             .map(|s| sectors_per_frame(s.interface().mtu))
             .min()
             .unwrap_or(1);
+        if local_sectors == 0 {
+            return Err(OpenError::Protocol {
+                target,
+                reason:
+                    "an interface's MTU is too small for one sector per frame (at least 548 bytes)"
+                        .into(),
+            });
+        }
         let per_frame = if target_sectors == 0 {
             local_sectors
         } else {
