@@ -1,6 +1,7 @@
 //! The `BlockDevice` trait: the one interface between storage and everything that moves
 //! or measures bytes.
 
+use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::RawFd;
 
 use crate::error::{Error, ErrorKind, Op, Result};
@@ -85,6 +86,20 @@ pub trait BlockDevice: Send + Sync {
         Ok(false)
     }
 
+    /// [`try_read_at`](Self::try_read_at) into several buffers filled in order from
+    /// `offset` (one `preadv` for a file): lets a target read a run of requests
+    /// straight into their response frames. The default tries each buffer in turn.
+    fn try_read_vectored_at(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<bool> {
+        let mut at = offset;
+        for buf in bufs.iter_mut() {
+            if !self.try_read_at(buf, at)? {
+                return Ok(false);
+            }
+            at += buf.len() as u64;
+        }
+        Ok(true)
+    }
+
     /// Zero-copy reads: when this device's bytes at `offset..offset+len` are the same
     /// bytes of an open file and that range is entirely in the page cache, returns the
     /// file's descriptor, valid as long as the device lives. A target may then hand the
@@ -97,6 +112,23 @@ pub trait BlockDevice: Send + Sync {
 
     /// Writes `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()>;
+
+    /// Writes several buffers, in order, from `offset` (one `pwritev` for a file):
+    /// lets a target write a run of requests without gathering them first. The
+    /// default writes each buffer in turn.
+    fn write_vectored_at(
+        &self,
+        bufs: &[IoSlice<'_>],
+        offset: u64,
+        flags: WriteFlags,
+    ) -> Result<()> {
+        let mut at = offset;
+        for buf in bufs {
+            self.write_at(buf, at, flags)?;
+            at += buf.len() as u64;
+        }
+        Ok(())
+    }
 
     /// Makes every completed write durable.
     fn flush(&self) -> Result<()> {

@@ -5,6 +5,7 @@
 //! emulated (FUA as write + flush, write-zeroes as writes of zeroes, extents as "all
 //! data"). Backends implement only what they natively can and targets never re-check.
 
+use std::io::{IoSlice, IoSliceMut};
 use std::sync::Arc;
 
 use crate::buffer::IoBuf;
@@ -154,6 +155,43 @@ impl Device {
             }
         }
         Ok(true)
+    }
+
+    /// [`try_read`](Device::try_read) into several buffers filled in order from
+    /// `offset`; see [`BlockDevice::try_read_vectored_at`].
+    pub fn try_read_vectored(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<bool> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        self.check(Op::Read, offset, total as u64)?;
+        if total > self.max_transfer() {
+            return Ok(false);
+        }
+        self.inner.try_read_vectored_at(bufs, offset)
+    }
+
+    /// [`write`](Device::write) of several buffers, in order, from `offset`.
+    pub fn write_vectored(
+        &self,
+        bufs: &[IoSlice<'_>],
+        offset: u64,
+        flags: WriteFlags,
+    ) -> Result<()> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        self.check(Op::Write, offset, total as u64)?;
+        let native_fua = flags.fua && self.native.fua.is_native();
+        if total <= self.max_transfer() {
+            let pass = WriteFlags { fua: native_fua };
+            self.inner.write_vectored_at(bufs, offset, pass)?;
+        } else {
+            let mut at = offset;
+            for buf in bufs {
+                self.write(buf, at, WriteFlags { fua: native_fua })?;
+                at += buf.len() as u64;
+            }
+        }
+        if flags.fua && !native_fua {
+            self.flush_for(Op::Write, offset, total as u64)?;
+        }
+        Ok(())
     }
 
     /// The file and page-cache residency for a zero-copy read of this range; see
