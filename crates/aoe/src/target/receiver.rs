@@ -1,6 +1,7 @@
 //! One interface's receive loop: batches of frames in, runs of device I/O, batches of
 //! responses out.
 
+use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,8 +14,8 @@ use super::ata::{ata_error, classify, response_args, AtaAction, AtaLimits};
 use super::{FrameSink, Port, Shared, FIRMWARE_VERSION};
 use crate::rawsock::{RawSocket, RecvBatch};
 use crate::wire::{
-    ata, pad_to_minimum, AoeError, AtaArgs, Body, Command, ConfigQuery, Header, BROADCAST,
-    ETHERNET_HEADER_LEN, VERSION,
+    ata, pad_to_minimum, AoeError, AtaArgs, Body, Command, ConfigQuery, Header, ATA_HEADER_LEN,
+    BROADCAST, ETHERNET_HEADER_LEN, VERSION,
 };
 
 /// Frames taken per receive call.
@@ -32,18 +33,51 @@ struct Pending {
 }
 
 /// Consecutive reads (or writes) gathered into one device I/O.
-struct Run {
+struct Run<'f> {
     write: bool,
     offset: u64,
     len: usize,
     frames: Vec<Pending>,
-    /// The gathered write data.
-    data: Option<IoBuf>,
+    data: RunData<'f>,
 }
 
-impl Run {
+/// Where a run's write data is.
+enum RunData<'f> {
+    /// A read: none.
+    None,
+    /// Still in the received frames: written with one vectored write, no copy.
+    Frames(Vec<&'f [u8]>),
+    /// Gathered into one buffer, for a worker (the frames are reused by then).
+    Gathered(IoBuf),
+}
+
+impl Run<'_> {
     fn continues(&self, write: bool, offset: u64, len: usize) -> bool {
         self.write == write && self.offset + self.len as u64 == offset && self.len + len <= MAX_RUN
+    }
+
+    /// The run for a worker: owns its data.
+    fn into_owned(self) -> Run<'static> {
+        let data = match self.data {
+            RunData::None => RunData::None,
+            RunData::Gathered(buffer) => RunData::Gathered(buffer),
+            RunData::Frames(slices) => {
+                let mut buffer = IoBuf::new(self.len);
+                let mut at = 0;
+                for slice in slices {
+                    buffer[at..at + slice.len()].copy_from_slice(slice);
+                    at += slice.len();
+                }
+                RunData::Gathered(buffer)
+            }
+        };
+        Run {
+            write: self.write,
+            offset: self.offset,
+            len: self.len,
+            frames: self.frames,
+            data,
+        }
     }
 }
 
@@ -51,6 +85,9 @@ impl Run {
 #[derive(Default)]
 pub(super) struct Outbox {
     frames: Vec<Vec<u8>>,
+    /// Per frame, how many bytes of its buffer have ever been written: those may be
+    /// exposed again without zeroing them first.
+    initialized: Vec<usize>,
     used: usize,
 }
 
@@ -59,11 +96,41 @@ impl Outbox {
     fn next(&mut self) -> &mut Vec<u8> {
         if self.used == self.frames.len() {
             self.frames.push(Vec::with_capacity(2048));
+            self.initialized.push(0);
         }
-        let frame = &mut self.frames[self.used];
+        let index = self.used;
         self.used += 1;
+        let frame = &mut self.frames[index];
+        self.initialized[index] = self.initialized[index].max(frame.len());
         frame.clear();
         frame
+    }
+
+    /// Encodes an ATA response with room for `len` data bytes after its arguments,
+    /// to be filled by a read (see [`data_slices`](Self::data_slices)).
+    fn ata_with_room(&mut self, reply: &Header, args: &AtaArgs, len: usize) {
+        self.next();
+        let index = self.used - 1;
+        let initialized = self.initialized[index];
+        let frame = &mut self.frames[index];
+        reply.encode(frame);
+        args.encode(frame);
+        let needed = ATA_HEADER_LEN + len;
+        if needed <= initialized && needed <= frame.capacity() {
+            // SAFETY: these bytes were written before (`initialized`) and clear()
+            // does not de-initialise a Vec<u8>'s buffer; the read overwrites them.
+            unsafe { frame.set_len(needed) };
+        } else {
+            frame.resize(needed, 0);
+        }
+    }
+
+    /// The data regions of frames `start..` (those made by `ata_with_room`).
+    fn data_slices(&mut self, start: usize) -> Vec<IoSliceMut<'_>> {
+        self.frames[start..self.used]
+            .iter_mut()
+            .map(|frame| IoSliceMut::new(&mut frame[ATA_HEADER_LEN..]))
+            .collect()
     }
 
     fn error(&mut self, reply: &Header, error: AoeError) {
@@ -105,7 +172,6 @@ pub(super) fn run(
     let mtu = port.interface.mtu;
     let mut batch = RecvBatch::new(BATCH, mtu + ETHERNET_HEADER_LEN + 4);
     let mut out = Outbox::default();
-    let mut receiver = Receiver::new(shared, port, pool);
     while !shared.stop.load(Ordering::Relaxed) {
         let received = match socket.recv_batch(&mut batch, Some(POLL)) {
             Ok(n) => n,
@@ -119,26 +185,27 @@ pub(super) fn run(
         let frames = (0..received)
             .filter(|&i| !batch.is_truncated(i))
             .map(|i| batch.frame(i));
-        receiver.batch(frames, &mut out);
+        Receiver::new(shared, port, pool).batch(frames, &mut out);
         out.send(port.sink.as_ref());
     }
 }
 
 /// The frame handling of one interface, without its socket: what [`run`] and the
 /// [`TargetHarness`](super::TargetHarness) drive.
-pub(super) struct Receiver<'a> {
+pub(super) struct Receiver<'a, 'f> {
     shared: &'a Arc<Shared>,
     port: &'a Arc<Port>,
     pool: &'a Arc<WorkerPool>,
-    run: Option<Run>,
+    /// The run being gathered from the current batch's frames.
+    run: Option<Run<'f>>,
 }
 
-impl<'a> Receiver<'a> {
+impl<'a, 'f> Receiver<'a, 'f> {
     pub(super) fn new(
         shared: &'a Arc<Shared>,
         port: &'a Arc<Port>,
         pool: &'a Arc<WorkerPool>,
-    ) -> Receiver<'a> {
+    ) -> Receiver<'a, 'f> {
         Receiver {
             shared,
             port,
@@ -149,14 +216,14 @@ impl<'a> Receiver<'a> {
 
     /// Handles a batch of received frames; responses that complete here go to
     /// `out`, the others (worker I/O) to the port's sink.
-    pub(super) fn batch<'f>(&mut self, frames: impl Iterator<Item = &'f [u8]>, out: &mut Outbox) {
+    pub(super) fn batch(&mut self, frames: impl Iterator<Item = &'f [u8]>, out: &mut Outbox) {
         for frame in frames {
             self.frame(frame, out);
         }
         self.finish_run(out);
     }
 
-    fn frame(&mut self, frame: &[u8], out: &mut Outbox) {
+    fn frame(&mut self, frame: &'f [u8], out: &mut Outbox) {
         let Ok((header, body)) = Header::parse(frame) else {
             return;
         };
@@ -233,7 +300,7 @@ impl<'a> Receiver<'a> {
         }
     }
 
-    fn ata(&mut self, reply: Header, args: AtaArgs, data: &[u8], out: &mut Outbox) {
+    fn ata(&mut self, reply: Header, args: AtaArgs, data: &'f [u8], out: &mut Outbox) {
         let limits = AtaLimits {
             sectors: self.shared.sectors,
             max_sectors: self.port.max_sectors,
@@ -285,7 +352,7 @@ impl<'a> Receiver<'a> {
         offset: u64,
         len: usize,
         pending: Pending,
-        data: &[u8],
+        data: &'f [u8],
         out: &mut Outbox,
     ) {
         if !self
@@ -294,17 +361,24 @@ impl<'a> Receiver<'a> {
             .is_some_and(|run| run.continues(write, offset, len))
         {
             self.finish_run(out);
+            let data = match (write, self.shared.inline) {
+                (false, _) => RunData::None,
+                (true, true) => RunData::Frames(Vec::with_capacity(BATCH)),
+                (true, false) => RunData::Gathered(IoBuf::new(MAX_RUN)),
+            };
             self.run = Some(Run {
                 write,
                 offset,
                 len: 0,
                 frames: Vec::with_capacity(BATCH),
-                data: write.then(|| IoBuf::new(MAX_RUN)),
+                data,
             });
         }
         let run = self.run.as_mut().expect("a run was just started");
-        if let Some(buffer) = &mut run.data {
-            buffer[run.len..run.len + len].copy_from_slice(data);
+        match &mut run.data {
+            RunData::None => {}
+            RunData::Frames(slices) => slices.push(data),
+            RunData::Gathered(buffer) => buffer[run.len..run.len + len].copy_from_slice(data),
         }
         run.len += len;
         run.frames.push(pending);
@@ -318,38 +392,52 @@ impl<'a> Receiver<'a> {
         };
         let shared = self.shared;
         if shared.inline {
-            if run.write {
-                let data = run.data.as_ref().expect("writes carry data");
+            if let RunData::Frames(slices) = &run.data {
+                let slices: Vec<IoSlice<'_>> = slices.iter().map(|s| IoSlice::new(s)).collect();
                 let result =
                     shared
                         .device
-                        .write(&data[..run.len], run.offset, WriteFlags::default());
+                        .write_vectored(&slices, run.offset, WriteFlags::default());
                 return respond(&run, None, result.err().map(|e| e.kind()), out);
             }
-            let mut buffer = IoBuf::new(run.len);
-            match shared.device.try_read(&mut buffer, run.offset) {
-                Ok(true) => return respond(&run, Some(&buffer), None, out),
-                Ok(false) => {}
-                Err(e) => return respond(&run, None, Some(e.kind()), out),
+            if !run.write {
+                // Straight into the response frames: one preadv, no copy.
+                let start = out.used;
+                for pending in &run.frames {
+                    let args = response_args(&pending.args, None);
+                    out.ata_with_room(&pending.reply, &args, pending.args.data_len());
+                }
+                let mut slices = out.data_slices(start);
+                match shared.device.try_read_vectored(&mut slices, run.offset) {
+                    Ok(true) => return,
+                    Ok(false) => out.used = start,
+                    Err(e) => {
+                        out.used = start;
+                        return respond(&run, None, Some(e.kind()), out);
+                    }
+                }
             }
         }
+        let run = run.into_owned();
         let shared = shared.clone();
         let port = self.port.clone();
         shared.in_flight.acquire();
         self.pool.submit(move || {
             let mut out = Outbox::default();
-            if run.write {
-                let data = run.data.as_ref().expect("writes carry data");
-                let result =
-                    shared
-                        .device
-                        .write(&data[..run.len], run.offset, WriteFlags::default());
-                respond(&run, None, result.err().map(|e| e.kind()), &mut out);
-            } else {
-                let mut buffer = IoBuf::new(run.len);
-                match shared.device.read(&mut buffer, run.offset) {
-                    Ok(()) => respond(&run, Some(&buffer), None, &mut out),
-                    Err(e) => respond(&run, None, Some(e.kind()), &mut out),
+            match &run.data {
+                RunData::Gathered(data) => {
+                    let result =
+                        shared
+                            .device
+                            .write(&data[..run.len], run.offset, WriteFlags::default());
+                    respond(&run, None, result.err().map(|e| e.kind()), &mut out);
+                }
+                _ => {
+                    let mut buffer = IoBuf::new(run.len);
+                    match shared.device.read(&mut buffer, run.offset) {
+                        Ok(()) => respond(&run, Some(&buffer), None, &mut out),
+                        Err(e) => respond(&run, None, Some(e.kind()), &mut out),
+                    }
                 }
             }
             out.send(port.sink.as_ref());
@@ -361,7 +449,7 @@ impl<'a> Receiver<'a> {
 /// Encodes the responses of a completed run: each frame its slice of the read data,
 /// or the error.
 fn respond(
-    run: &Run,
+    run: &Run<'_>,
     read: Option<&[u8]>,
     error: Option<blockwire_blockdev::ErrorKind>,
     out: &mut Outbox,
