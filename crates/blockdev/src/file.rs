@@ -117,9 +117,17 @@ impl FileDevice {
         info.read_only = options.read_only;
         info.completes_inline = !options.direct;
         if options.direct {
-            // O_DIRECT needs offsets and lengths aligned to the logical block size;
-            // a page covers every common file system and device.
-            info.block_sizes.minimum = logical_block.max(ALIGNMENT as u32);
+            // O_DIRECT needs offsets and lengths aligned to what the file system or
+            // device says (statx's DIO alignment, or the logical block size); a page
+            // where it says nothing.
+            let alignment = if block_device {
+                Some(logical_block)
+            } else {
+                dio_offset_alignment(&file)
+            };
+            info.block_sizes.minimum = alignment
+                .filter(|a| a.is_power_of_two() && *a <= ALIGNMENT as u32)
+                .unwrap_or(ALIGNMENT as u32);
         } else if block_device {
             info.block_sizes.minimum = 1;
         }
@@ -299,6 +307,26 @@ impl FileDevice {
             Err(err)
         }
     }
+}
+
+/// The offset alignment direct I/O on this file needs (statx STATX_DIOALIGN, Linux
+/// 6.1+), if the kernel and file system report it.
+fn dio_offset_alignment(file: &File) -> Option<u32> {
+    // SAFETY: statx is plain data; all zeroes is a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: an empty path with AT_EMPTY_PATH asks about the open descriptor; the
+    // kernel writes at most size_of::<statx>() bytes into `stx`.
+    let rc = unsafe {
+        libc::statx(
+            file.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            &mut stx,
+        )
+    };
+    (rc == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0 && stx.stx_dio_offset_align > 0)
+        .then_some(stx.stx_dio_offset_align)
 }
 
 impl BlockDevice for FileDevice {

@@ -1,6 +1,7 @@
 //! A device with a small block size over one with a larger block size, by
 //! read-modify-write: what lets a protocol with 512-byte sectors (AoE) serve a file
-//! opened for direct I/O, whose offsets and lengths must be multiples of 4 KiB.
+//! opened for direct I/O on a device or file system whose offsets and lengths must be
+//! multiples of 4 KiB.
 //!
 //! Writes that cover only part of an inner block read the partial edge blocks first.
 //! Two writes that touch the same inner block would then race (each writes back the

@@ -62,7 +62,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub read_only: bool,
 
-    /// Bypass the page cache (O_DIRECT); requests must then be 4 KiB aligned.
+    /// Bypass the page cache (O_DIRECT); requests must then be aligned as the file
+    /// system says (512 B or 4 KiB; advertised to NBD clients).
     #[arg(long)]
     pub direct: bool,
 
