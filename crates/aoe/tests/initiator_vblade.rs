@@ -214,5 +214,9 @@ fn vblade_on_two_paths_one_of_which_dies() {
         again.elapsed(),
         after.retransmits - before.retransmits
     );
-    assert!(after.retransmits - before.retransmits < 20);
+    // Only probes of the dead path (one per 100 ms) and the odd spurious one.
+    assert!(
+        after.retransmits - before.retransmits < 64,
+        "{before:?} then {after:?}"
+    );
 }
