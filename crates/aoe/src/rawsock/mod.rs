@@ -272,6 +272,10 @@ impl RawSocket {
                     _ => return Err(err),
                 }
             }
+            if timeout == Some(Duration::ZERO) {
+                // A poll for nothing: spare the poll(2).
+                return Ok(0);
+            }
             let wait_ms = match deadline {
                 None => -1,
                 Some(deadline) => {

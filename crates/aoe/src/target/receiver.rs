@@ -4,7 +4,7 @@
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use blockwire_blockdev::workers::WorkerPool;
 use blockwire_blockdev::{IoBuf, WriteFlags};
@@ -22,6 +22,8 @@ use crate::wire::{
 const BATCH: usize = 64;
 /// How often an idle receive thread looks at the stop flag.
 const POLL: Duration = Duration::from_millis(100);
+/// How long a receive thread keeps polling without sleeping after the last frame.
+const SPIN: Duration = Duration::from_micros(50);
 /// Largest device I/O a run of consecutive frames grows to.
 const MAX_RUN: usize = 1 << 20;
 
@@ -172,8 +174,17 @@ pub(super) fn run(
     let mtu = port.interface.mtu;
     let mut batch = RecvBatch::new(BATCH, mtu + ETHERNET_HEADER_LEN + 4);
     let mut out = Outbox::default();
+    let mut last_frame = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
-        let received = match socket.recv_batch(&mut batch, Some(POLL)) {
+        // While frames flow, poll without sleeping for a moment before blocking: a
+        // sleeping receiver costs every initiator frame a wake-up (an inter-processor
+        // interrupt, very dear in a VM) — measured as a third of the target's CPU.
+        let wait = if last_frame.elapsed() < SPIN {
+            Duration::ZERO
+        } else {
+            POLL
+        };
+        let received = match socket.recv_batch(&mut batch, Some(wait)) {
             Ok(n) => n,
             Err(e) => {
                 tracing::warn!("AoE: receiving on {}: {e}", port.interface.name);
@@ -181,6 +192,11 @@ pub(super) fn run(
                 continue;
             }
         };
+        if received == 0 {
+            std::hint::spin_loop();
+            continue;
+        }
+        last_frame = Instant::now();
         // Frames larger than the MTU were cut short: nothing sane to answer.
         let frames = (0..received)
             .filter(|&i| !batch.is_truncated(i))
