@@ -23,6 +23,11 @@ JOBS = [
     ("rand-read-4K", "random", "randread"),
 ]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# Target and initiator each get a CPU of their own (when there are two or more), as
+# on two hosts: otherwise they fight for one scheduler and single runs vary by 5x.
+CPUS = os.cpu_count() or 1
+PIN_TARGET = ["taskset", "-c", "0"] if CPUS >= 2 else []
+PIN_INITIATOR = ["taskset", "-c", f"1-{CPUS - 1}"] if CPUS >= 2 else []
 
 
 def sh(*args, check=True, **kwargs):
@@ -70,7 +75,7 @@ def start(server, setting, image, blockwire):
     else:
         cmd = [blockwire, "serve", image, "--aoe", "eth0", "--shelf", str(SHELF),
                "--slot", str(SLOT)] + (["--direct"] if setting == "durable" else [])
-    proc = subprocess.Popen(in_ns(TARGET_NS, *cmd), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(in_ns(TARGET_NS, *PIN_TARGET, *cmd), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.time() + 20
     while time.time() < deadline:
@@ -100,7 +105,7 @@ def measure(server, setting, image, size, seconds, blockwire):
     try:
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             before = cpu_seconds(proc.pid)
-            sh(*in_ns(INITIATOR_NS, blockwire, "bench", URI,
+            sh(*in_ns(INITIATOR_NS, *PIN_INITIATOR, blockwire, "bench", URI,
                       "--workload", "sequential,random", "--random-depths", "16",
                       "--size", size, "--time", str(seconds),
                       "--target-pid", str(proc.pid), "--json", out.name),

@@ -31,8 +31,14 @@ impl AoeLab {
     /// Builds the namespaces (one link of `mtu`) and starts
     /// `blockwire serve ARGS... --aoe eth0 --shelf 1 --slot 2` in the target one.
     pub fn start(short: &str, mtu: usize, args: &[&str]) -> AoeLab {
+        AoeLab::start_links(short, 1, mtu, args)
+    }
+
+    /// Like [`start`](Self::start) with `links` veth pairs, the target answering on
+    /// all of them (`--aoe eth0,eth1,...`).
+    pub fn start_links(short: &str, links: usize, mtu: usize, args: &[&str]) -> AoeLab {
         let tag = format!("{short}{}", std::process::id() % 100000);
-        let lab = VethLab::new(&tag, 1, mtu).expect("build the veth lab");
+        let lab = VethLab::new(&tag, links, mtu).expect("build the veth lab");
         let mut lab = AoeLab {
             served: None,
             lab,
@@ -45,9 +51,10 @@ impl AoeLab {
     /// Starts (again) the target with these arguments.
     pub fn restart(&mut self, args: &[&str]) {
         let mut command = self.lab.command_in(self.lab.target_ns(), blockwire_bin());
+        let interfaces = self.lab.interfaces().join(",");
         command.arg("serve").args(args).args([
             "--aoe",
-            "eth0",
+            &interfaces,
             "--shelf",
             &SHELF.to_string(),
             "--slot",

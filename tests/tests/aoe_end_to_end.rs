@@ -57,6 +57,32 @@ fn conformance_suite_through_aoe_to_a_direct_io_export() {
 }
 
 #[test]
+fn two_links_are_two_paths_and_both_carry_frames() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let file = backing_file(&dir, 64 * MIB);
+    let lab = AoeLab::start_links("c2", 2, 1500, &[&file]);
+    let uri: AoeUri = format!("aoe://eth0,eth1/e{SHELF}.{SLOT}").parse().unwrap();
+    let client = lab.lab.run_in(lab.lab.initiator_ns(), || {
+        AoeClient::open(&uri, AoeOptions::default()).expect("open over two links")
+    });
+    assert_eq!(client.paths().len(), 2, "one path per link");
+    let device = Device::new(Arc::new(client));
+    conformance::run_all(&device);
+    // Both links carried traffic (the target's receive counters on each).
+    for link in ["eth0", "eth1"] {
+        let output = lab
+            .lab
+            .command_in(lab.lab.target_ns(), "cat")
+            .arg(format!("/sys/class/net/{link}/statistics/rx_packets"))
+            .output()
+            .unwrap();
+        let packets: u64 = text(&output.stdout).trim().parse().unwrap_or(0);
+        assert!(packets > 100, "{link} carried only {packets} frames");
+    }
+}
+
+#[test]
 fn info_copy_bench_and_gateway_on_an_aoe_uri() {
     require_root!();
     let dir = tempfile::tempdir().unwrap();

@@ -19,7 +19,7 @@ use crate::wire::{
 };
 
 /// Frames taken per receive call.
-const BATCH: usize = 64;
+const BATCH: usize = 16;
 /// How often an idle receive thread looks at the stop flag.
 const POLL: Duration = Duration::from_millis(100);
 /// How long a receive thread keeps polling without sleeping after the last frame.
