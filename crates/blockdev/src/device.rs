@@ -164,3 +164,18 @@ pub trait BlockDevice: Send + Sync {
         Err(Error::new(ErrorKind::Unsupported, Op::Cache, offset, len))
     }
 }
+
+/// Writes each buffer in turn with [`BlockDevice::write_at`], from `offset` on.
+pub(crate) fn write_each<D: BlockDevice + ?Sized>(
+    device: &D,
+    bufs: &[IoSlice<'_>],
+    offset: u64,
+    flags: WriteFlags,
+) -> Result<()> {
+    let mut at = offset;
+    for buf in bufs {
+        device.write_at(buf, at, flags)?;
+        at += buf.len() as u64;
+    }
+    Ok(())
+}

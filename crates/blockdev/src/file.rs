@@ -19,7 +19,7 @@ use crate::buffer::{IoBuf, ALIGNMENT};
 
 /// Most buffers one preadv/pwritev takes (IOV_MAX on Linux).
 const MAX_IOVECS: usize = 1024;
-use crate::device::{BlockDevice, Extent, ExtentState, WriteFlags, ZeroFlags};
+use crate::device::{write_each, BlockDevice, Extent, ExtentState, WriteFlags, ZeroFlags};
 use crate::error::{Error, ErrorKind, Op, Result};
 use crate::info::{Capabilities, DeviceInfo, Support};
 
@@ -339,30 +339,7 @@ impl BlockDevice for FileDevice {
     }
 
     fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Result<bool> {
-        if self.direct || !self.nowait_works.load(Ordering::Relaxed) {
-            return Ok(false);
-        }
-        let iov = libc::iovec {
-            iov_base: buf.as_mut_ptr() as *mut libc::c_void,
-            iov_len: buf.len(),
-        };
-        // SAFETY: iov points into `buf`, which outlives the call.
-        let n = unsafe { libc::preadv2(self.fd(), &iov, 1, offset as i64, libc::RWF_NOWAIT) };
-        if n as usize == buf.len() {
-            return Ok(true);
-        }
-        if n < 0 {
-            let err = io::Error::last_os_error();
-            match err.raw_os_error() {
-                Some(libc::EAGAIN) | Some(libc::EINTR) => {}
-                Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => {
-                    self.nowait_works.store(false, Ordering::Relaxed);
-                }
-                _ => return Err(Error::from_io(err, Op::Read, offset, buf.len() as u64)),
-            }
-        }
-        // A short read: part of the range is not cached. Let a worker read it all.
-        Ok(false)
+        self.try_read_vectored_at(&mut [IoSliceMut::new(buf)], offset)
     }
 
     fn try_read_vectored_at(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<bool> {
@@ -397,6 +374,7 @@ impl BlockDevice for FileDevice {
                 _ => return Err(Error::from_io(err, Op::Read, offset, total as u64)),
             }
         }
+        // A short read: part of the range is not cached. Let a worker read it all.
         Ok(false)
     }
 
@@ -408,12 +386,7 @@ impl BlockDevice for FileDevice {
     ) -> Result<()> {
         if self.direct || flags.fua || bufs.len() > MAX_IOVECS {
             // Alignment bounces and durable writes have their own paths.
-            let mut at = offset;
-            for buf in bufs {
-                self.write_at(buf, at, flags)?;
-                at += buf.len() as u64;
-            }
-            return Ok(());
+            return write_each(self, bufs, offset, flags);
         }
         let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();
         let mut iovecs: Vec<libc::iovec> = bufs

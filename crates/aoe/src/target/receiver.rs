@@ -135,6 +135,14 @@ impl Outbox {
             .collect()
     }
 
+    /// A response carrying `body`.
+    fn message(&mut self, reply: &Header, body: &Body<'_>) {
+        let frame = self.next();
+        reply.encode(frame);
+        body.encode(frame);
+        pad_to_minimum(frame);
+    }
+
     fn error(&mut self, reply: &Header, error: AoeError) {
         let frame = self.next();
         let mut header = *reply;
@@ -274,21 +282,11 @@ impl<'a, 'f> Receiver<'a, 'f> {
                 out.error(&reply, AoeError::TargetReserved)
             }
             Body::MacMaskList(list) => match shared.access.mask_list(&list) {
-                Ok(list) => {
-                    let frame = out.next();
-                    reply.encode(frame);
-                    list.encode(frame);
-                    pad_to_minimum(frame);
-                }
+                Ok(list) => out.message(&reply, &Body::MacMaskList(list)),
                 Err(e) => out.error(&reply, e),
             },
             Body::ReserveRelease(list) => match shared.access.reserve(&header.src, &list) {
-                Ok(list) => {
-                    let frame = out.next();
-                    reply.encode(frame);
-                    list.encode(frame);
-                    pad_to_minimum(frame);
-                }
+                Ok(list) => out.message(&reply, &Body::ReserveRelease(list)),
                 Err(e) => out.error(&reply, e),
             },
             Body::Ata(args, data) => self.ata(reply, args, data, out),
@@ -306,10 +304,7 @@ impl<'a, 'f> Receiver<'a, 'f> {
                     command: query.command,
                     config: &config,
                 };
-                let frame = out.next();
-                reply.encode(frame);
-                answer.encode(frame);
-                pad_to_minimum(frame);
+                out.message(reply, &Body::QueryConfig(answer));
             }
             ConfigAnswer::Silent => {}
             ConfigAnswer::Error(e) => out.error(reply, e),
