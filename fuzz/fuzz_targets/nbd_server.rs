@@ -43,7 +43,7 @@ impl Write for Pipe {
 
 fn pool() -> &'static WorkerPool {
     static POOL: OnceLock<WorkerPool> = OnceLock::new();
-    POOL.get_or_init(|| WorkerPool::new(2))
+    POOL.get_or_init(|| WorkerPool::new("fuzz-worker", 2))
 }
 
 fuzz_target!(|data: &[u8]| {

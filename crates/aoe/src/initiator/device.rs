@@ -503,6 +503,8 @@ impl BlockDevice for AoeClient {
 
 impl Drop for AoeClient {
     fn drop(&mut self) {
+        // What a user tuning a link wants to see with -v: were frames lost?
+        tracing::debug!("AoE {} closing: {:?}", self.uri, self.stats());
         self.engine.stop(std::mem::take(&mut self.receivers));
     }
 }

@@ -129,6 +129,22 @@ mod tests {
     }
 
     #[test]
+    fn zero_sector_transfers_get_a_padded_answer() {
+        let target = harness();
+        let mut read = ata_frame(9, ata::READ_SECTORS_EXT, 4, &[]);
+        read[26] = 0; // sector count
+        let mut write = ata_frame(10, ata::WRITE_SECTORS_EXT, 4, &[1; 1024]);
+        write[26] = 0;
+        let answers = target.handle(&[&read, &write]);
+        assert_eq!(answers.len(), 2);
+        for answer in answers {
+            assert!(answer.len() >= crate::wire::MIN_FRAME_LEN);
+            let (_, body) = Header::parse(&answer).unwrap();
+            assert_eq!(AtaArgs::parse(body).unwrap().0.cmd_status, ata::STATUS_DRDY);
+        }
+    }
+
+    #[test]
     fn flush_answers_through_a_worker() {
         let target = harness();
         let answers = target.handle(&[&ata_frame(7, ata::FLUSH_CACHE_EXT, 0, &[])]);

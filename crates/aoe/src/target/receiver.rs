@@ -319,6 +319,10 @@ impl<'a, 'f> Receiver<'a, 'f> {
         };
         let pending = Pending { reply, args };
         match classify(&args, data.len(), &limits) {
+            // Zero sectors: nothing to move, and no room for a run to grow from.
+            AtaAction::Read { len: 0, .. } | AtaAction::Write { len: 0, .. } => {
+                out.ata(&reply, &response_args(&args, None), &[])
+            }
             AtaAction::Read { offset, len } => self.gather(false, offset, len, pending, &[], out),
             AtaAction::Write { offset, len } => {
                 self.gather(true, offset, len, pending, &data[..len], out)
