@@ -83,6 +83,60 @@ fn two_links_are_two_paths_and_both_carry_frames() {
 }
 
 #[test]
+fn a_config_file_serves_one_export_over_aoe_and_nbd() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let file = backing_file(&dir, 16 * MIB);
+    let socket = dir.path().join("nbd.sock");
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nsocket = [\"{}\"]\n\n[[export]]\nname = \"disk\"\npath = \"{file}\"\n\
+             aoe = {{ interfaces = [\"eth0\"], shelf = {SHELF}, slot = {SLOT}, \
+             buffer_count = 32, config_string = \"rack-7\" }}\n",
+            path_str(&socket)
+        ),
+    )
+    .unwrap();
+    let tag = format!("cg{}", std::process::id() % 100000);
+    let lab = blockwire_tests::netns::VethLab::new(&tag, 1, 1500).unwrap();
+    let mut command = lab.command_in(lab.target_ns(), blockwire_bin());
+    command.arg("serve").arg("--config").arg(&config);
+    let served = Served::spawn_ready(command, "disk");
+
+    let output = lab
+        .command_in(lab.initiator_ns(), blockwire_bin())
+        .args(["info", "--json", &uri()])
+        .output()
+        .unwrap();
+    let info = text(&output.stdout);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(info.contains("\"config_string\": \"rack-7\""), "{info}");
+    assert!(info.contains("\"buffer_count\": 32"), "{info}");
+
+    let uri: AoeUri = uri().parse().unwrap();
+    let aoe = lab.run_in(lab.initiator_ns(), || {
+        AoeClient::open(&uri, AoeOptions::default()).expect("open the AoE export")
+    });
+    let aoe = Device::new(Arc::new(aoe));
+    let data = vec![0x5a; 64 << 10];
+    aoe.write(&data, 1 << 20, blockwire_blockdev::WriteFlags::default())
+        .unwrap();
+    let nbd_uri = format!("nbd+unix:///disk?socket={}", path_str(&socket));
+    let nbd = blockwire_nbd::client::NbdClient::connect(
+        &nbd_uri.parse().unwrap(),
+        blockwire_nbd::client::ClientOptions::default(),
+    )
+    .expect("connect over NBD");
+    let mut back = vec![0; data.len()];
+    Device::new(Arc::new(nbd)).read(&mut back, 1 << 20).unwrap();
+    assert!(back == data, "an AoE write reads back over NBD");
+    drop(aoe);
+    drop(served);
+}
+
+#[test]
 fn info_copy_bench_and_gateway_on_an_aoe_uri() {
     require_root!();
     let dir = tempfile::tempdir().unwrap();
