@@ -34,27 +34,38 @@ pub fn render(report: &RunReport) -> String {
         out.push_str("nothing was measured\n");
         return out;
     }
-    let mut table = TextTable::new(
-        &[
-            "workload",
-            "op",
-            "block",
-            "qd",
-            "MB/s",
-            "IOPS",
-            "p50 us",
-            "p99 us",
-            "p99.9 us",
-            "max us",
-            "CPU%",
-            "tgt CPU%",
-            "MB/s/CPU%",
-        ],
-        2,
-    );
+    // Against the link: how much of what the network carries the storage delivers
+    // (the seeds' "efficiency against the theoretical maximum", link side).
+    let link = report.network_mb_per_s.filter(|mb| *mb > 0.0);
+    let mut columns = vec![
+        "workload",
+        "op",
+        "block",
+        "qd",
+        "MB/s",
+        "IOPS",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "max us",
+        "CPU%",
+        "tgt CPU%",
+        "MB/s/CPU%",
+    ];
+    if link.is_some() {
+        columns.push("% of link");
+    }
+    let mut table = TextTable::new(&columns, 2);
     for r in &report.results {
         let mut row = vec![r.workload.clone(), r.op.clone()];
         row.extend(figure_cells(r));
+        if let Some(link) = link {
+            row.push(if r.workload != "network" && r.bytes > 0 {
+                format!("{:.0}%", 100.0 * r.mb_per_s / link)
+            } else {
+                "-".into()
+            });
+        }
         table.row(row);
     }
     out.push('\n');
@@ -74,6 +85,7 @@ mod tests {
         assert!(text.starts_with("target: /mnt/nfs (nfs)\n"));
         assert!(text.contains("data set 8G, direct I/O"));
         assert!(text.contains("network: 1174 MB/s"));
+        assert!(text.contains("% of link"));
         let lines: Vec<&str> = text.lines().collect();
         let header = lines
             .iter()
@@ -83,5 +95,25 @@ mod tests {
         let width = lines[header + 2].len();
         assert!(lines[header + 2..].iter().all(|l| l.len() <= width + 2));
         assert!(text.contains("seq_create"));
+    }
+
+    #[test]
+    fn storage_rows_show_their_share_of_the_link() {
+        let mut report = sample::report("nfs", 1.0);
+        report.network_mb_per_s = Some(200.0);
+        let row = report
+            .results
+            .iter()
+            .position(|r| r.workload != "network" && r.bytes > 0)
+            .unwrap();
+        report.results[row].mb_per_s = 150.0;
+        let text = render(&report);
+        let line = text
+            .lines()
+            .find(|l| l.contains(&report.results[row].op) && l.contains("150"))
+            .unwrap();
+        assert!(line.trim_end().ends_with("75%"), "{line}");
+        report.network_mb_per_s = None;
+        assert!(!render(&report).contains("% of link"));
     }
 }
