@@ -159,7 +159,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     println!(
         "NBD/local is the efficiency of the network path against the device itself. CPU% is\n\
          this whole process (initiator and target both run in it), 100% = one core.\n\
-         Measure your own storage: blockwire bench PATH|nbd://HOST/EXPORT"
+         Measure your own storage: blockwire bench PATH|nbd://HOST/EXPORT|aoe://IFACE/eSHELF.SLOT"
     );
     Ok(())
 }
