@@ -345,3 +345,44 @@ fn nbd_server_conformance() {
     );
     conformance_with(&mut peer, &uri);
 }
+
+/// A server that stops answering: with a request timeout the request fails as timed
+/// out (and the connection closes) instead of waiting forever; without one, a slow
+/// but live server is waited for.
+#[test]
+fn request_timeout_fails_a_request_the_server_sits_on() {
+    require!("nbdkit");
+    let port = free_port();
+    // Every read waits 30 s in the server.
+    let mut peer = Peer::start(
+        "nbdkit delay",
+        &mut nbdkit(
+            port,
+            false,
+            &["--filter=delay", "memory", "16M", "rdelay=30"],
+        ),
+    );
+    let uri = NbdUri::tcp("127.0.0.1", port, "");
+    let options = ClientOptions {
+        request_timeout: Some(Duration::from_millis(500)),
+        ..ClientOptions::default()
+    };
+    let device = Device::new(Arc::new(peer.connect(&uri, options)));
+    let started = Instant::now();
+    let mut buf = vec![0u8; 4096];
+    let err = device
+        .read(&mut buf, 0)
+        .expect_err("the server never answers in time");
+    assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "gave up after {:?}",
+        started.elapsed()
+    );
+    assert!(err.to_string().contains("no reply"), "{err}");
+    // Writes are not delayed, but the connection is closed now: they fail too.
+    let err = device
+        .write(&[1; 4096], 0, WriteFlags::default())
+        .expect_err("a closed connection takes no more requests");
+    assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
+}

@@ -14,6 +14,7 @@ use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
+use std::time::Duration;
 
 use blockwire_blockdev::{Error, ErrorKind, Op};
 
@@ -107,6 +108,8 @@ pub(crate) struct Connection {
     shared: Arc<Shared>,
     reader: Option<JoinHandle<()>>,
     in_flight: AtomicUsize,
+    /// How long a request may wait for its reply before the connection is closed.
+    request_timeout: Option<Duration>,
     structured: bool,
     context: Option<u32>,
 }
@@ -118,6 +121,7 @@ impl Connection {
         details: &ExportDetails,
         address: &str,
         index: usize,
+        request_timeout: Option<Duration>,
     ) -> io::Result<Connection> {
         let reader_socket = socket.try_clone()?;
         let control = socket.try_clone()?;
@@ -139,6 +143,7 @@ impl Connection {
             shared,
             reader: Some(reader),
             in_flight: AtomicUsize::new(0),
+            request_timeout,
             structured: details.structured,
             context: details.base_allocation_id,
         })
@@ -204,7 +209,26 @@ impl Connection {
                 self.shared.name
             ));
         }
-        let result = slot.wait();
+        let result = match self.request_timeout {
+            None => slot.wait(),
+            Some(limit) => match slot.wait_timeout(limit) {
+                Some(result) => result,
+                None => {
+                    // The caller's buffer is lent to the reader thread: closing the
+                    // connection makes it hand every request back, this one with the
+                    // timeout as its error.
+                    let reason = format!(
+                        "{}: no reply to {op} at {offset} within {limit:?}; connection closed",
+                        self.shared.name
+                    );
+                    if self.shared.close(ErrorKind::TimedOut, reason.clone()) {
+                        tracing::warn!("{reason}");
+                    }
+                    self.shared.shutdown();
+                    slot.wait()
+                }
+            },
+        };
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
         result
     }

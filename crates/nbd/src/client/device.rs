@@ -31,6 +31,10 @@ pub struct ClientOptions {
     pub base_allocation: bool,
     /// How long the server may take to answer each handshake message.
     pub handshake_timeout: Duration,
+    /// How long a request may wait for its reply; then the connection is closed and
+    /// every request on it fails with a timed-out error. `None` waits forever (a slow
+    /// flush is not a dead server).
+    pub request_timeout: Option<Duration>,
 }
 
 impl Default for ClientOptions {
@@ -40,6 +44,7 @@ impl Default for ClientOptions {
             structured: true,
             base_allocation: true,
             handshake_timeout: Duration::from_secs(30),
+            request_timeout: None,
         }
     }
 }
@@ -117,7 +122,10 @@ impl NbdClient {
         };
         let (socket, details) = open(uri, &options)?;
         let mut connections =
-            vec![Connection::start(socket, &details, &address, 0).map_err(start_failed)?];
+            vec![
+                Connection::start(socket, &details, &address, 0, options.request_timeout)
+                    .map_err(start_failed)?,
+            ];
         let wanted = options.connections.max(1);
         if wanted > 1 && !details.has(NBD_FLAG_CAN_MULTI_CONN) {
             tracing::warn!(
@@ -135,7 +143,8 @@ impl NbdClient {
                     });
                 }
                 connections.push(
-                    Connection::start(socket, &other, &address, index).map_err(start_failed)?,
+                    Connection::start(socket, &other, &address, index, options.request_timeout)
+                        .map_err(start_failed)?,
                 );
             }
         }

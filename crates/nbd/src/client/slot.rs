@@ -7,6 +7,7 @@
 //! caller, which lent the buffer, waits for completion before it touches it again.
 
 use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use blockwire_blockdev::{Error, Op};
 
@@ -82,6 +83,24 @@ impl Slot {
                 return result;
             }
             slot = self.ready.wait(slot).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Like [`wait`](Self::wait), but gives up after `limit` and returns `None`
+    /// (the slot is then still lent to the reader thread).
+    pub fn wait_timeout(&self, limit: Duration) -> Option<Result<Outcome, Error>> {
+        let deadline = Instant::now() + limit;
+        let mut slot = self.result.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(result) = slot.take() {
+                return Some(result);
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            slot = self
+                .ready
+                .wait_timeout(slot, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 }
