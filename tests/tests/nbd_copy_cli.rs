@@ -81,3 +81,55 @@ fn refuses_a_destination_smaller_than_the_source() {
     assert!(stderr.contains("destination holds"), "{stderr}");
     assert_eq!(std::fs::metadata(&small).unwrap().len(), 1 << 20);
 }
+
+/// `--timeout` bounds how long a remote target may sit on a request: against an
+/// nbdkit whose reads take 30 s, the copy fails with a clear error within seconds.
+#[test]
+fn a_timeout_fails_a_copy_from_a_server_that_does_not_answer() {
+    blockwire_tests::require!("nbdkit");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let mut nbdkit = Command::new("nbdkit")
+        .args([
+            "-f",
+            "--exit-with-parent",
+            "-p",
+            &port.to_string(),
+            "--ipaddr",
+            "127.0.0.1",
+        ])
+        .args(["--filter=delay", "pattern", "16M", "rdelay=30"])
+        .spawn()
+        .expect("start nbdkit");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.img");
+    let uri = format!("nbd://127.0.0.1:{port}/");
+    let started = std::time::Instant::now();
+    let mut output = None;
+    // nbdkit may take a moment to listen.
+    for _ in 0..50 {
+        let attempt = Command::new(blockwire_bin())
+            .args(["copy", &uri])
+            .arg(&out)
+            .args(["--timeout", "0.5"])
+            .output()
+            .unwrap();
+        let text = blockwire_tests::text(&attempt.stderr);
+        if text.contains("onnection refused") {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            continue;
+        }
+        output = Some(attempt);
+        break;
+    }
+    // SAFETY: kill(2) on our own child's PID.
+    unsafe { libc::kill(nbdkit.id() as i32, libc::SIGTERM) };
+    let _ = nbdkit.wait();
+    let output = output.expect("nbdkit listened");
+    let stderr = blockwire_tests::text(&output.stderr);
+    assert!(!output.status.success(), "the copy must fail");
+    assert!(stderr.contains("no reply"), "{stderr}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+}

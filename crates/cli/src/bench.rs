@@ -12,7 +12,7 @@ use blockwire_bench::{BenchConfig, RunRequest, Workload};
 use blockwire_blockdev::size::parse_size;
 use clap::Args;
 
-use crate::open::{open, Target};
+use crate::open::{open, parse_timeout, Remote, Target};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -45,6 +45,11 @@ pub struct BenchArgs {
     /// NBD connections for an nbd:// target (used when the server allows several).
     #[arg(long, default_value_t = 1)]
     pub connections: usize,
+
+    /// Fail when a remote target leaves a request unanswered this many seconds
+    /// (default: NBD waits, AoE gives up after 10).
+    #[arg(long, value_name = "SECS", value_parser = parse_timeout)]
+    pub timeout: Option<Duration>,
 
     /// Bypass the page cache with O_DIRECT (the default).
     #[arg(long, conflicts_with = "buffered")]
@@ -182,7 +187,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
     // A URI is opened through our initiator; the storage workloads run on it.
     let remote_device = if remote {
-        Some(open(&Target::parse(&target)?, false, args.connections)?)
+        let remote = Remote {
+            connections: args.connections,
+            timeout: args.timeout,
+        };
+        Some(open(&Target::parse(&target)?, false, remote)?)
     } else {
         None
     };

@@ -1,7 +1,7 @@
 //! `blockwire copy SRC DST`: any path or NBD URI to any other, sparse-aware and
 //! parallel, with progress and an optional verify pass.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 use blockwire_blockdev::copy::{compare, copy, CopyOptions};
@@ -9,17 +9,21 @@ use blockwire_blockdev::size::parse_size;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::open::{open, open_destination, Target};
+use crate::open::{open, open_destination, parse_timeout, Remote, Target};
 
 #[derive(Args, Debug)]
 pub struct CopyArgs {
-    /// What to copy: a file, a block device or an NBD URI.
+    /// What to copy: a file, a block device or a URI (nbd://, aoe://).
     pub source: String,
-    /// Where to: a file (created sparse if missing), a block device or an NBD URI.
+    /// Where to: a file (created sparse if missing), a block device or a URI.
     pub destination: String,
     /// Connections per NBD URI (used when the server allows several).
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
+    /// Fail when a remote target leaves a request unanswered this many seconds
+    /// (default: NBD waits, AoE gives up after 10).
+    #[arg(long, value_name = "SECS", value_parser = parse_timeout)]
+    pub timeout: Option<Duration>,
     /// Requests in flight.
     #[arg(long, default_value_t = 16)]
     pub requests: usize,
@@ -55,9 +59,13 @@ pub fn run(args: CopyArgs) -> Result<()> {
     if source_target == destination_target {
         bail!("source and destination are the same");
     }
-    let source = open(&source_target, true, args.connections)?;
+    let remote = Remote {
+        connections: args.connections,
+        timeout: args.timeout,
+    };
+    let source = open(&source_target, true, remote)?;
     let (destination, destination_is_zero) =
-        open_destination(&destination_target, source.size(), args.connections)?;
+        open_destination(&destination_target, source.size(), remote)?;
     let options = CopyOptions {
         request_size: args.request_size as usize,
         workers: args.requests.max(1),

@@ -5,6 +5,7 @@
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use blockwire_aoe::initiator::{AoeClient, AoeOptions, AoeUri};
@@ -39,13 +40,43 @@ impl Target {
     }
 }
 
+/// How remote targets (initiators) are opened.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Remote {
+    /// NBD connections, when the server allows several.
+    pub connections: usize,
+    /// How long a request may wait for an answer (NBD default: forever; AoE: 10 s).
+    pub timeout: Option<Duration>,
+}
+
+impl Default for Remote {
+    fn default() -> Self {
+        Remote {
+            connections: 1,
+            timeout: None,
+        }
+    }
+}
+
+/// Parses `--timeout SECS` (fractions allowed, above zero).
+pub fn parse_timeout(text: &str) -> std::result::Result<Duration, String> {
+    let secs: f64 = text
+        .parse()
+        .map_err(|_| format!("'{text}' is not a number of seconds"))?;
+    if !(secs > 0.0 && secs.is_finite()) {
+        return Err(format!("the timeout must be above zero, not '{text}'"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
 /// Opens a target for reading (and writing unless `read_only`).
-pub fn open(target: &Target, read_only: bool, connections: usize) -> Result<Device> {
+pub fn open(target: &Target, read_only: bool, remote: Remote) -> Result<Device> {
     match target {
         Target::Path(path) => open_path(path, read_only),
         Target::Nbd(uri) => {
             let options = ClientOptions {
-                connections,
+                connections: remote.connections,
+                request_timeout: remote.timeout,
                 ..ClientOptions::default()
             };
             let client = NbdClient::connect(uri, options).map_err(|e| anyhow!("{e}"))?;
@@ -56,7 +87,11 @@ pub fn open(target: &Target, read_only: bool, connections: usize) -> Result<Devi
             Ok(device)
         }
         Target::Aoe(uri) => {
-            let client = AoeClient::open(uri, AoeOptions::default()).map_err(|e| anyhow!("{e}"))?;
+            let mut options = AoeOptions::default();
+            if let Some(timeout) = remote.timeout {
+                options.timeout = timeout;
+            }
+            let client = AoeClient::open(uri, options).map_err(|e| anyhow!("{e}"))?;
             Ok(Device::new(Arc::new(client)))
         }
     }
@@ -92,14 +127,14 @@ pub fn create_sparse(path: &Path, size: u64) -> Result<()> {
 
 /// Opens a copy destination. A path that does not exist is created as a sparse file
 /// of `size` bytes; the flag says whether the device is known to read as zeroes.
-pub fn open_destination(target: &Target, size: u64, connections: usize) -> Result<(Device, bool)> {
+pub fn open_destination(target: &Target, size: u64, remote: Remote) -> Result<(Device, bool)> {
     if let Target::Path(path) = target {
         if !path.exists() {
             create_sparse(path, size)?;
             return Ok((open_path(path, false)?, true));
         }
     }
-    Ok((open(target, false, connections)?, false))
+    Ok((open(target, false, remote)?, false))
 }
 
 #[cfg(test)]
@@ -130,5 +165,13 @@ mod tests {
         ));
         assert!(Target::parse("aoe://eth0/1.2").is_err());
         assert!(Target::parse("iscsi://host/iqn.x/0").is_err());
+    }
+
+    #[test]
+    fn timeouts_are_positive_seconds() {
+        assert_eq!(parse_timeout("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_timeout("0").is_err());
+        assert!(parse_timeout("-2").is_err());
+        assert!(parse_timeout("soon").is_err());
     }
 }

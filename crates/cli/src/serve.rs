@@ -13,7 +13,7 @@ use blockwire_nbd::{Export, ExportSet, Server, ServerConfig};
 use clap::Args;
 
 use crate::config::{AoeSection, Config, ExportSection};
-use crate::open::{create_sparse, open, Target};
+use crate::open::{create_sparse, open, Remote, Target};
 
 /// The remote target a PATH argument names, if it is a URI (nbd://, aoe://).
 fn remote_target(path: &Path) -> Result<Option<Target>> {
@@ -218,7 +218,7 @@ fn export_from_args(args: &ServeArgs) -> Result<Export> {
                     path.display()
                 );
             }
-            let device = open(&target, args.read_only, 1)?;
+            let device = open(&target, args.read_only, Remote::default())?;
             let device = if args.read_only {
                 device.read_only()
             } else {
