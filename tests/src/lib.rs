@@ -234,3 +234,32 @@ pub fn sparse_file(dir: &Path, name: &str, len: u64) -> PathBuf {
     file.set_len(len).expect("size sparse file");
     path
 }
+
+/// A TCP port on loopback that was free a moment ago, for peer servers that take a
+/// port number rather than a socket (nbdkit, qemu-nbd, nbd-server); another process
+/// could take it in between, which on loopback in a test run is rare enough.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind a free port")
+        .port()
+}
+
+/// `nbdkit -f --exit-with-parent` on 127.0.0.1:`port` (read-only with `-r`), with
+/// the plugin, its arguments and any filters in `plugin`.
+pub fn nbdkit(port: u16, read_only: bool, plugin: &[&str]) -> Command {
+    let mut command = Command::new("nbdkit");
+    command.args([
+        "-f",
+        "--exit-with-parent",
+        "-p",
+        &port.to_string(),
+        "--ipaddr",
+        "127.0.0.1",
+    ]);
+    if read_only {
+        command.arg("-r");
+    }
+    command.args(plugin);
+    command
+}

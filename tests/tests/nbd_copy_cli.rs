@@ -87,22 +87,14 @@ fn refuses_a_destination_smaller_than_the_source() {
 #[test]
 fn a_timeout_fails_a_copy_from_a_server_that_does_not_answer() {
     blockwire_tests::require!("nbdkit");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
-    let mut nbdkit = Command::new("nbdkit")
-        .args([
-            "-f",
-            "--exit-with-parent",
-            "-p",
-            &port.to_string(),
-            "--ipaddr",
-            "127.0.0.1",
-        ])
-        .args(["--filter=delay", "pattern", "16M", "rdelay=30"])
-        .spawn()
-        .expect("start nbdkit");
+    let port = blockwire_tests::free_port();
+    let mut nbdkit = blockwire_tests::nbdkit(
+        port,
+        false,
+        &["--filter=delay", "pattern", "16M", "rdelay=30"],
+    )
+    .spawn()
+    .expect("start nbdkit");
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.img");
     let uri = format!("nbd://127.0.0.1:{port}/");

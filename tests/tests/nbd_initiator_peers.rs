@@ -4,7 +4,6 @@
 //! through the initiator, and stops the server by the PID it started. A test whose
 //! peer program is missing is skipped with a message.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -14,17 +13,7 @@ use std::time::{Duration, Instant};
 use blockwire_blockdev::conformance::{self, pattern};
 use blockwire_blockdev::{Device, ErrorKind, FileDevice, FileOptions, WriteFlags};
 use blockwire_nbd::client::{list_exports, ClientError, ClientOptions, NbdClient, NbdUri};
-use blockwire_tests::{path_str, require, sparse_file, MIB};
-
-/// A port that was free a moment ago. Peers take a port number, not a socket, so
-/// another process could take it in between; on loopback in a test run that is
-/// rare enough.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind a free port")
-        .port()
-}
+use blockwire_tests::{free_port, nbdkit, path_str, require, sparse_file, MIB};
 
 /// A peer server we started, stopped when dropped: the child itself and, for a
 /// server that daemonizes, the daemon's PID from the pid file we told it to write.
@@ -141,24 +130,6 @@ fn conformance_with(peer: &mut Peer, uri: &NbdUri) {
         );
         conformance::run_all(&Device::new(Arc::new(client)));
     }
-}
-
-/// `nbdkit -f` on 127.0.0.1:PORT with PLUGIN ARGS (read-only with `-r`).
-fn nbdkit(port: u16, read_only: bool, plugin: &[&str]) -> Command {
-    let mut command = Command::new("nbdkit");
-    command.args([
-        "-f",
-        "--exit-with-parent",
-        "-p",
-        &port.to_string(),
-        "--ipaddr",
-        "127.0.0.1",
-    ]);
-    if read_only {
-        command.arg("-r");
-    }
-    command.args(plugin);
-    command
 }
 
 #[test]

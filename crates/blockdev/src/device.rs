@@ -122,12 +122,7 @@ pub trait BlockDevice: Send + Sync {
         offset: u64,
         flags: WriteFlags,
     ) -> Result<()> {
-        let mut at = offset;
-        for buf in bufs {
-            self.write_at(buf, at, flags)?;
-            at += buf.len() as u64;
-        }
-        Ok(())
+        write_each(self, bufs, offset, flags)
     }
 
     /// Makes every completed write durable.

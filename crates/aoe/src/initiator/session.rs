@@ -1081,7 +1081,8 @@ impl<R: Clone> Session<R> {
         }
     }
 
-    /// Sends the frame in `slot` again: a new tag, the next path, a doubled timer.
+    /// Sends the frame in `slot` again: a new tag, the next path (writes: the same
+    /// path unless it is dead), a doubled timer.
     /// Returns the updated frame.
     fn retransmit(
         &mut self,
@@ -1104,7 +1105,16 @@ impl<R: Clone> Session<R> {
         frame.deadline = now + self.rtt.backoff(frame.retries);
         let failures = &mut self.path_state[frame.path].failures;
         *failures = failures.saturating_add(1);
-        frame.path = self.other_path(frame.path);
+        // A write's copies stay on one path while it is alive: the target takes a
+        // path's frames in order, so a stale copy is written before anything sent
+        // after it. Across paths a late copy could land after a newer write to the
+        // same sectors and undo it (seen in the two-link conformance test).
+        let is_write = self.requests[frame.request as usize]
+            .as_ref()
+            .is_some_and(|r| r.plan.kind == Kind::Write);
+        if !is_write || !self.healthy(frame.path) {
+            frame.path = self.other_path(frame.path);
+        }
         self.slots[slot].generation = (self.slots[slot].generation + 1) & GEN_MASK;
         self.slots[slot].frame = Some(frame);
         out.transmits.push(self.transmit(slot, true));

@@ -1086,3 +1086,27 @@ fn drive_lossy(
         }
     }
 }
+
+#[test]
+fn a_lost_write_frame_is_resent_on_its_own_path_a_read_on_the_other() {
+    let mut cfg = config(16, 2);
+    cfg.paths = vec![path(0, INITIATOR, TARGET), path(1, INITIATOR_2, TARGET_2)];
+    for (write, expected_socket) in [(true, 0), (false, 1)] {
+        let mut h = Harness::new(cfg.clone());
+        if write {
+            h.submit(Plan::write(0, 2), vec![7; 2 * SECTOR_SIZE]);
+        } else {
+            h.read(0, 2);
+        }
+        let first = h.transmit();
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].0, 0, "the first frame goes out on path 0");
+        // Nothing answers: the frame is resent.
+        let again = h.advance_until_sent();
+        assert_eq!(
+            again[0].0, expected_socket,
+            "write {write}: resent on socket {}",
+            again[0].0
+        );
+    }
+}

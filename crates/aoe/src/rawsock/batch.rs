@@ -3,13 +3,36 @@
 /// Reusable receive buffers for [`RawSocket::recv_batch`](super::RawSocket::recv_batch): `count` buffers of
 /// `frame_bytes` each. Size them for the interface: MTU + 14 bytes of Ethernet
 /// header, plus some slack (at most 9216 + 64 for jumbo frames).
-#[derive(Debug)]
 pub struct RecvBatch {
     pub(super) buffer: Vec<u8>,
+    /// One iovec per buffer, and one mmsghdr per iovec, built once: a receive thread
+    /// calls `recv_batch` for every batch (and in a loop while it polls), so the
+    /// arrays are not rebuilt each time. They point into `buffer` and `iovecs`,
+    /// heap allocations that never move or resize. (`iovecs` is only kept alive.)
+    #[allow(dead_code)]
+    iovecs: Vec<libc::iovec>,
+    pub(super) msgs: Vec<libc::mmsghdr>,
     pub(super) frame_bytes: usize,
     pub(super) lens: Vec<usize>,
     pub(super) truncated: Vec<bool>,
     pub(super) received: usize,
+}
+
+// SAFETY: the raw pointers in `iovecs` and `msgs` point only into this batch's own
+// heap buffers, which move with it; the kernel writes through them only during
+// `recv_batch`, which holds `&mut RecvBatch`.
+unsafe impl Send for RecvBatch {}
+// SAFETY: shared references only read `buffer`, `lens` and `truncated`.
+unsafe impl Sync for RecvBatch {}
+
+impl std::fmt::Debug for RecvBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvBatch")
+            .field("capacity", &self.lens.len())
+            .field("frame_bytes", &self.frame_bytes)
+            .field("received", &self.received)
+            .finish()
+    }
 }
 
 impl RecvBatch {
@@ -19,8 +42,29 @@ impl RecvBatch {
             count > 0 && frame_bytes > 0,
             "RecvBatch needs at least one non-empty buffer"
         );
+        let mut buffer = vec![0u8; count * frame_bytes];
+        let mut iovecs: Vec<libc::iovec> = buffer
+            .chunks_exact_mut(frame_bytes)
+            .map(|buf| libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            })
+            .collect();
+        let msgs = iovecs
+            .iter_mut()
+            .map(|iov| {
+                // SAFETY: mmsghdr is plain data; all zeroes (null pointers, zero
+                // lengths) is a valid value.
+                let mut msg: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                msg.msg_hdr.msg_iov = iov;
+                msg.msg_hdr.msg_iovlen = 1;
+                msg
+            })
+            .collect();
         RecvBatch {
-            buffer: vec![0; count * frame_bytes],
+            buffer,
+            iovecs,
+            msgs,
             frame_bytes,
             lens: vec![0; count],
             truncated: vec![false; count],

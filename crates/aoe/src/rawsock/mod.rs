@@ -232,20 +232,12 @@ impl RawSocket {
     ) -> io::Result<usize> {
         batch.received = 0;
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        let frame_bytes = batch.frame_bytes;
-        let mut iovecs: Vec<libc::iovec> = batch
-            .buffer
-            .chunks_exact_mut(frame_bytes)
-            .map(|buf| libc::iovec {
-                iov_base: buf.as_mut_ptr().cast(),
-                iov_len: buf.len(),
-            })
-            .collect();
-        let mut msgs = messages(&mut iovecs);
+        let msgs = &mut batch.msgs;
         loop {
             // SAFETY: `msgs` holds initialised mmsghdrs, each pointing at one iovec
-            // that covers a distinct `frame_bytes` chunk of `batch.buffer`, all of
-            // which outlive the call; the kernel writes frames there and `msg_len`.
+            // that covers a distinct chunk of `batch.buffer` (RecvBatch::new), all
+            // owned by `batch`, which we hold mutably; the kernel writes frames there
+            // and `msg_len`.
             let rc = unsafe {
                 libc::recvmmsg(
                     self.fd.as_raw_fd(),
