@@ -74,7 +74,8 @@ def start(server, setting, image, blockwire):
             str(SHELF), str(SLOT), "eth0", image]
     else:
         cmd = [blockwire, "serve", image, "--aoe", "eth0", "--shelf", str(SHELF),
-               "--slot", str(SLOT)] + (["--direct"] if setting == "durable" else [])
+               "--slot", str(SLOT)] + (["--direct"] if setting == "durable" else []) + (
+                   os.environ.get("BLOCKWIRE_SERVE_ARGS", "").split())
     proc = subprocess.Popen(in_ns(TARGET_NS, *PIN_TARGET, *cmd), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.time() + 20

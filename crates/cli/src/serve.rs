@@ -84,6 +84,11 @@ pub struct ServeArgs {
     #[arg(long, requires = "aoe")]
     pub slot: Option<u8>,
 
+    /// AoE buffer count: the frames an initiator may have outstanding at once (its
+    /// window), 1-65535; default 256.
+    #[arg(long, requires = "aoe", value_parser = clap::value_parser!(u16).range(1..))]
+    pub buffer_count: Option<u16>,
+
     /// Serve the exports of this TOML file instead of PATH.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["path", "size", "name", "read_only", "direct", "aoe"])]
     pub config: Option<PathBuf>,
@@ -300,6 +305,9 @@ fn plan_from_args(args: &ServeArgs) -> Result<Plan> {
         };
         let mut config = TargetConfig::new(shelf, slot, args.aoe.clone());
         config.workers = args.workers;
+        if let Some(count) = args.buffer_count {
+            config.buffer_count = count;
+        }
         aoe.push((export.name.clone(), export.device.clone(), config));
     }
     let nbd = if args.aoe.is_empty() || !args.listen.is_empty() || !args.socket.is_empty() {
