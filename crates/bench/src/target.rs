@@ -212,9 +212,11 @@ pub fn open(path: &Path, request: &OpenRequest) -> Result<OpenedTarget> {
 }
 
 fn open_device(path: &Path, request: &OpenRequest) -> Result<Device> {
+    // A plain file, as other tools measure it: writeback left to the kernel.
     let options = FileOptions {
         read_only: !request.writes,
         direct: request.direct,
+        write_behind: 0,
     };
     let shown = path.display();
     FileDevice::open(path, options)

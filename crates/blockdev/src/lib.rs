@@ -20,6 +20,7 @@ pub mod read_only;
 pub mod rmw;
 pub mod size;
 pub mod workers;
+pub mod write_behind;
 
 pub use buffer::IoBuf;
 pub use device::{BlockDevice, Extent, ExtentState, WriteFlags, ZeroFlags};

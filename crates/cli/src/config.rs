@@ -48,6 +48,9 @@ pub struct ExportSection {
     pub read_only: bool,
     #[serde(default)]
     pub direct: bool,
+    /// Start writeback of sequential buffered writes every this many bytes per stream
+    /// ("16M", the default; "0" leaves writeback to the kernel).
+    pub write_behind: Option<String>,
     /// Serve this export over NBD (default true).
     #[serde(default = "yes")]
     pub nbd: bool,
@@ -119,6 +122,7 @@ mod tests {
             path = "/tmp/a.img"
             size = "1G"
             read_only = true
+            write_behind = "0"
 
             [[export]]
             name = "b"
@@ -129,6 +133,8 @@ mod tests {
         assert_eq!(config.server.listen.len(), 2);
         assert_eq!(config.exports.len(), 2);
         assert!(config.exports[0].read_only);
+        assert_eq!(config.exports[0].write_behind.as_deref(), Some("0"));
+        assert_eq!(config.exports[1].write_behind, None);
         assert_eq!(config.exports[1].memory.as_deref(), Some("64M"));
     }
 

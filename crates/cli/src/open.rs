@@ -107,7 +107,7 @@ impl Target {
 fn open_path(path: &Path, read_only: bool) -> Result<Device> {
     let options = FileOptions {
         read_only,
-        direct: false,
+        ..FileOptions::default()
     };
     let device = FileDevice::open(path, options).map_err(|e| anyhow!("{e}"))?;
     Ok(Device::from_device(device))

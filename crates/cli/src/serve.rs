@@ -8,6 +8,7 @@ use std::thread;
 use anyhow::{anyhow, bail, Context, Result};
 use blockwire_aoe::target::{AoeTarget, TargetConfig};
 use blockwire_blockdev::size::{format_size, parse_size};
+use blockwire_blockdev::write_behind::DEFAULT_WRITE_BEHIND;
 use blockwire_blockdev::{Device, FileDevice, FileOptions, MemoryDevice};
 use blockwire_nbd::{Export, ExportSet, Server, ServerConfig};
 use clap::Args;
@@ -66,6 +67,12 @@ pub struct ServeArgs {
     /// system says (512 B or 4 KiB; advertised to NBD clients).
     #[arg(long)]
     pub direct: bool,
+
+    /// Start writeback of each sequential stream of buffered writes every SIZE bytes,
+    /// so a flush after a long write waits only for the last piece; 0 leaves
+    /// writeback to the kernel.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "16M")]
+    pub write_behind: u64,
 
     /// Threads for requests that may block (flush, FUA, cache misses).
     #[arg(long, default_value_t = 16)]
@@ -176,9 +183,15 @@ fn export_from_section(section: &ExportSection) -> Result<Export> {
                 .map(parse_size)
                 .transpose()
                 .map_err(|e| anyhow!(e))?;
+            let write_behind = match section.write_behind.as_deref() {
+                Some(text) => parse_size(text)
+                    .map_err(|e| anyhow!("export '{}': write_behind: {e}", section.name))?,
+                None => DEFAULT_WRITE_BEHIND,
+            };
             let options = FileOptions {
                 read_only: section.read_only,
                 direct: section.direct,
+                write_behind,
             };
             open_or_create(path, size, options)
                 .with_context(|| format!("export '{}'", section.name))?
@@ -236,6 +249,7 @@ fn export_from_args(args: &ServeArgs) -> Result<Export> {
             let options = FileOptions {
                 read_only: args.read_only,
                 direct: args.direct,
+                write_behind: args.write_behind,
             };
             let device = open_or_create(path, args.size, options)?;
             let name = match &args.name {
