@@ -88,6 +88,42 @@ fn aoe_rawsock_short_frame_arrives_padded_to_60() {
     assert!(got[0][24..].iter().all(|&b| b == 0), "padding is not zero");
 }
 
+#[test]
+fn aoe_rawsock_gathered_frames_arrive_whole_and_padded() {
+    require_root!();
+    let link = link("gat", 9000);
+    let dst = link.target.interface().mac;
+    let src = link.initiator.interface().mac;
+    // Full frames split at different points (a 36-byte AoE head, an empty body),
+    // and a short one that must be padded to 60 bytes.
+    let frames: Vec<Vec<u8>> = [9014, 1514, 600, 36, 20]
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| aoe_frame(dst, src, len, 100 + i as u32))
+        .collect();
+    let splits = [36, 1000, 14, 36, 20];
+    let parts: Vec<(&[u8], &[u8])> = frames
+        .iter()
+        .zip(splits)
+        .map(|(frame, at)| frame.split_at(at))
+        .collect();
+    link.initiator.send_gathered(&parts).expect("send_gathered");
+
+    let got = receive(&link.target, frames.len(), 9000 + 14 + 64);
+    for (i, (got, sent)) in got.iter().zip(&frames).enumerate() {
+        let padded = sent.len().max(60);
+        assert_eq!(got.len(), padded, "frame {i} length");
+        assert!(&got[..sent.len()] == &sent[..], "frame {i} differs");
+        assert!(
+            got[sent.len()..].iter().all(|&b| b == 0),
+            "frame {i} padding"
+        );
+    }
+    // A head without a whole Ethernet header is refused, and nothing is sent.
+    let short_head = (&frames[0][..10], &frames[0][10..]);
+    assert!(link.initiator.send_gathered(&[short_head]).is_err());
+}
+
 fn full_size_batch(short: &str, mtu: usize) {
     let link = link(short, mtu);
     for (ns, socket) in [

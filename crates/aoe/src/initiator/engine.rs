@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-use super::session::{encode_transmit, Fault, Handled, Outputs, Plan, Session, Stats};
+use super::session::{encode_transmit_head, Fault, Handled, Outputs, Plan, Session, Stats};
 use crate::rawsock::{RawSocket, RecvBatch};
 
 /// How long a receiver waits for frames while frames are outstanding: the timer's
@@ -251,19 +251,29 @@ impl Engine {
             frames.clear();
             ranges.clear();
             for transmit in transmits.iter().filter(|t| t.socket == index) {
-                let source = if transmit.data.is_empty() {
-                    &[][..]
-                } else {
-                    // SAFETY: the transmit holds its request, and only writes carry data.
-                    unsafe { transmit.request.source() }
-                };
-                ranges.push(encode_transmit(transmit, source, frames));
+                ranges.push(encode_transmit_head(transmit, frames));
             }
             if ranges.is_empty() {
                 continue;
             }
-            let batch: Vec<&[u8]> = ranges.iter().map(|r| &frames[r.clone()]).collect();
-            if let Err(err) = socket.send_batch(&batch) {
+            // Heads from `frames`, write data straight from the callers' buffers.
+            let batch: Vec<(&[u8], &[u8])> = transmits
+                .iter()
+                .filter(|t| t.socket == index)
+                .zip(ranges.iter())
+                .map(|(transmit, head)| {
+                    let body = if transmit.data.is_empty() {
+                        &[][..]
+                    } else {
+                        // SAFETY: the transmit holds its request, and only writes
+                        // carry data.
+                        let source = unsafe { transmit.request.source() };
+                        &source[transmit.data.clone()]
+                    };
+                    (&frames[head.clone()], body)
+                })
+                .collect();
+            if let Err(err) = socket.send_gathered(&batch) {
                 // The frames count as lost: the timer retransmits them, on another
                 // path if there is one.
                 tracing::debug!(

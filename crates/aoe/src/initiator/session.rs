@@ -1158,13 +1158,20 @@ pub fn encode_transmit<R>(
     source: &[u8],
     out: &mut Vec<u8>,
 ) -> Range<usize> {
-    let start = out.len();
-    transmit.header.encode(out);
-    transmit.args.encode(out);
+    let start = encode_transmit_head(transmit, out).start;
     out.extend_from_slice(&source[transmit.data.clone()]);
     let end = out.len().max(start + MIN_FRAME_LEN);
     out.resize(end, 0);
     start..end
+}
+
+/// Appends a transmit's headers (Ethernet, AoE, ATA) to `out`, without its data,
+/// for a send that gathers the data from the request's buffer; returns their range.
+pub fn encode_transmit_head<R>(transmit: &Transmit<R>, out: &mut Vec<u8>) -> Range<usize> {
+    let start = out.len();
+    transmit.header.encode(out);
+    transmit.args.encode(out);
+    start..out.len()
 }
 
 #[cfg(test)]

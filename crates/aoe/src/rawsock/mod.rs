@@ -149,38 +149,47 @@ impl RawSocket {
     /// EINTR is retried; on ENOBUFS/EAGAIN it waits briefly and retries, and gives
     /// the error back only after 5 s without progress.
     pub fn send_batch(&self, frames: &[&[u8]]) -> io::Result<()> {
-        for frame in frames {
-            check_frame(frame)?;
+        let parts: Vec<(&[u8], &[u8])> = frames.iter().map(|&frame| (frame, &[][..])).collect();
+        self.send_gathered(&parts)
+    }
+
+    /// Sends frames each gathered from two parts, a head (at least the Ethernet
+    /// header) and a body, in one `sendmmsg`: a write's data goes out straight from
+    /// the caller's buffer instead of being copied into a frame first. Frames shorter
+    /// than 60 bytes are padded with zeroes. Retries as [`send_batch`](Self::send_batch).
+    pub fn send_gathered(&self, frames: &[(&[u8], &[u8])]) -> io::Result<()> {
+        static ZEROES: [u8; MIN_FRAME_LEN] = [0; MIN_FRAME_LEN];
+        let iovec = |part: &[u8]| libc::iovec {
+            iov_base: part.as_ptr() as *mut libc::c_void,
+            iov_len: part.len(),
+        };
+        let mut iovecs: Vec<libc::iovec> = Vec::with_capacity(frames.len() * 3);
+        let mut counts: Vec<usize> = Vec::with_capacity(frames.len());
+        for &(head, body) in frames {
+            check_frame(head)?;
+            iovecs.push(iovec(head));
+            let mut count = 1;
+            if !body.is_empty() {
+                iovecs.push(iovec(body));
+                count += 1;
+            }
+            let len = head.len() + body.len();
+            if len < MIN_FRAME_LEN {
+                iovecs.push(iovec(&ZEROES[..MIN_FRAME_LEN - len]));
+                count += 1;
+            }
+            counts.push(count);
         }
-        let short = frames.iter().filter(|f| f.len() < MIN_FRAME_LEN).count();
-        let mut scratch = vec![[0u8; MIN_FRAME_LEN]; short];
-        let mut scratch = scratch.iter_mut();
-        let mut iovecs: Vec<libc::iovec> = frames
-            .iter()
-            .map(|&frame| {
-                let bytes = if frame.len() < MIN_FRAME_LEN {
-                    padded(
-                        frame,
-                        scratch.next().expect("one scratch buffer per short frame"),
-                    )
-                } else {
-                    frame
-                };
-                libc::iovec {
-                    iov_base: bytes.as_ptr() as *mut libc::c_void,
-                    iov_len: bytes.len(),
-                }
-            })
-            .collect();
-        let mut msgs = messages(&mut iovecs);
+        let mut msgs = messages(&mut iovecs, &counts);
 
         let mut sent = 0;
         let mut stalled = None;
         while sent < msgs.len() {
             let rest = &mut msgs[sent..];
-            // SAFETY: `rest` holds initialised mmsghdrs, each pointing at one iovec
-            // in `iovecs`, which points into `frames` or the scratch buffers; all
-            // outlive the call. The kernel reads the frames and writes `msg_len`.
+            // SAFETY: `rest` holds initialised mmsghdrs, each pointing at its own
+            // iovecs in `iovecs`, which point into `frames` or the static zeroes;
+            // all outlive the call. The kernel only reads the frames (never the
+            // zeroes' memory through a write) and writes `msg_len`.
             let rc = unsafe {
                 libc::sendmmsg(
                     self.fd.as_raw_fd(),
@@ -320,16 +329,20 @@ fn padded<'a>(frame: &'a [u8], scratch: &'a mut [u8; MIN_FRAME_LEN]) -> &'a [u8]
     &scratch[..]
 }
 
-/// One mmsghdr per iovec, without addresses (the socket is bound).
-fn messages(iovecs: &mut [libc::iovec]) -> Vec<libc::mmsghdr> {
-    iovecs
-        .iter_mut()
-        .map(|iov| {
+/// One mmsghdr per frame, each over the next `counts[i]` iovecs, without addresses
+/// (the socket is bound).
+fn messages(iovecs: &mut [libc::iovec], counts: &[usize]) -> Vec<libc::mmsghdr> {
+    let mut rest = iovecs;
+    counts
+        .iter()
+        .map(|&count| {
+            let (group, tail) = mem::take(&mut rest).split_at_mut(count);
+            rest = tail;
             // SAFETY: mmsghdr is plain data; all zeroes (null pointers, zero
             // lengths) is a valid value.
             let mut msg: libc::mmsghdr = unsafe { mem::zeroed() };
-            msg.msg_hdr.msg_iov = iov;
-            msg.msg_hdr.msg_iovlen = 1;
+            msg.msg_hdr.msg_iov = group.as_mut_ptr();
+            msg.msg_hdr.msg_iovlen = count;
             msg
         })
         .collect()
