@@ -113,7 +113,7 @@ fn aoe_rawsock_gathered_frames_arrive_whole_and_padded() {
     for (i, (got, sent)) in got.iter().zip(&frames).enumerate() {
         let padded = sent.len().max(60);
         assert_eq!(got.len(), padded, "frame {i} length");
-        assert!(&got[..sent.len()] == &sent[..], "frame {i} differs");
+        assert!(got[..sent.len()] == sent[..], "frame {i} differs");
         assert!(
             got[sent.len()..].iter().all(|&b| b == 0),
             "frame {i} padding"
