@@ -89,6 +89,11 @@ pub struct ServeArgs {
     #[arg(long, requires = "aoe", value_parser = clap::value_parser!(u16).range(1..))]
     pub buffer_count: Option<u16>,
 
+    /// Also answer the bench's network test (`blockwire bench --netserve-port`) on
+    /// this TCP address, e.g. 0.0.0.0:10810; see `blockwire netserve`.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub netserve: Option<String>,
+
     /// Serve the exports of this TOML file instead of PATH.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["path", "size", "name", "read_only", "direct", "aoe"])]
     pub config: Option<PathBuf>,
@@ -388,6 +393,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         None => None,
     };
     let targets = start_aoe(plan.aoe)?;
+    let netserve = match &args.netserve {
+        Some(addr) => Some(crate::netserve::bind(addr)?.spawn()?),
+        None => None,
+    };
     println!("press Ctrl-C to stop");
 
     let result = match server {
@@ -410,6 +419,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
             Ok(())
         }
     };
+    if let Some(netserve) = netserve {
+        netserve.stop().context("netserve failed")?;
+    }
     for target in targets {
         target
             .stop()
