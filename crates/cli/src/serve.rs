@@ -384,6 +384,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
         signal_hook::consts::SIGTERM,
     ])
     .context("cannot install signal handlers")?;
+    // Bound before any export is announced: whoever sees an address printed may
+    // connect to every listener at once (connections wait in the backlog until the
+    // server thread starts).
+    let netserve = args
+        .netserve
+        .as_deref()
+        .map(crate::netserve::bind)
+        .transpose()?;
     let server = match plan.nbd {
         Some((exports, config, sockets)) => {
             let server = Server::bind(exports, config)?;
@@ -393,8 +401,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         None => None,
     };
     let targets = start_aoe(plan.aoe)?;
-    let netserve = match &args.netserve {
-        Some(addr) => Some(crate::netserve::bind(addr)?.spawn()?),
+    let netserve = match netserve {
+        Some(server) => Some(server.spawn()?),
         None => None,
     };
     println!("press Ctrl-C to stop");
