@@ -133,6 +133,9 @@ pub fn phase_of(m: &Measurement) -> PhaseResult {
     }
 }
 
+/// The write size given to iperf3 (`-l 1M`).
+const IPERF3_WRITE_SIZE: u64 = 1 << 20;
+
 /// Both directions with `iperf3 -c` (and `-R` for receive).
 fn measure_iperf3(
     host: &str,
@@ -146,13 +149,16 @@ fn measure_iperf3(
     for (op, reverse) in [(SEND, false), (RECEIVE, true)] {
         let mut command = Command::new("iperf3");
         command.args(["-c", host, "-p", &port.to_string(), "-t", &seconds]);
-        command.args(["-P", &streams, "-J"]);
+        // The same 1 MiB writes as our own client, so that the two tools' figures
+        // compare (iperf3's default is 128 KiB).
+        command.args(["-P", &streams, "-l", "1M", "-J"]);
         if reverse {
             command.arg("-R");
         }
         let outcome = match command.output() {
             Ok(output) => parse_iperf3(&String::from_utf8_lossy(&output.stdout), op)
                 .map(|mut result| {
+                    result.block_size = IPERF3_WRITE_SIZE;
                     result.queue_depth = request.streams.max(1);
                     result
                 })
