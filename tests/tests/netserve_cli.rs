@@ -8,19 +8,19 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use blockwire_tests::{blockwire_bin, free_port, path_str, text, Served};
+use blockwire_tests::{blockwire_bin, free_port, path_str, require, text, Served};
 
 /// Runs `blockwire bench TARGET --workload network --netserve-port PORT --time 1
 /// --json FILE` and returns the JSON report.
 fn bench_network(target: &str, port: u16, json: &Path) -> serde_json::Value {
+    bench_network_with(target, "--netserve-port", port, json)
+}
+
+/// Like [`bench_network`] with another port option (`--iperf-port`).
+fn bench_network_with(target: &str, option: &str, port: u16, json: &Path) -> serde_json::Value {
     let output = Command::new(blockwire_bin())
         .args(["bench", target, "--workload", "network", "--time", "1"])
-        .args([
-            "--netserve-port",
-            &port.to_string(),
-            "--json",
-            path_str(json),
-        ])
+        .args([option, &port.to_string(), "--json", path_str(json)])
         .output()
         .expect("run blockwire bench");
     assert!(
@@ -29,8 +29,12 @@ fn bench_network(target: &str, port: u16, json: &Path) -> serde_json::Value {
         text(&output.stdout),
         text(&output.stderr)
     );
-    serde_json::from_slice(&std::fs::read(json).expect("read the JSON report"))
-        .expect("the JSON report parses")
+    let mut report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(json).expect("read the JSON report"))
+            .expect("the JSON report parses");
+    // What the bench said (which tool it used, or why it skipped), for messages.
+    report["stderr"] = text(&output.stderr).into();
+    report
 }
 
 /// Checks that the report holds both network phases, each moving data, with the
@@ -107,4 +111,35 @@ fn garbage_handshakes_do_not_kill_the_server() {
     );
     assert_both_directions(&report);
     assert_eq!(netserve.terminate(), Some(0));
+}
+
+#[test]
+fn bench_falls_back_to_iperf3_given_its_port() {
+    require!("iperf3");
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut iperf3 = Command::new("iperf3")
+        .args(["-s", "-B", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start iperf3 -s");
+    // Wait until iperf3 holds the port. Not by connecting: iperf3 serves one client
+    // at a time, and a probe that hangs up can make it turn the bench away as busy.
+    let started = std::time::Instant::now();
+    while std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "iperf3 -s did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let report = bench_network_with(
+        &format!("127.0.0.1:{port}"),
+        "--iperf-port",
+        port,
+        &dir.path().join("run.json"),
+    );
+    let _ = iperf3.kill();
+    let _ = iperf3.wait();
+    assert_both_directions(&report);
 }

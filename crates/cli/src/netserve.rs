@@ -52,3 +52,13 @@ pub fn run(args: NetserveArgs) -> Result<()> {
     println!("press Ctrl-C to stop");
     server.run().context("netserve failed")
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_default_port_is_the_one_the_help_and_docs_name() {
+        // --listen's and bench --netserve-port's help, docs/bench.md and README say
+        // 10810 in words.
+        assert_eq!(blockwire_bench::netperf::DEFAULT_PORT, 10810);
+    }
+}
