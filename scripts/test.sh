@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 peers=(
   nbdinfo:libnbd-bin nbdcopy:libnbd-bin
   qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils
-  fio:fio nbdkit:nbdkit nbd-server:nbd-server
+  fio:fio nbdkit:nbdkit nbd-server:nbd-server iperf3:iperf3
   bon_csv2txt:bonnie++ mkfs.ext4:e2fsprogs
   ip:iproute2 vblade:vblade aoe-sancheck:aoetools aoeping:aoetools tshark:tshark
 )

@@ -63,7 +63,8 @@ macro_rules! require {
     };
 }
 
-/// A `blockwire serve` process, stopped (SIGTERM, then SIGKILL) when dropped.
+/// A `blockwire serve` (or `blockwire netserve`) process, stopped (SIGTERM, then
+/// SIGKILL) when dropped.
 pub struct Served {
     pub child: Child,
     pub port: u16,
@@ -113,6 +114,27 @@ impl Served {
                 .trim()
                 .strip_prefix("nbd://127.0.0.1:")
                 .and_then(|rest| rest.split('/').next())
+                .and_then(|p| p.parse::<u16>().ok())
+            {
+                port = p;
+            }
+            line.contains("press Ctrl-C to stop").then_some(port)
+        })
+    }
+
+    /// Starts `blockwire netserve ARGS... --listen 127.0.0.1:0` and waits until it
+    /// announces its port (`netserve: listening on 127.0.0.1:PORT ...`) and is ready.
+    pub fn start_netserve(args: &[&str]) -> Served {
+        let mut command = Command::new(blockwire_bin());
+        command
+            .arg("netserve")
+            .args(args)
+            .args(["--listen", "127.0.0.1:0"]);
+        let mut port = 0;
+        Served::spawn_until(command, "", move |line| {
+            if let Some(p) = line
+                .strip_prefix("netserve: listening on 127.0.0.1:")
+                .and_then(|rest| rest.split(' ').next())
                 .and_then(|p| p.parse::<u16>().ok())
             {
                 port = p;

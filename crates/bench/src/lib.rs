@@ -13,6 +13,7 @@ pub mod config;
 pub mod error;
 pub mod machine;
 pub mod meter;
+pub mod netperf;
 pub mod progress;
 pub mod report;
 pub mod results;
@@ -109,8 +110,13 @@ pub struct RunRequest {
     pub config: BenchConfig,
     pub size: Option<u64>,
     pub force: bool,
-    /// Port of an `iperf3 -s` on the target host, for the network baseline.
+    /// Port of a `blockwire netserve` on the target host, for the network baseline;
+    /// `None` tries [`netperf::DEFAULT_PORT`] unless `iperf_port` is given.
+    pub netserve_port: Option<u16>,
+    /// Port of an `iperf3 -s` on the target host, used when no netserve answers.
     pub iperf_port: Option<u16>,
+    /// Parallel TCP streams of the network baseline (at least 1).
+    pub network_streams: u32,
     /// The remote target opened as a device (an initiator), when the caller could:
     /// the storage workloads then run on it. `None` skips them with a note.
     pub remote_device: Option<Device>,
@@ -138,16 +144,21 @@ pub fn run(request: &RunRequest, note: &mut dyn FnMut(&str)) -> Result<RunReport
     match TargetSpec::parse(&request.target) {
         TargetSpec::Remote(remote) => {
             if config.wants(Workload::Network) && remote.scheme == "aoe" {
-                note("network: skipped (AoE is layer 2: there is no IP host for iperf3)");
+                note("network: skipped (AoE is layer 2: there is no IP host for a TCP test)");
             } else if config.wants(Workload::Network) {
-                let time = config.phase_time.max(Duration::from_secs(1));
-                match network::measure(&remote.host, request.iperf_port, time) {
-                    network::Outcome::Measured(result) => {
-                        network_mb_per_s = Some(result.mb_per_s);
-                        results.push(result);
-                        ran.push(Workload::Network);
-                    }
-                    network::Outcome::Skipped(why) => note(&why),
+                let network = network::NetworkRequest {
+                    host: remote.host.clone(),
+                    netserve_port: request.netserve_port,
+                    iperf_port: request.iperf_port,
+                    time: config.phase_time.max(Duration::from_secs(1)),
+                    streams: request.network_streams.max(1),
+                };
+                let measured = network::measure(&network, note);
+                if !measured.is_empty() {
+                    // The slower direction: what the link carries both ways.
+                    network_mb_per_s = measured.iter().map(|r| r.mb_per_s).reduce(f64::min);
+                    results.extend(measured);
+                    ran.push(Workload::Network);
                 }
             }
             match &request.remote_device {
@@ -301,7 +312,9 @@ mod tests {
             config,
             size: Some(2 << 20),
             force: false,
+            netserve_port: None,
             iperf_port: None,
+            network_streams: 1,
             remote_device: None,
         };
         let mut notes = Vec::new();
@@ -324,7 +337,10 @@ mod tests {
             config: tiny_config(),
             size: None,
             force: false,
+            // Not the default port, which a netserve on this machine might hold.
+            netserve_port: Some(closed_port()),
             iperf_port: None,
+            network_streams: 1,
             remote_device: None,
         };
         let mut notes = Vec::new();
@@ -341,6 +357,48 @@ mod tests {
         );
     }
 
+    /// A loopback port nothing listens on (it was free a moment ago).
+    fn closed_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port()
+    }
+
+    #[test]
+    fn the_network_baseline_measures_both_directions_against_our_server() {
+        let server = netperf::NetServer::bind("127.0.0.1:0", Default::default())
+            .unwrap()
+            .spawn()
+            .unwrap();
+        let mut config = tiny_config();
+        config.workloads = vec![Workload::Network];
+        config.phase_time = Duration::from_millis(300);
+        let request = RunRequest {
+            target: "nbd://127.0.0.1:10809/x".into(),
+            label: None,
+            config,
+            size: None,
+            force: false,
+            netserve_port: Some(server.addr.port()),
+            iperf_port: None,
+            network_streams: 2,
+            remote_device: None,
+        };
+        let report = run(&request, &mut |_| {}).unwrap();
+        assert_eq!(report.config.workloads, ["network"]);
+        let ops: Vec<&str> = report.results.iter().map(|r| r.op.as_str()).collect();
+        assert_eq!(ops, ["send", "receive"]);
+        assert!(report.results.iter().all(|r| r.queue_depth == 2));
+        let slower = report
+            .results
+            .iter()
+            .map(|r| r.mb_per_s)
+            .fold(f64::INFINITY, f64::min);
+        assert_eq!(report.network_mb_per_s, Some(slower));
+        server.stop().unwrap();
+    }
+
     #[test]
     fn a_remote_device_given_by_the_caller_is_measured() {
         let mut config = tiny_config();
@@ -352,7 +410,9 @@ mod tests {
             config,
             size: Some(2 << 20),
             force: false,
+            netserve_port: None,
             iperf_port: None,
+            network_streams: 1,
             remote_device: Some(device.clone()),
         };
         let report = run(&request, &mut |_| {}).unwrap();

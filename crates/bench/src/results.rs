@@ -12,7 +12,9 @@ pub struct RunReport {
     pub label: String,
     pub config: RunConfig,
     pub machine: Machine,
-    /// Bare network throughput to the target host, when measured (MB/s).
+    /// Bare network throughput to and from the target host, when measured (MB/s):
+    /// the slower direction. The `network` phases hold each direction (`send`,
+    /// `receive`; `tcp` in reports from before both were measured).
     pub network_mb_per_s: Option<f64>,
     pub results: Vec<PhaseResult>,
     /// Warnings shown to the user (e.g. data set smaller than twice the RAM).
@@ -45,7 +47,8 @@ pub struct PhaseResult {
     /// sequential, bonnie, sweep, random, network
     pub workload: String,
     /// read, write, rewrite, randread, randwrite, reread, backread, strideread,
-    /// putc, getc, seeks, create, stat, delete, ...
+    /// putc, getc, seeks, create, stat, delete, ...; send and receive for the
+    /// network.
     pub op: String,
     /// Bytes per operation.
     pub block_size: u64,

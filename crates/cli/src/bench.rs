@@ -98,9 +98,21 @@ pub struct BenchArgs {
     #[arg(long)]
     pub force: bool,
 
-    /// Port of an `iperf3 -s` on the target host, for the network test.
+    /// Port of a `blockwire netserve` (or `blockwire serve --netserve`) on the target
+    /// host, for the network test. Without it and without --iperf-port, port 10810
+    /// is tried.
+    #[arg(long, value_name = "PORT")]
+    pub netserve_port: Option<u16>,
+
+    /// Port of an `iperf3 -s` on the target host, for the network test when no
+    /// netserve answers.
     #[arg(long, value_name = "PORT")]
     pub iperf_port: Option<u16>,
+
+    /// Parallel TCP streams of the network test, each way.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub network_streams: u32,
 
     /// Compare earlier runs: read these JSON reports and print them side by side.
     #[arg(long, value_name = "JSON", num_args = 1.., conflicts_with = "target")]
@@ -185,8 +197,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         progress: std::io::stderr().is_terminal(),
         ..defaults
     };
-    // A URI is opened through our initiator; the storage workloads run on it.
-    let remote_device = if remote {
+    // A URI is opened through our initiator; the storage workloads run on it. The
+    // network test alone needs no device (nor an export to be there).
+    let wants_storage =
+        config.workloads.is_empty() || config.workloads.iter().any(|&w| w != Workload::Network);
+    let remote_device = if remote && wants_storage {
         let remote = Remote {
             connections: args.connections,
             timeout: args.timeout,
@@ -201,7 +216,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         config,
         size: args.size,
         force: args.force,
+        netserve_port: args.netserve_port,
         iperf_port: args.iperf_port,
+        network_streams: args.network_streams,
         remote_device,
     };
     remove_test_files_on_signals()?;

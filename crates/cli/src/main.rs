@@ -6,6 +6,7 @@ mod copy;
 mod demo;
 mod info;
 mod info_aoe;
+mod netserve;
 mod open;
 mod serve;
 
@@ -38,6 +39,8 @@ enum Command {
     Copy(copy::CopyArgs),
     /// Serve an in-memory device over NBD on loopback and measure it both ways.
     Demo(demo::DemoArgs),
+    /// Answer the bench's network test (TCP throughput both ways) on a target host.
+    Netserve(netserve::NetserveArgs),
 }
 
 fn init_logging(verbose: u8, quiet: bool) {
@@ -67,6 +70,7 @@ fn main() -> ExitCode {
         Command::Info(args) => info::run(args),
         Command::Copy(args) => copy::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Netserve(args) => netserve::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

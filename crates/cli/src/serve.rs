@@ -96,6 +96,11 @@ pub struct ServeArgs {
     #[arg(long, requires = "aoe", value_parser = clap::value_parser!(u16).range(1..))]
     pub buffer_count: Option<u16>,
 
+    /// Also answer the bench's network test (`blockwire bench --netserve-port`) on
+    /// this TCP address, e.g. 0.0.0.0:10810; see `blockwire netserve`.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub netserve: Option<String>,
+
     /// Serve the exports of this TOML file instead of PATH.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["path", "size", "name", "read_only", "direct", "aoe"])]
     pub config: Option<PathBuf>,
@@ -393,6 +398,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
         signal_hook::consts::SIGTERM,
     ])
     .context("cannot install signal handlers")?;
+    // Bound before any export is announced: whoever sees an address printed may
+    // connect to every listener at once (connections wait in the backlog until the
+    // server thread starts).
+    let netserve = args
+        .netserve
+        .as_deref()
+        .map(crate::netserve::bind)
+        .transpose()?;
     let server = match plan.nbd {
         Some((exports, config, sockets)) => {
             let server = Server::bind(exports, config)?;
@@ -402,6 +415,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         None => None,
     };
     let targets = start_aoe(plan.aoe)?;
+    let netserve = match netserve {
+        Some(server) => Some(server.spawn()?),
+        None => None,
+    };
     println!("press Ctrl-C to stop");
 
     let result = match server {
@@ -424,6 +441,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
             Ok(())
         }
     };
+    if let Some(netserve) = netserve {
+        netserve.stop().context("netserve failed")?;
+    }
     for target in targets {
         target
             .stop()

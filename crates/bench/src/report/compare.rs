@@ -2,8 +2,9 @@
 //! authors tabulated by hand (Read / Write / Rewrite MB/s, seeks/s), plus CPU% and
 //! throughput per CPU%.
 
-use super::{find, maybe, number, TextTable};
+use super::{find, maybe, TextTable};
 use crate::results::{PhaseResult, RunReport};
+use crate::workloads::network;
 
 /// The headline figures of one run.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,7 +18,10 @@ pub struct Summary {
     pub cpu_percent: Option<f64>,
     /// Their combined throughput per CPU%.
     pub mb_per_s_per_cpu_percent: Option<f64>,
-    pub network: Option<f64>,
+    /// Network throughput to the target host (MB/s).
+    pub network_send: Option<f64>,
+    /// Network throughput from the target host (MB/s).
+    pub network_receive: Option<f64>,
 }
 
 /// bonnie++'s block figure when there is one, else the dd-style one.
@@ -46,7 +50,13 @@ impl Summary {
             mb_per_s_per_cpu_percent: cpu_percent
                 .filter(|&c| c > 0.0 && bytes > 0)
                 .map(|c| mb_per_s / c),
-            network: report.network_mb_per_s,
+            // Reports from before both directions were measured hold one "tcp"
+            // phase: iperf3's default direction, client to server, i.e. send.
+            network_send: find(report, network::NAME, network::SEND)
+                .or_else(|| find(report, network::NAME, "tcp"))
+                .map(|r| r.mb_per_s)
+                .or(report.network_mb_per_s),
+            network_receive: find(report, network::NAME, network::RECEIVE).map(|r| r.mb_per_s),
         }
     }
 }
@@ -62,7 +72,8 @@ pub fn render(reports: &[RunReport]) -> String {
             "seeks/s",
             "CPU%",
             "MB/s per CPU%",
-            "network MB/s",
+            "net send MB/s",
+            "net receive MB/s",
         ],
         1,
     );
@@ -76,7 +87,8 @@ pub fn render(reports: &[RunReport]) -> String {
             maybe(s.seeks),
             maybe(s.cpu_percent),
             maybe(s.mb_per_s_per_cpu_percent),
-            s.network.map_or_else(|| "-".into(), number),
+            maybe(s.network_send),
+            maybe(s.network_receive),
         ]);
     }
     table.render()
@@ -109,6 +121,33 @@ mod tests {
             (s.mb_per_s_per_cpu_percent.unwrap() - (1140.0 + 550.0 + 340.0) / 3.0 / 25.0).abs()
                 < 0.5
         );
+    }
+
+    #[test]
+    fn both_network_directions_line_up_and_old_tcp_phases_count_as_send() {
+        let mut report = sample::report("nbd", 1.0);
+        report
+            .results
+            .push(sample::phase("network", "send", 1 << 20, 1100.0));
+        report
+            .results
+            .push(sample::phase("network", "receive", 1 << 20, 900.0));
+        let s = Summary::of(&report);
+        assert_eq!(
+            (s.network_send, s.network_receive),
+            (Some(1100.0), Some(900.0))
+        );
+        let text = render(&[report]);
+        assert!(text.lines().next().unwrap().contains("net receive MB/s"));
+        let row: Vec<&str> = text.lines().nth(2).unwrap().split_whitespace().collect();
+        assert_eq!(row[row.len() - 2..], ["1100", "900"], "{text}");
+
+        let mut old = sample::report("old", 1.0);
+        old.results
+            .push(sample::phase("network", "tcp", 1 << 20, 117.0));
+        old.network_mb_per_s = Some(117.0);
+        let s = Summary::of(&old);
+        assert_eq!((s.network_send, s.network_receive), (Some(117.0), None));
     }
 
     #[test]

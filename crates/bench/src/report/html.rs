@@ -7,7 +7,7 @@ use std::path::Path;
 use blockwire_blockdev::size::format_size;
 
 use super::svg::{escape, grouped_bars, line_chart, Series};
-use super::{figure_cells, maybe};
+use super::{figure_cells, network_summary};
 use crate::error::{Error, Result};
 use crate::results::{PhaseResult, RunReport};
 use crate::workloads::sweep;
@@ -172,7 +172,10 @@ fn facts(out: &mut String, report: &RunReport) {
                 m.kernel
             ),
         ),
-        ("network", maybe(report.network_mb_per_s) + " MB/s"),
+        (
+            "network",
+            network_summary(report).unwrap_or_else(|| "-".into()),
+        ),
     ];
     out.push_str("<table>");
     for (key, value) in rows {

@@ -9,6 +9,7 @@ mod svg;
 pub mod table;
 
 use crate::results::{PhaseResult, RunReport};
+use crate::workloads::network;
 
 /// The first result of `workload`/`op` in a report.
 pub fn find<'a>(report: &'a RunReport, workload: &str, op: &str) -> Option<&'a PhaseResult> {
@@ -16,6 +17,47 @@ pub fn find<'a>(report: &'a RunReport, workload: &str, op: &str) -> Option<&'a P
         .results
         .iter()
         .find(|r| r.workload == workload && r.op == op)
+}
+
+/// The network's throughput in the direction `phase`'s data travels: storage
+/// writes go to the target (the network's "send"), reads come back ("receive").
+/// Phases that move data both ways (bonnie's rewrite and seeks), runs that measured
+/// one direction, and reports from before both were measured get the slower
+/// direction, `network_mb_per_s`.
+pub fn link_for(report: &RunReport, phase: &PhaseResult) -> Option<f64> {
+    let op = phase.op.as_str();
+    let both_ways = phase.workload == "bonnie" && matches!(op, "rewrite" | "seeks");
+    let direction = if both_ways {
+        None
+    } else if op.contains("write") || op == "putc" {
+        Some(network::SEND)
+    } else if op.contains("read") || op == "getc" {
+        Some(network::RECEIVE)
+    } else {
+        None
+    };
+    direction
+        .and_then(|op| find(report, network::NAME, op))
+        .map(|r| r.mb_per_s)
+        .or(report.network_mb_per_s)
+        .filter(|mb| *mb > 0.0)
+}
+
+/// The network figures of a run in a few words: "send 1174 MB/s, receive 1103
+/// MB/s" when both directions were measured, else the one figure there is.
+pub fn network_summary(report: &RunReport) -> Option<String> {
+    let send = find(report, network::NAME, network::SEND);
+    let receive = find(report, network::NAME, network::RECEIVE);
+    match (send, receive) {
+        (Some(send), Some(receive)) => Some(format!(
+            "send {} MB/s, receive {} MB/s",
+            number(send.mb_per_s),
+            number(receive.mb_per_s)
+        )),
+        _ => report
+            .network_mb_per_s
+            .map(|mb| format!("{} MB/s", number(mb))),
+    }
 }
 
 /// A plain text table: a header row, a rule, rows; the first `left` columns are

@@ -2,8 +2,9 @@
 
 use blockwire_blockdev::size::format_size;
 
-use super::{figure_cells, number, TextTable};
+use super::{figure_cells, link_for, network_summary, TextTable};
 use crate::results::RunReport;
+use crate::workloads::network;
 
 /// The run's summary lines and one row per phase.
 pub fn render(report: &RunReport) -> String {
@@ -24,8 +25,8 @@ pub fn render(report: &RunReport) -> String {
             format_size(report.machine.memory_bytes >> 20 << 20),
         ));
     }
-    if let Some(network) = report.network_mb_per_s {
-        out.push_str(&format!("network: {} MB/s\n", number(network)));
+    if let Some(network) = network_summary(report) {
+        out.push_str(&format!("network: {network}\n"));
     }
     for warning in &report.warnings {
         out.push_str(&format!("warning: {warning}\n"));
@@ -35,8 +36,13 @@ pub fn render(report: &RunReport) -> String {
         return out;
     }
     // Against the link: how much of what the network carries the storage delivers
-    // (the seeds' "efficiency against the theoretical maximum", link side).
-    let link = report.network_mb_per_s.filter(|mb| *mb > 0.0);
+    // (the seeds' "efficiency against the theoretical maximum", link side), in the
+    // direction each phase's data travels.
+    let link = report.network_mb_per_s.is_some_and(|mb| mb > 0.0)
+        && report
+            .results
+            .iter()
+            .any(|r| r.workload != network::NAME && r.bytes > 0);
     let mut columns = vec![
         "workload",
         "op",
@@ -52,18 +58,19 @@ pub fn render(report: &RunReport) -> String {
         "tgt CPU%",
         "MB/s/CPU%",
     ];
-    if link.is_some() {
+    if link {
         columns.push("% of link");
     }
     let mut table = TextTable::new(&columns, 2);
     for r in &report.results {
         let mut row = vec![r.workload.clone(), r.op.clone()];
         row.extend(figure_cells(r));
-        if let Some(link) = link {
-            row.push(if r.workload != "network" && r.bytes > 0 {
-                format!("{:.0}%", 100.0 * r.mb_per_s / link)
-            } else {
-                "-".into()
+        if link {
+            row.push(match link_for(report, r) {
+                Some(link) if r.workload != network::NAME && r.bytes > 0 => {
+                    format!("{:.0}%", 100.0 * r.mb_per_s / link)
+                }
+                _ => "-".into(),
             });
         }
         table.row(row);
@@ -115,5 +122,39 @@ mod tests {
         assert!(line.trim_end().ends_with("75%"), "{line}");
         report.network_mb_per_s = None;
         assert!(!render(&report).contains("% of link"));
+    }
+
+    #[test]
+    fn writes_are_held_against_send_and_reads_against_receive() {
+        let mut report = sample::report("nbd", 1.0);
+        report.results.retain(|r| r.workload != "sweep");
+        report
+            .results
+            .push(sample::phase("network", "send", 1 << 20, 1000.0));
+        report
+            .results
+            .push(sample::phase("network", "receive", 1 << 20, 400.0));
+        report.network_mb_per_s = Some(400.0);
+        let text = render(&report);
+        assert!(
+            text.contains("network: send 1000 MB/s, receive 400 MB/s"),
+            "{text}"
+        );
+        let row = |workload: &str, op: &str| {
+            text.lines()
+                .find(|l| {
+                    let mut words = l.split_whitespace();
+                    words.next() == Some(workload) && words.next() == Some(op)
+                })
+                .unwrap()
+                .trim_end()
+                .to_string()
+        };
+        // sequential write 500 MB/s against send 1000; read 1100 against receive 400.
+        assert!(row("sequential", "write").ends_with(" 50%"), "{text}");
+        assert!(row("sequential", "read").ends_with(" 275%"), "{text}");
+        // bonnie's rewrite reads and writes: the slower direction (400).
+        assert!(row("bonnie", "rewrite").ends_with(" 85%"), "{text}");
+        assert!(row("network", "send").ends_with(" -"), "{text}");
     }
 }

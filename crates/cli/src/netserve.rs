@@ -1,0 +1,64 @@
+//! `blockwire netserve`: the TCP throughput server the bench's network baseline
+//! measures against (`blockwire bench ... --netserve-port`), run on the target host
+//! until SIGINT or SIGTERM. `blockwire serve --netserve` runs the same server
+//! beside the exports.
+
+use std::thread;
+
+use anyhow::{Context, Result};
+use blockwire_bench::netperf::{self, NetServer, ServerConfig};
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct NetserveArgs {
+    /// TCP address to listen on. Default 0.0.0.0:10810 (all interfaces: the bench
+    /// that measures against it runs on another host).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen: Option<String>,
+}
+
+/// Binds a netperf server on `addr` and says where it listens.
+pub fn bind(addr: &str) -> Result<NetServer> {
+    let server = NetServer::bind(addr, ServerConfig::default())
+        .with_context(|| format!("netserve: cannot listen on {addr}"))?;
+    let local = server.local_addr()?;
+    println!(
+        "netserve: listening on {local} (measure with: blockwire bench ... --netserve-port {})",
+        local.port()
+    );
+    Ok(server)
+}
+
+pub fn run(args: NetserveArgs) -> Result<()> {
+    // Installed first, so a signal during start-up still stops cleanly.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .context("cannot install signal handlers")?;
+    let listen = args
+        .listen
+        .unwrap_or_else(|| format!("0.0.0.0:{}", netperf::DEFAULT_PORT));
+    let server = bind(&listen)?;
+    let handle = server.shutdown_handle();
+    thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                tracing::info!("received signal {signal}");
+                handle.shutdown();
+            }
+        })?;
+    println!("press Ctrl-C to stop");
+    server.run().context("netserve failed")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_default_port_is_the_one_the_help_and_docs_name() {
+        // --listen's and bench --netserve-port's help, docs/bench.md and README say
+        // 10810 in words.
+        assert_eq!(blockwire_bench::netperf::DEFAULT_PORT, 10810);
+    }
+}
