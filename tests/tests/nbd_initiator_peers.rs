@@ -11,7 +11,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use blockwire_blockdev::conformance::{self, pattern};
-use blockwire_blockdev::{Device, ErrorKind, FileDevice, FileOptions, WriteFlags};
+use blockwire_blockdev::{
+    Completion, Device, ErrorKind, FileDevice, FileOptions, IoBuf, QueuedOp, RequestQueue,
+    Submission, WriteFlags,
+};
 use blockwire_nbd::client::{list_exports, ClientError, ClientOptions, NbdClient, NbdUri};
 use blockwire_tests::{free_port, nbdkit, path_str, require, sparse_file, MIB};
 
@@ -356,4 +359,184 @@ fn request_timeout_fails_a_request_the_server_sits_on() {
         .write(&[1; 4096], 0, WriteFlags::default())
         .expect_err("a closed connection takes no more requests");
     assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
+}
+
+/// Submits `subs` through `queue`, keeping at most `depth` in flight, and returns
+/// every completion.
+fn run_queued(
+    queue: &mut dyn RequestQueue,
+    subs: Vec<Submission>,
+    depth: usize,
+) -> Vec<Completion> {
+    let mut pending = subs.into_iter();
+    let mut done = Vec::new();
+    loop {
+        while queue.in_flight() < depth {
+            match pending.next() {
+                Some(sub) => queue.submit(sub),
+                None => break,
+            }
+        }
+        if queue.in_flight() == 0 {
+            return done;
+        }
+        queue.complete(1, &mut done);
+    }
+}
+
+#[test]
+fn request_queue_round_trips_data_with_many_in_flight() {
+    require!("nbdkit");
+    let port = free_port();
+    let mut peer = Peer::start(
+        "nbdkit memory",
+        &mut nbdkit(port, false, &["memory", "64M"]),
+    );
+    let client = peer.connect(&NbdUri::tcp("127.0.0.1", port, ""), options(2));
+    assert_eq!(client.connections(), 2);
+    let device = Device::new(Arc::new(client));
+    let mut queue = device
+        .queue()
+        .expect("the NBD initiator has a request queue");
+    // 512 writes of 4 KiB, each block its own pattern, 48 in flight over 2
+    // connections; then every block read back the same way, in another order.
+    let block = 4096usize;
+    let writes: Vec<Submission> = (0..512u64)
+        .map(|n| Submission {
+            tag: n,
+            op: QueuedOp::Write(WriteFlags::NONE),
+            buf: IoBuf::from_slice(&pattern(n, 0, block)),
+            offset: n * 3 * block as u64,
+        })
+        .collect();
+    let written = run_queued(queue.as_mut(), writes, 48);
+    assert_eq!(written.len(), 512);
+    for completion in &written {
+        completion.result.as_ref().expect("queued write");
+    }
+    let reads: Vec<Submission> = (0..512u64)
+        .rev()
+        .map(|n| Submission {
+            tag: n,
+            op: QueuedOp::Read,
+            buf: IoBuf::new(block),
+            offset: n * 3 * block as u64,
+        })
+        .collect();
+    let read = run_queued(queue.as_mut(), reads, 48);
+    assert_eq!(read.len(), 512);
+    let mut seen = vec![false; 512];
+    for completion in read {
+        completion.result.expect("queued read");
+        let n = completion.tag;
+        assert!(!seen[n as usize], "tag {n} completed twice");
+        seen[n as usize] = true;
+        assert!(completion.buf[..] == pattern(n, 0, block)[..], "block {n}");
+    }
+    // The checked handle refuses what is out of range; it comes back failed.
+    queue.submit(Submission {
+        tag: 9,
+        op: QueuedOp::Read,
+        buf: IoBuf::new(block),
+        offset: 64 * MIB,
+    });
+    let mut refused = Vec::new();
+    queue.complete(1, &mut refused);
+    assert_eq!(refused.len(), 1);
+    let err = refused.pop().unwrap().result.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::OutOfRange, "{err}");
+    assert_eq!(queue.in_flight(), 0);
+    drop(queue);
+    // What the queue wrote, the blocking path reads.
+    let mut buf = vec![0u8; block];
+    device.read(&mut buf, 5 * 3 * block as u64).unwrap();
+    assert!(buf == pattern(5, 0, block));
+}
+
+#[test]
+fn request_queue_hands_back_everything_when_the_server_dies() {
+    require!("nbdkit");
+    let port = free_port();
+    let mut peer = Peer::start(
+        "nbdkit memory",
+        &mut nbdkit(port, false, &["memory", "64M"]),
+    );
+    let device = Device::new(Arc::new(
+        peer.connect(&NbdUri::tcp("127.0.0.1", port, ""), options(2)),
+    ));
+    let mut queue = device.queue().unwrap();
+    let mut done = Vec::new();
+    let mut tag = 0u64;
+    let started = Instant::now();
+    let mut killed: Option<Instant> = None;
+    let failure = loop {
+        while queue.in_flight() < 32 {
+            queue.submit(Submission {
+                tag,
+                op: QueuedOp::Read,
+                buf: IoBuf::new(1 << 20),
+                offset: (tag % 60) * MIB,
+            });
+            tag += 1;
+        }
+        queue.complete(1, &mut done);
+        if killed.is_none() && started.elapsed() > Duration::from_millis(100) {
+            peer.kill();
+            killed = Some(Instant::now());
+        }
+        if let Some(err) = done.iter().find_map(|c| c.result.as_ref().err()) {
+            break (err.kind(), err.to_string());
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "never failed");
+    };
+    assert_eq!(failure.0, ErrorKind::Disconnected, "{}", failure.1);
+    // Everything still in flight comes back, failed, without waiting long.
+    while queue.in_flight() > 0 {
+        queue.complete(queue.in_flight(), &mut done);
+    }
+    assert!(killed.unwrap().elapsed() < Duration::from_secs(5));
+    assert_eq!(done.len() as u64, tag, "every request came back once");
+}
+
+#[test]
+fn request_queue_times_out_requests_the_server_sits_on() {
+    require!("nbdkit");
+    let port = free_port();
+    let mut peer = Peer::start(
+        "nbdkit delay",
+        &mut nbdkit(
+            port,
+            false,
+            &["--filter=delay", "memory", "16M", "rdelay=30"],
+        ),
+    );
+    let options = ClientOptions {
+        request_timeout: Some(Duration::from_millis(500)),
+        ..ClientOptions::default()
+    };
+    let device = Device::new(Arc::new(
+        peer.connect(&NbdUri::tcp("127.0.0.1", port, ""), options),
+    ));
+    let mut queue = device.queue().unwrap();
+    for tag in 0..4 {
+        queue.submit(Submission {
+            tag,
+            op: QueuedOp::Read,
+            buf: IoBuf::new(4096),
+            offset: tag * 4096,
+        });
+    }
+    let started = Instant::now();
+    let mut done = Vec::new();
+    queue.complete(4, &mut done);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(done.len(), 4);
+    for completion in done {
+        let err = completion.result.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
+    }
 }

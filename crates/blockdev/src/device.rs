@@ -6,6 +6,7 @@ use std::os::fd::RawFd;
 
 use crate::error::{Error, ErrorKind, Op, Result};
 use crate::info::DeviceInfo;
+use crate::queue::RequestQueue;
 
 /// Options for a write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -157,6 +158,15 @@ pub trait BlockDevice: Send + Sync {
     /// Hints that a range will be read soon.
     fn cache(&self, offset: u64, len: u64) -> Result<()> {
         Err(Error::new(ErrorKind::Unsupported, Op::Cache, offset, len))
+    }
+
+    /// A queue to keep many reads and writes in flight from one thread, when the
+    /// device pipelines requests natively (an initiator's connections). `None`: use
+    /// a thread per request in flight. Requests reach it through the checked handle
+    /// ([`Device::queue`](crate::Device::queue)), already checked and within the
+    /// maximum transfer size.
+    fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
+        None
     }
 }
 

@@ -12,6 +12,7 @@ use crate::buffer::IoBuf;
 use crate::device::{BlockDevice, Extent, ExtentState, WriteFlags, ZeroFlags};
 use crate::error::{Error, ErrorKind, Op, Result};
 use crate::info::{Capabilities, DeviceInfo, Support};
+use crate::queue::{Completion, QueuedOp, RequestQueue, Submission};
 use crate::read_only::ReadOnly;
 
 /// Largest zero buffer written at once when write-zeroes is emulated.
@@ -218,6 +219,18 @@ impl Device {
         Ok(())
     }
 
+    /// A queue for many requests in flight from one thread, when the device has one
+    /// natively (see [`BlockDevice::queue`]); every submission is checked here first.
+    /// FUA on a queued write needs native FUA.
+    pub fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
+        let inner = self.inner.queue()?;
+        Some(Box::new(CheckedQueue {
+            device: self,
+            inner,
+            refused: Vec::new(),
+        }))
+    }
+
     /// Makes all completed writes durable.
     pub fn flush(&self) -> Result<()> {
         if self.native.flush.is_native() {
@@ -350,6 +363,65 @@ impl Device {
 }
 
 /// Splits `offset..offset+len` into pieces of at most `max` bytes.
+/// A device's own queue behind the handle's checks: a request the handle refuses
+/// comes back failed from the next `complete`, without reaching the device.
+struct CheckedQueue<'a> {
+    device: &'a Device,
+    inner: Box<dyn RequestQueue + 'a>,
+    refused: Vec<Completion>,
+}
+
+impl CheckedQueue<'_> {
+    fn check(&self, submission: &Submission) -> Result<()> {
+        let len = submission.buf.len() as u64;
+        let op = match submission.op {
+            QueuedOp::Read => Op::Read,
+            QueuedOp::Write(_) => Op::Write,
+        };
+        self.device.check(op, submission.offset, len)?;
+        if len > self.device.max_transfer() as u64 {
+            return Err(
+                Error::new(ErrorKind::TooLarge, op, submission.offset, len).with_detail(format!(
+                    "a queued request is at most {} bytes",
+                    self.device.max_transfer()
+                )),
+            );
+        }
+        if matches!(submission.op, QueuedOp::Write(flags) if flags.fua)
+            && !self.device.native.fua.is_native()
+        {
+            return Err(
+                Error::new(ErrorKind::Unsupported, op, submission.offset, len)
+                    .with_detail("FUA on a queued write needs a device with native FUA"),
+            );
+        }
+        Ok(())
+    }
+}
+
+impl RequestQueue for CheckedQueue<'_> {
+    fn submit(&mut self, submission: Submission) {
+        match self.check(&submission) {
+            Ok(()) => self.inner.submit(submission),
+            Err(error) => self.refused.push(Completion {
+                tag: submission.tag,
+                buf: submission.buf,
+                result: Err(error),
+            }),
+        }
+    }
+
+    fn complete(&mut self, min: usize, out: &mut Vec<Completion>) {
+        let refused = self.refused.len();
+        out.append(&mut self.refused);
+        self.inner.complete(min.saturating_sub(refused), out);
+    }
+
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight() + self.refused.len()
+    }
+}
+
 fn pieces(offset: u64, len: u64, max: u64) -> impl Iterator<Item = (u64, u64)> {
     let max = max.max(1);
     let end = offset + len;

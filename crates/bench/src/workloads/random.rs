@@ -1,13 +1,17 @@
-//! 4 KiB random reads, then random writes, at each queue depth (one thread per
-//! request in flight), each point for a fixed time.
+//! 4 KiB random reads, then random writes, at each queue depth, each point for a
+//! fixed time. A device with its own request queue (an initiator: nbd://) is driven
+//! as fio drives it, one thread keeping that many requests in flight; others get one
+//! thread per request in flight.
 
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
-use blockwire_blockdev::{IoBuf, WriteFlags};
+use blockwire_blockdev::{IoBuf, QueuedOp, RequestQueue, Submission, WriteFlags};
 
 use super::{fill_pattern, parallel, Ctx, Deadline, Rng, Unit};
 use crate::error::{Error, Result};
-use crate::meter::PhaseSpec;
+use crate::meter::{PhaseSpec, Recorder, Totals};
+use crate::progress::Progress;
 
 pub const NAME: &str = "random";
 /// The request size: a page, what databases and file systems issue.
@@ -38,6 +42,21 @@ fn point(ctx: &Ctx, op: &str, writes: bool, block: u64, blocks: u64, depth: u32)
     let spec = PhaseSpec::new(NAME, op, block, depth);
     ctx.phase(spec, Deadline::millis(time), Unit::Millis, |progress| {
         let deadline = Deadline::after(time);
+        if let Some(mut queue) = ctx.device.queue() {
+            let shape = Shape {
+                writes,
+                block,
+                blocks,
+                depth,
+            };
+            let totals = queued(queue.as_mut(), shape, &deadline, progress)
+                .map_err(|e| Error::device(phase.as_str(), e))?;
+            drop(queue);
+            if writes {
+                ctx.flush(&phase)?;
+            }
+            return Ok(totals);
+        }
         let totals = parallel(depth, |index, latency, stop| {
             let mut rng = Rng::new(u64::from(depth) << 32 | u64::from(index));
             let mut buf = IoBuf::new(block as usize);
@@ -65,6 +84,79 @@ fn point(ctx: &Ctx, op: &str, writes: bool, block: u64, blocks: u64, depth: u32)
         Ok(totals)
     })?;
     Ok(())
+}
+
+/// What one point of the random workload does.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    writes: bool,
+    block: u64,
+    blocks: u64,
+    depth: u32,
+}
+
+/// Keeps `depth` requests in flight through the device's queue until the deadline,
+/// from this one thread; each completion is timed from its submission.
+fn queued(
+    queue: &mut dyn RequestQueue,
+    shape: Shape,
+    deadline: &Deadline,
+    progress: &Progress,
+) -> blockwire_blockdev::Result<Totals> {
+    let mut rng = Rng::new(u64::from(shape.depth) << 32 | 0xffff_ffff);
+    let mut submitted = vec![Instant::now(); shape.depth as usize];
+    let mut ops = 0u64;
+    let mut next = |queue: &mut dyn RequestQueue, tag: u64, mut buf: IoBuf, count: u64| {
+        let op = if shape.writes {
+            buf[..8].copy_from_slice(&count.to_le_bytes());
+            QueuedOp::Write(WriteFlags::NONE)
+        } else {
+            QueuedOp::Read
+        };
+        let offset = rng.below(shape.blocks) * shape.block;
+        queue.submit(Submission {
+            tag,
+            op,
+            buf,
+            offset,
+        });
+    };
+    for tag in 0..u64::from(shape.depth) {
+        let mut buf = IoBuf::new(shape.block as usize);
+        fill_pattern(&mut buf, tag + 99);
+        submitted[tag as usize] = Instant::now();
+        next(queue, tag, buf, 0);
+    }
+    let mut latency = Recorder::new();
+    let mut failure = None;
+    let mut done = Vec::with_capacity(shape.depth as usize);
+    while queue.in_flight() > 0 {
+        queue.complete(1, &mut done);
+        let now = Instant::now();
+        for completion in done.drain(..) {
+            latency.record(now.saturating_duration_since(submitted[completion.tag as usize]));
+            if let Err(error) = completion.result {
+                failure.get_or_insert(error);
+                continue;
+            }
+            ops += 1;
+            if ops.is_multiple_of(64) {
+                deadline.report(progress);
+            }
+            if failure.is_none() && !deadline.passed() {
+                submitted[completion.tag as usize] = Instant::now();
+                next(queue, completion.tag, completion.buf, ops);
+            }
+        }
+    }
+    match failure {
+        Some(error) => Err(error),
+        None => Ok(Totals {
+            bytes: ops * shape.block,
+            ops,
+            latency,
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -101,5 +193,95 @@ mod tests {
         assert!(
             device.extents(0, 1 << 20).unwrap()[0].state == blockwire_blockdev::ExtentState::Data
         );
+    }
+
+    /// A memory device with a request queue that completes each request at once,
+    /// counting them: the queued path, without a network.
+    struct Queued {
+        inner: blockwire_blockdev::MemoryDevice,
+        submitted: std::sync::atomic::AtomicU64,
+    }
+
+    struct InstantQueue<'a> {
+        device: &'a Queued,
+        ready: Vec<blockwire_blockdev::Completion>,
+    }
+
+    impl RequestQueue for InstantQueue<'_> {
+        fn submit(&mut self, mut submission: Submission) {
+            use blockwire_blockdev::BlockDevice;
+            self.device.submitted.fetch_add(1, Ordering::Relaxed);
+            let result = match submission.op {
+                QueuedOp::Read => self
+                    .device
+                    .inner
+                    .read_at(&mut submission.buf, submission.offset),
+                QueuedOp::Write(flags) => {
+                    self.device
+                        .inner
+                        .write_at(&submission.buf, submission.offset, flags)
+                }
+            };
+            self.ready.push(blockwire_blockdev::Completion {
+                tag: submission.tag,
+                buf: submission.buf,
+                result,
+            });
+        }
+
+        fn complete(&mut self, _min: usize, out: &mut Vec<blockwire_blockdev::Completion>) {
+            out.append(&mut self.ready);
+        }
+
+        fn in_flight(&self) -> usize {
+            self.ready.len()
+        }
+    }
+
+    impl blockwire_blockdev::BlockDevice for Queued {
+        fn info(&self) -> blockwire_blockdev::DeviceInfo {
+            self.inner.info()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> blockwire_blockdev::Result<()> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(
+            &self,
+            buf: &[u8],
+            offset: u64,
+            flags: WriteFlags,
+        ) -> blockwire_blockdev::Result<()> {
+            self.inner.write_at(buf, offset, flags)
+        }
+        fn flush(&self) -> blockwire_blockdev::Result<()> {
+            self.inner.flush()
+        }
+        fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
+            Some(Box::new(InstantQueue {
+                device: self,
+                ready: Vec::new(),
+            }))
+        }
+    }
+
+    #[test]
+    fn a_device_with_a_queue_is_driven_through_it() {
+        let queued = std::sync::Arc::new(Queued {
+            inner: blockwire_blockdev::MemoryDevice::new(4 << 20),
+            submitted: Default::default(),
+        });
+        let device = blockwire_blockdev::Device::new(queued.clone());
+        let config = tiny_config();
+        let ctx = Ctx::new(&device, &config, 1 << 20, None, false);
+        run(&ctx).unwrap();
+        let results = ctx.into_results();
+        let queued_ops: u64 = results.iter().map(|r| r.ops).sum();
+        assert!(queued_ops > 0);
+        // Every measured request went through the queue (the region's fill did not).
+        assert!(queued.submitted.load(Ordering::Relaxed) >= queued_ops);
+        for result in &results {
+            assert!(result.ops > 0 && result.iops > 0.0, "{result:?}");
+            assert!(result.latency_us.max >= result.latency_us.p50);
+        }
     }
 }

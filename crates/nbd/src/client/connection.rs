@@ -16,12 +16,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use blockwire_blockdev::{Error, ErrorKind, Op};
+use blockwire_blockdev::{Error, ErrorKind, IoBuf, Op};
 
 use super::details::ExportDetails;
 use super::reader;
 use super::reply::{Expect, Outcome};
-use super::slot::Slot;
+use super::slot::{QueueShared, Slot};
 use super::socket::Socket;
 use crate::wire::*;
 
@@ -154,6 +154,11 @@ impl Connection {
         !self.shared.dead.load(Ordering::Acquire)
     }
 
+    /// How long a request may wait for its reply (`None`: forever).
+    pub fn request_timeout(&self) -> Option<Duration> {
+        self.request_timeout
+    }
+
     /// Requests in flight, for spreading load across connections.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
@@ -183,22 +188,86 @@ impl Connection {
         // `read_into` stays borrowed until this function returns, which is after
         // the reader thread has completed the slot (slot.rs, ownership rule).
         let slot = Arc::new(Slot::new(expect, op, read_into));
+        self.send(&slot, flags, payload)?;
+        let result = match self.request_timeout {
+            None => slot.wait(),
+            Some(limit) => match slot.wait_timeout(limit) {
+                Some(result) => result,
+                None => {
+                    // The caller's buffer is lent to the reader thread: closing the
+                    // connection makes it hand every request back, this one with the
+                    // timeout as its error.
+                    self.time_out(format!(
+                        "{}: no reply to {op} at {offset} within {limit:?}; connection closed",
+                        self.shared.name
+                    ));
+                    slot.wait()
+                }
+            },
+        };
+        self.finished();
+        result
+    }
+
+    /// Sends one request without waiting: `buf` is a write's data or a read's
+    /// space, owned by the request until its completion (tagged `tag`, from this
+    /// connection, number `index`) reaches `queue`. A request the connection cannot
+    /// take completes at once with the reason.
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit(
+        &self,
+        op: Op,
+        command: u16,
+        flags: u16,
+        offset: u64,
+        buf: IoBuf,
+        queue: &Arc<QueueShared>,
+        tag: u64,
+        index: usize,
+    ) {
+        let expect = Expect {
+            command,
+            offset,
+            len: buf.len() as u32,
+            structured: self.structured,
+            context: self.context,
+        };
+        // The payload is read from the buffer's heap memory, which the slot owns
+        // and which only this thread (the queue's) can free, after completion.
+        // SAFETY: the memory stays allocated and unchanged until this returns.
+        let payload: &[u8] = if op == Op::Write {
+            unsafe { std::slice::from_raw_parts(buf.as_ptr(), buf.len()) }
+        } else {
+            &[]
+        };
+        let slot = Arc::new(Slot::queued(expect, op, buf, queue.clone(), tag, index));
+        if let Err(closed) = self.send(&slot, flags, payload) {
+            // Counted like any request, so that the queue's `finished` balances it.
+            self.started();
+            slot.complete(Err(closed));
+        }
+    }
+
+    /// Registers `slot` under a fresh cookie and writes its request (and payload);
+    /// fails without sending when the connection takes no more requests.
+    fn send(&self, slot: &Arc<Slot>, flags: u16, payload: &[u8]) -> Result<(), Error> {
         let cookie = self.shared.next_cookie.fetch_add(1, Ordering::Relaxed);
+        let expect = slot.expect;
         {
             let mut table = lock(&self.shared.table);
             if let Some(closed) = &table.closed {
-                return Err(closed.error(op, offset, len.into()));
+                return Err(closed.error(slot.op, expect.offset, expect.len.into()));
             }
             table.pending.insert(cookie, slot.clone());
         }
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.started();
         let mut head = Vec::with_capacity(REQUEST_LEN);
         Request {
             flags,
-            command,
+            command: expect.command,
             cookie,
-            offset,
-            len,
+            offset: expect.offset,
+            len: expect.len,
         }
         .encode(&mut head);
         let sent = lock(&self.shared.writer).write_all_vectored(&head, payload);
@@ -209,28 +278,26 @@ impl Connection {
                 self.shared.name
             ));
         }
-        let result = match self.request_timeout {
-            None => slot.wait(),
-            Some(limit) => match slot.wait_timeout(limit) {
-                Some(result) => result,
-                None => {
-                    // The caller's buffer is lent to the reader thread: closing the
-                    // connection makes it hand every request back, this one with the
-                    // timeout as its error.
-                    let reason = format!(
-                        "{}: no reply to {op} at {offset} within {limit:?}; connection closed",
-                        self.shared.name
-                    );
-                    if self.shared.close(ErrorKind::TimedOut, reason.clone()) {
-                        tracing::warn!("{reason}");
-                    }
-                    self.shared.shutdown();
-                    slot.wait()
-                }
-            },
-        };
+        Ok(())
+    }
+
+    /// A request was given to this connection.
+    pub fn started(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request sent on this connection has been answered and handed back.
+    pub fn finished(&self) {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
-        result
+    }
+
+    /// Closes the connection because `reason` (a request waited too long): every
+    /// request in flight fails with a timeout.
+    pub fn time_out(&self, reason: String) {
+        if self.shared.close(ErrorKind::TimedOut, reason.clone()) {
+            tracing::warn!("{reason}");
+        }
+        self.shared.shutdown();
     }
 }
 

@@ -5,14 +5,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use blockwire_blockdev::{
-    BlockDevice, DeviceInfo, Error, ErrorKind, Extent, ExtentState, Op, Result, WriteFlags,
-    ZeroFlags,
+    BlockDevice, DeviceInfo, Error, ErrorKind, Extent, ExtentState, Op, RequestQueue, Result,
+    WriteFlags, ZeroFlags,
 };
 
 use super::connection::Connection;
 use super::details::{ExportDetails, MAX_EFFECT_LEN};
 use super::error::ClientError;
 use super::handshake::{self, Wanted};
+use super::queue::NbdQueue;
 use super::reply::Outcome;
 use super::socket::{address_of, Socket};
 use super::uri::NbdUri;
@@ -179,28 +180,39 @@ impl NbdClient {
 
     /// The least-loaded live connection; ties go round-robin.
     fn pick(&self) -> &Connection {
+        &self.connections[self.pick_index()]
+    }
+
+    /// The index of [`pick`](Self::pick)'s connection.
+    pub(crate) fn pick_index(&self) -> usize {
         let count = self.connections.len();
         let start = if count == 1 {
             0
         } else {
             self.next.fetch_add(1, Ordering::Relaxed) % count
         };
-        let mut best: Option<(usize, &Connection)> = None;
+        let mut best: Option<(usize, usize)> = None;
         for i in 0..count {
-            let connection = &self.connections[(start + i) % count];
+            let index = (start + i) % count;
+            let connection = &self.connections[index];
             if !connection.alive() {
                 continue;
             }
             let load = connection.in_flight();
             if best.is_none_or(|(least, _)| load < least) {
-                best = Some((load, connection));
+                best = Some((load, index));
                 if load == 0 {
                     break;
                 }
             }
         }
         // With none alive, any of them reports why.
-        best.map_or(&self.connections[start], |(_, connection)| connection)
+        best.map_or(start, |(_, index)| index)
+    }
+
+    /// Connection `index`.
+    pub(crate) fn connection(&self, index: usize) -> &Connection {
+        &self.connections[index]
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -242,7 +254,7 @@ impl NbdClient {
     }
 }
 
-fn fua(flags: WriteFlags) -> u16 {
+pub(crate) fn fua(flags: WriteFlags) -> u16 {
     if flags.fua {
         NBD_CMD_FLAG_FUA
     } else {
@@ -370,6 +382,10 @@ impl BlockDevice for NbdClient {
             }
         }
         Ok(())
+    }
+
+    fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
+        Some(Box::new(NbdQueue::new(self)))
     }
 
     fn cache(&self, offset: u64, len: u64) -> Result<()> {

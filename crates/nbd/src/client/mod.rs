@@ -27,6 +27,7 @@ mod details;
 mod device;
 mod error;
 mod handshake;
+mod queue;
 mod reader;
 pub mod reply;
 mod slot;
