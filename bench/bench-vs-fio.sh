@@ -5,7 +5,10 @@
 # the ratio blockwire / fio per job; the accuracy target is agreement within 10% on the
 # local file, the speed target a ratio of at least 1.0 over NBD.
 #
-# usage: bench/bench-vs-fio.sh [--size 2G] [--time 5] [--dir DIR]
+# Each job runs --rounds times per tool (default 2), alternating which goes first;
+# the best figure of each is kept.
+#
+# usage: bench/bench-vs-fio.sh [--size 2G] [--time 5] [--rounds 2] [--dir DIR]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
