@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # blockwire copy vs nbdcopy: a sparse-ish image (half data, half holes) copied between
 # two NBD servers (blockwire serve on loopback), a few rounds each, alternating.
+# nbdcopy runs with --flush: blockwire copy always flushes the destination before it
+# reports success, so both finish with the copy on disk.
 # Prints the median seconds of each and the speed ratio blockwire / nbdcopy.
 #
 # usage: bench/copy-vs-nbdcopy.sh [SIZE (default 4G)] [ROUNDS (default 3)]
@@ -51,7 +53,7 @@ timed() { local start end; start=$(date +%s.%N); "$@" >/dev/null; end=$(date +%s
 declare -a t_nbdcopy t_blockwire
 for ((r = 0; r < rounds; r++)); do
   reset_destination
-  t_nbdcopy+=("$(timed nbdcopy "$src" "$dst")")
+  t_nbdcopy+=("$(timed nbdcopy --flush "$src" "$dst")")
   cmp "$work/src.img" "$work/dst.img" || { echo "nbdcopy produced a different image" >&2; exit 1; }
   reset_destination
   t_blockwire+=("$(timed "$bw" copy "$src" "$dst" --quiet)")

@@ -125,3 +125,79 @@ fn a_timeout_fails_a_copy_from_a_server_that_does_not_answer() {
     assert!(stderr.contains("no reply"), "{stderr}");
     assert!(started.elapsed() < std::time::Duration::from_secs(20));
 }
+
+/// Between two exports both sides have request queues: the copy is pipelined through
+/// them (reads and writes in flight at once), with holes zeroed on the destination.
+#[test]
+fn copies_between_two_exports_pipelined() {
+    let dir = tempfile::tempdir().unwrap();
+    // 24 MiB of data, a 16 MiB hole, then 8 MiB more data: data after a hole too.
+    let source = patterned_file(dir.path(), "source.img", 48 << 20, 5);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&source)
+        .unwrap();
+    // SAFETY: fallocate on a file we own; punching a hole keeps the size.
+    let punched = unsafe {
+        libc::fallocate(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            24 << 20,
+            16 << 20,
+        )
+    };
+    assert_eq!(punched, 0, "punch a hole in the source");
+    drop(file);
+    // The destination starts full of other bytes, so the hole must be written.
+    let target = patterned_file(dir.path(), "target.img", 48 << 20, 77);
+    let from = Served::start(&[source.to_str().unwrap(), "--name", "from"], "from");
+    let to = Served::start(&[target.to_str().unwrap(), "--name", "to"], "to");
+
+    let report = copy(&[
+        &from.uri(),
+        &to.uri(),
+        "--request-size",
+        "256K",
+        "--requests",
+        "4",
+        "--verify",
+    ]);
+    assert!(report.contains("verified"), "{report}");
+    assert_eq!(from.terminate(), Some(0));
+    assert_eq!(to.terminate(), Some(0));
+    assert!(
+        std::fs::read(&target).unwrap() == std::fs::read(&source).unwrap(),
+        "destination differs from the source"
+    );
+}
+
+/// A destination that refuses writes fails the pipelined copy with the server's
+/// error, at once, instead of hanging.
+#[test]
+fn a_pipelined_copy_to_a_read_only_export_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = patterned_file(dir.path(), "source.img", 8 << 20, 3);
+    let target = patterned_file(dir.path(), "target.img", 8 << 20, 4);
+    let before = std::fs::read(&target).unwrap();
+    let from = Served::start(&[source.to_str().unwrap(), "--name", "from"], "from");
+    let to = Served::start(
+        &[target.to_str().unwrap(), "--name", "to", "--read-only"],
+        "to",
+    );
+    let output = Command::new(blockwire_bin())
+        .args(["copy", &from.uri(), &to.uri(), "--quiet"])
+        .output()
+        .expect("run blockwire copy");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("read-only") || stderr.contains("EPERM") || stderr.contains("ermission"),
+        "{stderr}"
+    );
+    assert_eq!(to.terminate(), Some(0));
+    assert!(
+        std::fs::read(&target).unwrap() == before,
+        "a read-only export changed"
+    );
+    drop(from);
+}

@@ -15,6 +15,9 @@ use crate::device::{WriteFlags, ZeroFlags};
 use crate::error::{Error, ErrorKind, Op, Result};
 use crate::handle::Device;
 
+#[path = "copy_pipelined.rs"]
+mod pipelined;
+
 /// How many bytes of the source's extents are looked up at a time.
 const EXTENT_WINDOW: u64 = 1 << 30;
 /// Largest single write-zeroes request.
@@ -53,7 +56,7 @@ pub struct CopyStats {
 
 /// One unit of work.
 #[derive(Debug, Clone, Copy)]
-enum Piece {
+pub(crate) enum Piece {
     Data { offset: u64, len: u64 },
     Zero { offset: u64, len: u64 },
 }
@@ -72,7 +75,11 @@ fn check_sizes(source: &Device, destination: &Device) -> Result<()> {
 }
 
 /// Cuts the source into pieces, in order, by its extents.
-fn plan(source: &Device, request_size: u64, mut emit: impl FnMut(Piece) -> bool) -> Result<()> {
+pub(crate) fn plan(
+    source: &Device,
+    request_size: u64,
+    mut emit: impl FnMut(Piece) -> bool,
+) -> Result<()> {
     let size = source.size();
     let mut at = 0;
     while at < size {
@@ -106,6 +113,11 @@ fn plan(source: &Device, request_size: u64, mut emit: impl FnMut(Piece) -> bool)
 
 /// Copies all of `source` onto the start of `destination`. `progress` is called with
 /// the number of bytes each finished piece covered.
+///
+/// When both devices have request queues (initiators), two threads pipeline the copy
+/// through them — one keeps reads in flight, the other writes what they bring — with
+/// `workers × 4` requests in flight; otherwise `workers` threads each read and then
+/// write one piece at a time.
 pub fn copy(
     source: &Device,
     destination: &Device,
@@ -116,6 +128,20 @@ pub fn copy(
     let request_size = options
         .request_size
         .clamp(4096, shared_maximum(source, destination)) as u64;
+    if let (Some(reads), Some(writes)) = (source.queue(), destination.queue()) {
+        let stats = pipelined::copy(
+            source,
+            destination,
+            (reads, writes),
+            request_size,
+            options,
+            progress,
+        )?;
+        if destination.info().capabilities.flush.available() {
+            destination.flush()?;
+        }
+        return Ok(stats);
+    }
     let (sender, receiver) = crossbeam_channel::bounded(options.workers * 4);
     let failed = AtomicBool::new(false);
     let first_error: Mutex<Option<Error>> = Mutex::new(None);
