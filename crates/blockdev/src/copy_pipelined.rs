@@ -121,11 +121,8 @@ fn read_side(
     let mut planned_all = false;
     loop {
         // Buffers the writer is finished with.
-        loop {
-            match empty.try_recv() {
-                Ok(buf) => spare.push(buf),
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-            }
+        while let Ok(buf) = empty.try_recv() {
+            spare.push(buf);
         }
         // Start reads while there are buffers (made on demand, up to `depth`).
         while !planned_all && !shared.failed() && !free_tags.is_empty() {
