@@ -255,9 +255,14 @@ impl Deadline {
 
 #[cfg(test)]
 pub(crate) mod test_support {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
     use std::time::Duration;
 
-    use blockwire_blockdev::{Device, MemoryDevice};
+    use blockwire_blockdev::{
+        BlockDevice, Completion, Device, DeviceInfo, MemoryDevice, QueuedOp, RequestQueue, Result,
+        Submission, WriteFlags,
+    };
 
     use crate::config::BenchConfig;
 
@@ -279,6 +284,78 @@ pub(crate) mod test_support {
             seeks: 500,
             files_k: 1,
             ..BenchConfig::default()
+        }
+    }
+
+    /// A memory device with a request queue that completes each request at once,
+    /// counting them: the queued path, without a network.
+    pub struct Queued {
+        inner: MemoryDevice,
+        pub submitted: AtomicU64,
+    }
+
+    struct InstantQueue<'a> {
+        device: &'a Queued,
+        ready: Vec<Completion>,
+    }
+
+    impl Queued {
+        pub fn new(size: u64) -> Arc<Queued> {
+            Arc::new(Queued {
+                inner: MemoryDevice::new(size),
+                submitted: AtomicU64::new(0),
+            })
+        }
+    }
+
+    impl RequestQueue for InstantQueue<'_> {
+        fn submit(&mut self, mut submission: Submission) {
+            self.device.submitted.fetch_add(1, Ordering::Relaxed);
+            let result = match submission.op {
+                QueuedOp::Read => self
+                    .device
+                    .inner
+                    .read_at(&mut submission.buf, submission.offset),
+                QueuedOp::Write(flags) => {
+                    self.device
+                        .inner
+                        .write_at(&submission.buf, submission.offset, flags)
+                }
+            };
+            self.ready.push(Completion {
+                tag: submission.tag,
+                buf: submission.buf,
+                result,
+            });
+        }
+
+        fn complete(&mut self, _min: usize, out: &mut Vec<Completion>) {
+            out.append(&mut self.ready);
+        }
+
+        fn in_flight(&self) -> usize {
+            self.ready.len()
+        }
+    }
+
+    impl BlockDevice for Queued {
+        fn info(&self) -> DeviceInfo {
+            self.inner.info()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+            self.inner.write_at(buf, offset, flags)
+        }
+        fn flush(&self) -> Result<()> {
+            self.inner.flush()
+        }
+        fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
+            Some(Box::new(InstantQueue {
+                device: self,
+                ready: Vec::new(),
+            }))
         }
     }
 }

@@ -162,7 +162,7 @@ fn queued(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workloads::test_support::{memory, tiny_config};
+    use crate::workloads::test_support::{memory, tiny_config, Queued};
 
     #[test]
     fn reads_and_writes_at_each_depth_for_the_given_time() {
@@ -195,81 +195,9 @@ mod tests {
         );
     }
 
-    /// A memory device with a request queue that completes each request at once,
-    /// counting them: the queued path, without a network.
-    struct Queued {
-        inner: blockwire_blockdev::MemoryDevice,
-        submitted: std::sync::atomic::AtomicU64,
-    }
-
-    struct InstantQueue<'a> {
-        device: &'a Queued,
-        ready: Vec<blockwire_blockdev::Completion>,
-    }
-
-    impl RequestQueue for InstantQueue<'_> {
-        fn submit(&mut self, mut submission: Submission) {
-            use blockwire_blockdev::BlockDevice;
-            self.device.submitted.fetch_add(1, Ordering::Relaxed);
-            let result = match submission.op {
-                QueuedOp::Read => self
-                    .device
-                    .inner
-                    .read_at(&mut submission.buf, submission.offset),
-                QueuedOp::Write(flags) => {
-                    self.device
-                        .inner
-                        .write_at(&submission.buf, submission.offset, flags)
-                }
-            };
-            self.ready.push(blockwire_blockdev::Completion {
-                tag: submission.tag,
-                buf: submission.buf,
-                result,
-            });
-        }
-
-        fn complete(&mut self, _min: usize, out: &mut Vec<blockwire_blockdev::Completion>) {
-            out.append(&mut self.ready);
-        }
-
-        fn in_flight(&self) -> usize {
-            self.ready.len()
-        }
-    }
-
-    impl blockwire_blockdev::BlockDevice for Queued {
-        fn info(&self) -> blockwire_blockdev::DeviceInfo {
-            self.inner.info()
-        }
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> blockwire_blockdev::Result<()> {
-            self.inner.read_at(buf, offset)
-        }
-        fn write_at(
-            &self,
-            buf: &[u8],
-            offset: u64,
-            flags: WriteFlags,
-        ) -> blockwire_blockdev::Result<()> {
-            self.inner.write_at(buf, offset, flags)
-        }
-        fn flush(&self) -> blockwire_blockdev::Result<()> {
-            self.inner.flush()
-        }
-        fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
-            Some(Box::new(InstantQueue {
-                device: self,
-                ready: Vec::new(),
-            }))
-        }
-    }
-
     #[test]
     fn a_device_with_a_queue_is_driven_through_it() {
-        let queued = std::sync::Arc::new(Queued {
-            inner: blockwire_blockdev::MemoryDevice::new(4 << 20),
-            submitted: Default::default(),
-        });
+        let queued = Queued::new(4 << 20);
         let device = blockwire_blockdev::Device::new(queued.clone());
         let config = tiny_config();
         let ctx = Ctx::new(&device, &config, 1 << 20, None, false);

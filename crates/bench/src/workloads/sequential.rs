@@ -1,15 +1,19 @@
 //! dd-style sequential throughput: write the region in `block_size` requests, flush
 //! (counted in the write time, like `dd conv=fdatasync`), then read it back. With a
 //! queue depth of N, N threads each stream through their own contiguous part, so N
-//! requests are in flight.
+//! requests are in flight; a device with its own request queue (an initiator) is
+//! instead given the requests in order by one thread keeping N in flight, as fio
+//! does.
 
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
-use blockwire_blockdev::{IoBuf, WriteFlags};
+use blockwire_blockdev::{IoBuf, QueuedOp, RequestQueue, Submission, WriteFlags};
 
 use super::{fill_pattern, parallel, share, Ctx, Unit};
 use crate::error::{Error, Result};
-use crate::meter::PhaseSpec;
+use crate::meter::{PhaseSpec, Recorder, Totals};
+use crate::progress::Progress;
 
 pub const NAME: &str = "sequential";
 
@@ -30,6 +34,13 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         total,
         Unit::Bytes,
         |progress| {
+            if let Some(mut queue) = ctx.device.queue() {
+                let totals = in_order(queue.as_mut(), true, block, blocks, depth, progress)
+                    .map_err(|e| Error::device("sequential write", e))?;
+                drop(queue);
+                ctx.flush("sequential write")?;
+                return Ok(totals);
+            }
             let totals = parallel(depth, |index, latency, stop| {
                 let (first, count) = share(blocks, depth, index);
                 let mut buf = IoBuf::new(block as usize);
@@ -58,6 +69,10 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         total,
         Unit::Bytes,
         |progress| {
+            if let Some(mut queue) = ctx.device.queue() {
+                return in_order(queue.as_mut(), false, block, blocks, depth, progress)
+                    .map_err(|e| Error::device("sequential read", e));
+            }
             parallel(depth, |index, latency, stop| {
                 let (first, count) = share(blocks, depth, index);
                 let mut buf = IoBuf::new(block as usize);
@@ -77,10 +92,77 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     Ok(())
 }
 
+/// Writes or reads blocks 0..`blocks` in order through the queue with `depth` in
+/// flight; each request is timed from its submission.
+fn in_order(
+    queue: &mut dyn RequestQueue,
+    writes: bool,
+    block: u64,
+    blocks: u64,
+    depth: u32,
+    progress: &Progress,
+) -> blockwire_blockdev::Result<Totals> {
+    let mut next = 0u64;
+    let mut submitted = vec![Instant::now(); depth as usize];
+    let submit = |queue: &mut dyn RequestQueue, tag: u64, mut buf: IoBuf, n: u64| {
+        let op = if writes {
+            // Change the first word so that no two blocks are identical.
+            buf[..8].copy_from_slice(&n.to_le_bytes());
+            QueuedOp::Write(WriteFlags::NONE)
+        } else {
+            QueuedOp::Read
+        };
+        queue.submit(Submission {
+            tag,
+            op,
+            buf,
+            offset: n * block,
+        });
+    };
+    for tag in 0..u64::from(depth).min(blocks) {
+        let mut buf = IoBuf::new(block as usize);
+        fill_pattern(&mut buf, tag + 1);
+        submitted[tag as usize] = Instant::now();
+        submit(queue, tag, buf, next);
+        next += 1;
+    }
+    let mut latency = Recorder::new();
+    let mut failure = None;
+    let mut ops = 0u64;
+    let mut done = Vec::with_capacity(depth as usize);
+    while queue.in_flight() > 0 {
+        queue.complete(1, &mut done);
+        let now = Instant::now();
+        for completion in done.drain(..) {
+            let tag = completion.tag as usize;
+            latency.record(now.saturating_duration_since(submitted[tag]));
+            if let Err(error) = completion.result {
+                failure.get_or_insert(error);
+                continue;
+            }
+            ops += 1;
+            progress.inc(block);
+            if failure.is_none() && next < blocks {
+                submitted[tag] = Instant::now();
+                submit(queue, completion.tag, completion.buf, next);
+                next += 1;
+            }
+        }
+    }
+    match failure {
+        Some(error) => Err(error),
+        None => Ok(Totals {
+            bytes: ops * block,
+            ops,
+            latency,
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workloads::test_support::{memory, tiny_config};
+    use crate::workloads::test_support::{memory, tiny_config, Queued};
 
     #[test]
     fn writes_then_reads_the_whole_region() {
@@ -111,5 +193,28 @@ mod tests {
         let ctx = Ctx::new(&device, &config, 4096, None, false);
         let err = run(&ctx).unwrap_err().to_string();
         assert!(err.contains("smaller than one block"), "{err}");
+    }
+
+    #[test]
+    fn a_device_with_a_queue_gets_every_block_in_order() {
+        let queued = Queued::new(8 << 20);
+        let device = blockwire_blockdev::Device::new(queued.clone());
+        let config = tiny_config();
+        let ctx = Ctx::new(&device, &config, 4 << 20, None, false);
+        run(&ctx).unwrap();
+        let results = ctx.into_results();
+        for result in &results {
+            assert_eq!(result.bytes, 4 << 20, "{result:?}");
+            assert_eq!(result.ops, 16);
+            assert_eq!(result.queue_depth, 2);
+        }
+        // 16 writes and 16 reads, all through the queue.
+        assert_eq!(queued.submitted.load(Ordering::Relaxed), 32);
+        // Each block carries its number in its first word.
+        let mut first = [0u8; 8];
+        for n in 0..16u64 {
+            device.read(&mut first, n * (256 << 10)).unwrap();
+            assert_eq!(u64::from_le_bytes(first), n);
+        }
     }
 }
