@@ -285,3 +285,26 @@ pub fn nbdkit(port: u16, read_only: bool, plugin: &[&str]) -> Command {
     command.args(plugin);
     command
 }
+
+/// Submits `subs` through `queue`, keeping at most `depth` in flight, and returns
+/// every completion.
+pub fn run_queued(
+    queue: &mut dyn blockwire_blockdev::RequestQueue,
+    subs: Vec<blockwire_blockdev::Submission>,
+    depth: usize,
+) -> Vec<blockwire_blockdev::Completion> {
+    let mut pending = subs.into_iter();
+    let mut done = Vec::new();
+    loop {
+        while queue.in_flight() < depth {
+            match pending.next() {
+                Some(sub) => queue.submit(sub),
+                None => break,
+            }
+        }
+        if queue.in_flight() == 0 {
+            return done;
+        }
+        queue.complete(1, &mut done);
+    }
+}

@@ -4,11 +4,15 @@
 //! the target), bench, and serve as a gateway to NBD. Needs root.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use blockwire_aoe::initiator::{AoeClient, AoeOptions, AoeUri};
-use blockwire_blockdev::{conformance, Device};
+use blockwire_blockdev::conformance::{self, pattern};
+use blockwire_blockdev::{Device, ErrorKind, IoBuf, QueuedOp, Submission, WriteFlags};
 use blockwire_tests::aoe::{file_has, AoeLab, SHELF, SLOT};
-use blockwire_tests::{blockwire_bin, path_str, patterned_file, require_root, text, Served, MIB};
+use blockwire_tests::{
+    blockwire_bin, path_str, patterned_file, require_root, run_queued, text, Served, MIB,
+};
 
 fn backing_file(dir: &tempfile::TempDir, size: u64) -> String {
     let path = dir.path().join("aoe.img");
@@ -218,4 +222,97 @@ fn info_copy_bench_and_gateway_on_an_aoe_uri() {
     for op in ["\"op\": \"write\"", "\"op\": \"read\""] {
         assert!(report.contains(op), "bench reports {op}: {report}");
     }
+}
+
+/// The request queue over AoE: many multi-frame requests in flight from one thread,
+/// data round trip, the handle's refusals, and a target that dies failing what is in
+/// flight within the initiator's timeout.
+#[test]
+fn request_queue_through_aoe() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let file = backing_file(&dir, 32 * MIB);
+    let mut lab = AoeLab::start("rq", 1500, &[file.as_str()]);
+    let uri: AoeUri = uri().parse().unwrap();
+    let options = AoeOptions {
+        timeout: Duration::from_secs(2),
+        ..AoeOptions::default()
+    };
+    let client = lab.lab.run_in(lab.lab.initiator_ns(), || {
+        AoeClient::open(&uri, options).expect("open the AoE target")
+    });
+    let device = Device::new(Arc::new(client));
+    let mut queue = device
+        .queue()
+        .expect("the AoE initiator has a request queue");
+    // 8 KiB requests (8 frames each at MTU 1500), 32 in flight.
+    let block = 8192usize;
+    let at = |n: u64| n * 3 * block as u64;
+    let writes = (0..256u64)
+        .map(|n| Submission {
+            tag: n,
+            op: QueuedOp::Write(WriteFlags::NONE),
+            buf: IoBuf::from_slice(&pattern(n, 0, block)),
+            offset: at(n),
+        })
+        .collect();
+    for completion in run_queued(queue.as_mut(), writes, 32) {
+        completion.result.expect("queued write");
+    }
+    let reads = (0..256u64)
+        .rev()
+        .map(|n| Submission {
+            tag: n,
+            op: QueuedOp::Read,
+            buf: IoBuf::new(block),
+            offset: at(n),
+        })
+        .collect();
+    let read = run_queued(queue.as_mut(), reads, 32);
+    assert_eq!(read.len(), 256);
+    for completion in read {
+        completion.result.expect("queued read");
+        let n = completion.tag;
+        assert!(completion.buf[..] == pattern(n, 0, block)[..], "block {n}");
+    }
+    // Refused by the checks, without reaching the target.
+    for (tag, offset) in [(1u64, 32 * MIB), (2, 100)] {
+        queue.submit(Submission {
+            tag,
+            op: QueuedOp::Read,
+            buf: IoBuf::new(block),
+            offset,
+        });
+    }
+    let mut refused = Vec::new();
+    queue.complete(2, &mut refused);
+    refused.sort_by_key(|c| c.tag);
+    let kinds: Vec<ErrorKind> = refused
+        .iter()
+        .map(|c| c.result.as_ref().unwrap_err().kind())
+        .collect();
+    assert_eq!(kinds, [ErrorKind::OutOfRange, ErrorKind::Misaligned]);
+
+    // The target dies: what is in flight comes back failed, within the timeout.
+    lab.kill_target();
+    let started = Instant::now();
+    let reads = (0..64u64)
+        .map(|n| Submission {
+            tag: n,
+            op: QueuedOp::Read,
+            buf: IoBuf::new(block),
+            offset: at(n),
+        })
+        .collect();
+    let failed = run_queued(queue.as_mut(), reads, 16);
+    assert_eq!(failed.len(), 64);
+    for completion in failed {
+        let err = completion.result.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
 }

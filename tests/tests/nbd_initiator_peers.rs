@@ -12,11 +12,10 @@ use std::time::{Duration, Instant};
 
 use blockwire_blockdev::conformance::{self, pattern};
 use blockwire_blockdev::{
-    Completion, Device, ErrorKind, FileDevice, FileOptions, IoBuf, QueuedOp, RequestQueue,
-    Submission, WriteFlags,
+    Device, ErrorKind, FileDevice, FileOptions, IoBuf, QueuedOp, Submission, WriteFlags,
 };
 use blockwire_nbd::client::{list_exports, ClientError, ClientOptions, NbdClient, NbdUri};
-use blockwire_tests::{free_port, nbdkit, path_str, require, sparse_file, MIB};
+use blockwire_tests::{free_port, nbdkit, path_str, require, run_queued, sparse_file, MIB};
 
 /// A peer server we started, stopped when dropped: the child itself and, for a
 /// server that daemonizes, the daemon's PID from the pid file we told it to write.
@@ -359,29 +358,6 @@ fn request_timeout_fails_a_request_the_server_sits_on() {
         .write(&[1; 4096], 0, WriteFlags::default())
         .expect_err("a closed connection takes no more requests");
     assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
-}
-
-/// Submits `subs` through `queue`, keeping at most `depth` in flight, and returns
-/// every completion.
-fn run_queued(
-    queue: &mut dyn RequestQueue,
-    subs: Vec<Submission>,
-    depth: usize,
-) -> Vec<Completion> {
-    let mut pending = subs.into_iter();
-    let mut done = Vec::new();
-    loop {
-        while queue.in_flight() < depth {
-            match pending.next() {
-                Some(sub) => queue.submit(sub),
-                None => break,
-            }
-        }
-        if queue.in_flight() == 0 {
-            return done;
-        }
-        queue.complete(1, &mut done);
-    }
 }
 
 #[test]

@@ -7,13 +7,14 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use blockwire_blockdev::{
-    BlockDevice, BlockSizes, Capabilities, DeviceInfo, Error, ErrorKind, Limits, Op, Result,
-    Support, WriteFlags,
+    BlockDevice, BlockSizes, Capabilities, DeviceInfo, Error, ErrorKind, Limits, Op, RequestQueue,
+    Result, Support, WriteFlags,
 };
 
 use super::discovery::{self, format_mac, Found};
 use super::engine::Engine;
 use super::errors::device_error;
+use super::queue::AoeQueue;
 use super::session::{
     PathAddr, Plan, Session, SessionConfig, Stats, LBA28_LIMIT, LBA48_LIMIT, MAX_SLOTS,
 };
@@ -433,8 +434,18 @@ impl AoeClient {
         self.engine.timing()
     }
 
+    /// The target and its paths, for messages.
+    pub(crate) fn description(&self) -> &str {
+        &self.description
+    }
+
+    /// The engine that runs requests.
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
     /// The request's sectors after the checks every call makes.
-    fn check(&self, op: Op, offset: u64, len: usize) -> Result<(u64, u64)> {
+    pub(crate) fn check(&self, op: Op, offset: u64, len: usize) -> Result<(u64, u64)> {
         let len64 = len as u64;
         let sector = SECTOR_SIZE as u64;
         if !offset.is_multiple_of(sector) || !len64.is_multiple_of(sector) {
@@ -498,6 +509,10 @@ impl BlockDevice for AoeClient {
 
     fn flush(&self) -> Result<()> {
         self.run(Plan::flush(), std::ptr::null_mut(), 0, Op::Flush, 0)
+    }
+
+    fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
+        Some(Box::new(AoeQueue::new(self)))
     }
 }
 

@@ -38,6 +38,14 @@ const TIMER_EVERY: Duration = Duration::from_millis(2);
 /// `sendmmsg` calls, each stamped when it is built rather than all at the start.
 const CHUNK: usize = 32;
 
+/// Who learns that a request finished.
+enum Waiter {
+    /// The caller's thread, blocked in [`Engine::execute`].
+    Thread(Thread),
+    /// A request queue: the buffer (owned by the request) and the result go to it.
+    Queue(Box<dyn FnOnce(Option<Fault>) + Send + Sync>),
+}
+
 /// One request's shared state: the lent buffer, the holds, the result, the waiter.
 pub(crate) struct Request {
     buffer: *mut u8,
@@ -47,7 +55,7 @@ pub(crate) struct Request {
     holds: AtomicUsize,
     done: AtomicBool,
     fault: Mutex<Option<Fault>>,
-    waiter: Thread,
+    waiter: Mutex<Option<Waiter>>,
 }
 
 // SAFETY: the buffer pointer is only dereferenced by threads holding the request
@@ -59,14 +67,14 @@ unsafe impl Sync for Request {}
 type Handle = Arc<Request>;
 
 impl Request {
-    fn new(buffer: *mut u8, len: usize) -> Request {
+    fn new(buffer: *mut u8, len: usize, waiter: Waiter) -> Request {
         Request {
             buffer,
             len,
             holds: AtomicUsize::new(1),
             done: AtomicBool::new(false),
             fault: Mutex::new(None),
-            waiter: thread::current(),
+            waiter: Mutex::new(Some(waiter)),
         }
     }
 
@@ -76,11 +84,21 @@ impl Request {
         self.holds.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Releases a hold; the last one wakes the caller.
+    /// Releases a hold; the last one wakes the caller or completes to the queue.
     fn release(&self) {
         if self.holds.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.done.store(true, Ordering::Release);
-            self.waiter.unpark();
+            let waiter = self.waiter.lock().unwrap_or_else(|e| e.into_inner()).take();
+            match waiter {
+                Some(Waiter::Thread(thread)) => {
+                    self.done.store(true, Ordering::Release);
+                    thread.unpark();
+                }
+                Some(Waiter::Queue(complete)) => {
+                    let fault = self.fault.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    complete(fault);
+                }
+                None => {}
+            }
         }
     }
 
@@ -176,15 +194,8 @@ impl Engine {
     /// Runs a request to completion on the caller's thread. `buffer` must stay valid
     /// (and, for reads, unaliased) until this returns.
     pub fn execute(&self, plan: Plan, buffer: *mut u8, len: usize) -> Result<(), Fault> {
-        let request = Arc::new(Request::new(buffer, len));
-        SCRATCH.with(|scratch| {
-            let scratch = &mut *scratch.borrow_mut();
-            {
-                let mut session = self.lock();
-                session.submit(request.clone(), plan, &mut scratch.out);
-            }
-            self.fill(scratch);
-        });
+        let request = Arc::new(Request::new(buffer, len, Waiter::Thread(thread::current())));
+        self.begin(plan, request.clone());
         request.wait();
         let fault = request
             .fault
@@ -195,6 +206,34 @@ impl Engine {
             None => Ok(()),
             Some(fault) => Err(fault),
         }
+    }
+
+    /// Starts a request without waiting: `complete` is called once, with the fault if
+    /// it failed, when no thread touches `buffer` any more. `buffer` must stay valid
+    /// (and, for reads, unaliased) until then.
+    pub fn submit(
+        &self,
+        plan: Plan,
+        buffer: *mut u8,
+        len: usize,
+        complete: Box<dyn FnOnce(Option<Fault>) + Send + Sync>,
+    ) {
+        self.begin(
+            plan,
+            Arc::new(Request::new(buffer, len, Waiter::Queue(complete))),
+        );
+    }
+
+    /// Hands a request to the session and sends what the window allows.
+    fn begin(&self, plan: Plan, request: Handle) {
+        SCRATCH.with(|scratch| {
+            let scratch = &mut *scratch.borrow_mut();
+            {
+                let mut session = self.lock();
+                session.submit(request, plan, &mut scratch.out);
+            }
+            self.fill(scratch);
+        });
     }
 
     /// Sends frames while the window has room, in chunks of [`CHUNK`], each polled

@@ -26,6 +26,7 @@ mod device;
 pub mod discovery;
 mod engine;
 pub mod errors;
+mod queue;
 pub mod rtt;
 pub mod session;
 pub mod uri;
