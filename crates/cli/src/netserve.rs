@@ -11,8 +11,9 @@ use clap::Args;
 
 #[derive(Args, Debug)]
 pub struct NetserveArgs {
-    /// TCP address to listen on. Default 0.0.0.0:10810 (all interfaces: the bench
-    /// that measures against it runs on another host).
+    /// TCP address to listen on. Default 127.0.0.1:10810 (loopback, as every
+    /// blockwire listener; give the target host's address, or 0.0.0.0:10810, for a
+    /// bench on another host).
     #[arg(long, value_name = "HOST:PORT")]
     pub listen: Option<String>,
 }
@@ -38,7 +39,7 @@ pub fn run(args: NetserveArgs) -> Result<()> {
     .context("cannot install signal handlers")?;
     let listen = args
         .listen
-        .unwrap_or_else(|| format!("0.0.0.0:{}", netperf::DEFAULT_PORT));
+        .unwrap_or_else(|| format!("127.0.0.1:{}", netperf::DEFAULT_PORT));
     let server = bind(&listen)?;
     let handle = server.shutdown_handle();
     thread::Builder::new()

@@ -74,7 +74,7 @@ pub fn measure(request: &NetworkRequest, note: &mut dyn FnMut(&str)) -> Vec<Phas
         };
     }
     note(&format!(
-        "network: skipped (run `blockwire netserve` on {host}: it listens on port {}, \
+        "network: skipped (run `blockwire netserve --listen 0.0.0.0:{}` on {host}, \
          or give --netserve-port; or run `iperf3 -s` there and give --iperf-port)",
         netperf::DEFAULT_PORT
     ));
