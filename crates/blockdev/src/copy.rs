@@ -14,6 +14,7 @@ use crate::buffer::IoBuf;
 use crate::device::{WriteFlags, ZeroFlags};
 use crate::error::{Error, ErrorKind, Op, Result};
 use crate::handle::Device;
+use crate::queue::{InlineQueue, RequestQueue};
 
 #[path = "copy_pipelined.rs"]
 mod pipelined;
@@ -114,10 +115,11 @@ pub(crate) fn plan(
 /// Copies all of `source` onto the start of `destination`. `progress` is called with
 /// the number of bytes each finished piece covered.
 ///
-/// When both devices have request queues (initiators), two threads pipeline the copy
-/// through them — one keeps reads in flight, the other writes what they bring — with
-/// `workers × 4` requests in flight; otherwise `workers` threads each read and then
-/// write one piece at a time.
+/// When either device has a request queue (an initiator), two threads pipeline the
+/// copy — one keeps reads in flight, the other writes what they bring — with
+/// `workers × 4` requests in flight (a local side's requests run inline on its
+/// thread); between two local devices `workers` threads each read and then write
+/// one piece at a time.
 pub fn copy(
     source: &Device,
     destination: &Device,
@@ -128,7 +130,15 @@ pub fn copy(
     let request_size = options
         .request_size
         .clamp(4096, shared_maximum(source, destination)) as u64;
-    if let (Some(reads), Some(writes)) = (source.queue(), destination.queue()) {
+    let queues = match (source.queue(), destination.queue()) {
+        (Some(reads), Some(writes)) => Some((reads, writes)),
+        // One initiator and a local device: the local side's requests run inline
+        // on its thread of the pipeline, which keeps the initiator's queue full.
+        (Some(reads), None) => Some((reads, inline(destination))),
+        (None, Some(writes)) => Some((inline(source), writes)),
+        (None, None) => None,
+    };
+    if let Some((reads, writes)) = queues {
         let stats = pipelined::copy(
             source,
             destination,
@@ -269,6 +279,10 @@ pub fn compare(
     }
     let at = mismatch.into_inner();
     Ok((at != u64::MAX).then_some(at))
+}
+
+fn inline(device: &Device) -> Box<dyn RequestQueue + '_> {
+    Box::new(InlineQueue::new(device))
 }
 
 /// The largest request both devices take.
