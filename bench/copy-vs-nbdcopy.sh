@@ -16,8 +16,13 @@ command -v nbdcopy >/dev/null || { echo "nbdcopy missing (apt-get install libnbd
 bw="$root/target/release/blockwire"
 
 work=$(mktemp -d /tmp/bw-copy-XXXXXX)
-pids=()
-cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+# Server PIDs go to a file: `serve` runs in a command substitution's subshell, where
+# appending to an array would be lost.
+cleanup() {
+  [ -f "$work/pids" ] && while read -r pid; do kill "$pid" 2>/dev/null || true; done < "$work/pids"
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
 trap cleanup EXIT
 
 # Source: 64 MiB of random data every 128 MiB, the rest holes.
@@ -30,7 +35,7 @@ sync
 
 serve() { # serve FILE NAME -> prints the port
   "$bw" serve "$1" --name "$2" --listen 127.0.0.1:0 > "$work/$2.out" 2>/dev/null &
-  pids+=($!)
+  echo $! >> "$work/pids"
   for _ in $(seq 100); do
     port=$(sed -n 's#.*nbd://127.0.0.1:\([0-9]*\)/.*#\1#p' "$work/$2.out" | head -1)
     [ -n "$port" ] && { echo "$port"; return; }
