@@ -259,16 +259,13 @@ fn request_queue_through_aoe() {
     for completion in run_queued(queue.as_mut(), writes, 32) {
         completion.result.expect("queued write");
     }
-    let reads = (0..256u64)
-        .rev()
-        .map(|n| Submission {
-            tag: n,
-            op: QueuedOp::Read,
-            buf: IoBuf::new(block),
-            offset: at(n),
-        })
-        .collect();
-    let read = run_queued(queue.as_mut(), reads, 32);
+    let read_of = |n: u64| Submission {
+        tag: n,
+        op: QueuedOp::Read,
+        buf: IoBuf::new(block),
+        offset: at(n),
+    };
+    let read = run_queued(queue.as_mut(), (0..256u64).rev().map(read_of).collect(), 32);
     assert_eq!(read.len(), 256);
     for completion in read {
         completion.result.expect("queued read");
@@ -296,15 +293,7 @@ fn request_queue_through_aoe() {
     // The target dies: what is in flight comes back failed, within the timeout.
     lab.kill_target();
     let started = Instant::now();
-    let reads = (0..64u64)
-        .map(|n| Submission {
-            tag: n,
-            op: QueuedOp::Read,
-            buf: IoBuf::new(block),
-            offset: at(n),
-        })
-        .collect();
-    let failed = run_queued(queue.as_mut(), reads, 16);
+    let failed = run_queued(queue.as_mut(), (0..64u64).map(read_of).collect(), 16);
     assert_eq!(failed.len(), 64);
     for completion in failed {
         let err = completion.result.unwrap_err();

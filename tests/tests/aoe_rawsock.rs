@@ -107,7 +107,9 @@ fn aoe_rawsock_gathered_frames_arrive_whole_and_padded() {
         .zip(splits)
         .map(|(frame, at)| frame.split_at(at))
         .collect();
-    link.initiator.send_gathered(&parts).expect("send_gathered");
+    link.initiator
+        .send_gathered(parts.iter().copied())
+        .expect("send_gathered");
 
     let got = receive(&link.target, frames.len(), 9000 + 14 + 64);
     for (i, (got, sent)) in got.iter().zip(&frames).enumerate() {
@@ -121,7 +123,7 @@ fn aoe_rawsock_gathered_frames_arrive_whole_and_padded() {
     }
     // A head without a whole Ethernet header is refused, and nothing is sent.
     let short_head = (&frames[0][..10], &frames[0][10..]);
-    assert!(link.initiator.send_gathered(&[short_head]).is_err());
+    assert!(link.initiator.send_gathered([short_head]).is_err());
 }
 
 fn full_size_batch(short: &str, mtu: usize) {

@@ -319,6 +319,18 @@ fn nbd_server_conformance() {
     conformance_with(&mut peer, &uri);
 }
 
+/// nbdkit whose every read waits 30 s: a server that sits on requests.
+fn sitting_on_reads(port: u16) -> Peer {
+    Peer::start(
+        "nbdkit delay",
+        &mut nbdkit(
+            port,
+            false,
+            &["--filter=delay", "memory", "16M", "rdelay=30"],
+        ),
+    )
+}
+
 /// A server that stops answering: with a request timeout the request fails as timed
 /// out (and the connection closes) instead of waiting forever; without one, a slow
 /// but live server is waited for.
@@ -326,15 +338,7 @@ fn nbd_server_conformance() {
 fn request_timeout_fails_a_request_the_server_sits_on() {
     require!("nbdkit");
     let port = free_port();
-    // Every read waits 30 s in the server.
-    let mut peer = Peer::start(
-        "nbdkit delay",
-        &mut nbdkit(
-            port,
-            false,
-            &["--filter=delay", "memory", "16M", "rdelay=30"],
-        ),
-    );
+    let mut peer = sitting_on_reads(port);
     let uri = NbdUri::tcp("127.0.0.1", port, "");
     let options = ClientOptions {
         request_timeout: Some(Duration::from_millis(500)),
@@ -478,14 +482,7 @@ fn request_queue_hands_back_everything_when_the_server_dies() {
 fn request_queue_times_out_requests_the_server_sits_on() {
     require!("nbdkit");
     let port = free_port();
-    let mut peer = Peer::start(
-        "nbdkit delay",
-        &mut nbdkit(
-            port,
-            false,
-            &["--filter=delay", "memory", "16M", "rdelay=30"],
-        ),
-    );
+    let mut peer = sitting_on_reads(port);
     let options = ClientOptions {
         request_timeout: Some(Duration::from_millis(500)),
         ..ClientOptions::default()

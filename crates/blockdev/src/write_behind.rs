@@ -271,14 +271,16 @@ mod tests {
         assert!(lock(&behind.streams).streams.len() <= STREAMS);
     }
 
+    /// Drop drains the queue and joins the thread (the test hangs otherwise); that
+    /// writeback really starts is tested through the file device (file.rs).
     #[test]
-    fn the_thread_writes_back_and_stops_on_drop() {
+    fn drop_drains_the_queue_and_joins_the_thread() {
         let mut file = tempfile::tempfile().unwrap();
         file.write_all(&vec![7u8; 8 << 20]).unwrap();
         let behind = WriteBehind::start(file.try_clone().unwrap(), MIB).unwrap();
         for n in 0..8 {
             behind.wrote(n * MIB, MIB);
         }
-        drop(behind); // joins after the queue is drained
+        drop(behind);
     }
 }

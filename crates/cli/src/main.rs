@@ -9,6 +9,7 @@ mod info_aoe;
 mod netserve;
 mod open;
 mod serve;
+mod stop_signals;
 
 use std::process::ExitCode;
 

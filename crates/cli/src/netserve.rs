@@ -3,7 +3,7 @@
 //! until SIGINT or SIGTERM. `blockwire serve --netserve` runs the same server
 //! beside the exports.
 
-use std::thread;
+use crate::stop_signals;
 
 use anyhow::{Context, Result};
 use blockwire_bench::netperf::{self, NetServer, ServerConfig};
@@ -32,24 +32,13 @@ pub fn bind(addr: &str) -> Result<NetServer> {
 
 pub fn run(args: NetserveArgs) -> Result<()> {
     // Installed first, so a signal during start-up still stops cleanly.
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ])
-    .context("cannot install signal handlers")?;
+    let signals = stop_signals::install()?;
     let listen = args
         .listen
         .unwrap_or_else(|| format!("127.0.0.1:{}", netperf::DEFAULT_PORT));
     let server = bind(&listen)?;
     let handle = server.shutdown_handle();
-    thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            if let Some(signal) = signals.forever().next() {
-                tracing::info!("received signal {signal}");
-                handle.shutdown();
-            }
-        })?;
+    stop_signals::on_first(signals, move || handle.shutdown())?;
     println!("press Ctrl-C to stop");
     server.run().context("netserve failed")
 }

@@ -3,7 +3,6 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
-use std::thread;
 
 use anyhow::{anyhow, bail, Context, Result};
 use blockwire_aoe::target::{AoeTarget, TargetConfig};
@@ -15,6 +14,7 @@ use clap::Args;
 
 use crate::config::{AoeSection, Config, ExportSection};
 use crate::open::{create_sparse, open, Remote, Target};
+use crate::stop_signals;
 
 /// The remote target a PATH argument names, if it is a URI (nbd://, aoe://).
 fn remote_target(path: &Path) -> Result<Option<Target>> {
@@ -393,11 +393,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         None => plan_from_args(&args)?,
     };
     // Installed first, so a signal during start-up still stops cleanly.
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ])
-    .context("cannot install signal handlers")?;
+    let mut signals = stop_signals::install()?;
     // Bound before any export is announced: whoever sees an address printed may
     // connect to every listener at once (connections wait in the backlog until the
     // server thread starts).
@@ -424,20 +420,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let result = match server {
         Some(server) => {
             let handle = server.shutdown_handle();
-            thread::Builder::new()
-                .name("signals".into())
-                .spawn(move || {
-                    if let Some(signal) = signals.forever().next() {
-                        tracing::info!("received signal {signal}");
-                        handle.shutdown();
-                    }
-                })?;
+            stop_signals::on_first(signals, move || handle.shutdown())?;
             server.run().context("server failed")
         }
         None => {
-            if let Some(signal) = signals.forever().next() {
-                tracing::info!("received signal {signal}");
-            }
+            stop_signals::wait(&mut signals);
             Ok(())
         }
     };

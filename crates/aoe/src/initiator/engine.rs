@@ -296,7 +296,7 @@ impl Engine {
                 continue;
             }
             // Heads from `frames`, write data straight from the callers' buffers.
-            let batch: Vec<(&[u8], &[u8])> = transmits
+            let batch = transmits
                 .iter()
                 .filter(|t| t.socket == index)
                 .zip(ranges.iter())
@@ -310,14 +310,13 @@ impl Engine {
                         &source[transmit.data.clone()]
                     };
                     (&frames[head.clone()], body)
-                })
-                .collect();
-            if let Err(err) = socket.send_gathered(&batch) {
+                });
+            if let Err(err) = socket.send_gathered(batch) {
                 // The frames count as lost: the timer retransmits them, on another
                 // path if there is one.
                 tracing::debug!(
                     "sending {} AoE frames on {}: {err}",
-                    batch.len(),
+                    ranges.len(),
                     socket.interface().name
                 );
             }

@@ -149,23 +149,27 @@ impl RawSocket {
     /// EINTR is retried; on ENOBUFS/EAGAIN it waits briefly and retries, and gives
     /// the error back only after 5 s without progress.
     pub fn send_batch(&self, frames: &[&[u8]]) -> io::Result<()> {
-        let parts: Vec<(&[u8], &[u8])> = frames.iter().map(|&frame| (frame, &[][..])).collect();
-        self.send_gathered(&parts)
+        self.send_gathered(frames.iter().map(|&frame| (frame, &[][..])))
     }
 
     /// Sends frames each gathered from two parts, a head (at least the Ethernet
     /// header) and a body, in one `sendmmsg`: a write's data goes out straight from
     /// the caller's buffer instead of being copied into a frame first. Frames shorter
     /// than 60 bytes are padded with zeroes. Retries as [`send_batch`](Self::send_batch).
-    pub fn send_gathered(&self, frames: &[(&[u8], &[u8])]) -> io::Result<()> {
+    pub fn send_gathered<'a>(
+        &self,
+        frames: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+    ) -> io::Result<()> {
+        let frames = frames.into_iter();
         static ZEROES: [u8; MIN_FRAME_LEN] = [0; MIN_FRAME_LEN];
         let iovec = |part: &[u8]| libc::iovec {
             iov_base: part.as_ptr() as *mut libc::c_void,
             iov_len: part.len(),
         };
-        let mut iovecs: Vec<libc::iovec> = Vec::with_capacity(frames.len() * 3);
-        let mut counts: Vec<usize> = Vec::with_capacity(frames.len());
-        for &(head, body) in frames {
+        let expected = frames.size_hint().0;
+        let mut iovecs: Vec<libc::iovec> = Vec::with_capacity(expected * 3);
+        let mut counts: Vec<usize> = Vec::with_capacity(expected);
+        for (head, body) in frames {
             check_frame(head)?;
             iovecs.push(iovec(head));
             let mut count = 1;

@@ -240,13 +240,7 @@ fn open_stream(
     config: &ClientConfig,
 ) -> Result<TcpStream, ClientError> {
     let mut stream = connect(host, port, addr, config.connect_timeout)?;
-    let io = |what: &'static str| {
-        move |source| ClientError::Io {
-            addr: addr.to_string(),
-            what,
-            source,
-        }
-    };
+    let io = |what| io_error(addr, what);
     stream
         .set_read_timeout(Some(config.connect_timeout))
         .map_err(io("setting a timeout"))?;
@@ -365,13 +359,7 @@ fn receive(
     config: &ClientConfig,
     started: Instant,
 ) -> Result<StreamResult, ClientError> {
-    let io = |what: &'static str| {
-        move |source| ClientError::Io {
-            addr: addr.to_string(),
-            what,
-            source,
-        }
-    };
+    let io = |what| io_error(addr, what);
     stream
         .write_all(&[START])
         .map_err(io("starting the test"))?;
@@ -415,17 +403,22 @@ fn receive(
     })
 }
 
+/// Maps an I/O error while doing `what` with `addr` to a client error.
+fn io_error<'a>(
+    addr: &'a str,
+    what: &'static str,
+) -> impl FnOnce(std::io::Error) -> ClientError + 'a {
+    move |source| ClientError::Io {
+        addr: addr.to_string(),
+        what,
+        source,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::netperf::server::{NetServer, RunningServer, ServerConfig};
-
-    fn server() -> RunningServer {
-        NetServer::bind("127.0.0.1:0", ServerConfig::default())
-            .unwrap()
-            .spawn()
-            .unwrap()
-    }
+    use crate::netperf::server::tests::server;
 
     fn quick(streams: u32) -> ClientConfig {
         ClientConfig {

@@ -446,11 +446,12 @@ fn finish(bytes: u64, started: Option<(Instant, Option<u64>)>) -> Report {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::netperf::wire::{ACCEPT_LEN, REPORT_LEN};
 
-    fn server() -> RunningServer {
+    /// A server on a free loopback port, running on its own thread.
+    pub(crate) fn server() -> RunningServer {
         NetServer::bind("127.0.0.1:0", ServerConfig::default())
             .unwrap()
             .spawn()
