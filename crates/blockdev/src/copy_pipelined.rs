@@ -62,22 +62,23 @@ pub(super) fn copy<'a>(
     // Filled buffers to write, with their offsets; empty ones back to the reader.
     let (filled_tx, filled_rx) = crossbeam_channel::unbounded();
     let (empty_tx, empty_rx) = crossbeam_channel::unbounded();
+    let (zero_tx, zero_rx) = crossbeam_channel::unbounded();
     thread::scope(|scope| {
         let shared = &shared;
         scope.spawn(move || {
             read_side(
                 reads,
-                destination,
+                zero_tx,
                 piece_rx,
                 filled_tx,
                 empty_rx,
                 depth,
                 request_size,
-                options,
                 shared,
             )
         });
         scope.spawn(move || write_side(writes, filled_rx, empty_tx, shared));
+        scope.spawn(move || zero_side(destination, zero_rx, options, shared));
         let planned = plan(source, request_size, |piece| {
             !shared.failed() && piece_tx.send(piece).is_ok()
         });
@@ -99,18 +100,17 @@ pub(super) fn copy<'a>(
     })
 }
 
-/// Takes pieces in order: zero ranges are handled at once, data ranges are read
+/// Takes pieces in order: zero ranges go to the zeroing thread, data ranges are read
 /// through the queue (up to `depth` buffers in use) and passed on filled.
 #[allow(clippy::too_many_arguments)]
 fn read_side(
     mut queue: Queue<'_>,
-    destination: &Device,
+    zeroes: Sender<(u64, u64)>,
     pieces: Receiver<Piece>,
     filled: Sender<(u64, IoBuf)>,
     empty: Receiver<IoBuf>,
     depth: usize,
     request_size: u64,
-    options: CopyOptions,
     shared: &Shared<'_>,
 ) {
     let mut spare: Vec<IoBuf> = Vec::new();
@@ -149,16 +149,8 @@ fn read_side(
                 }
                 Ok(Piece::Zero { offset, len }) => {
                     spare.push(buf);
-                    shared.zero_bytes.fetch_add(len, Ordering::Relaxed);
-                    let zeroed = if options.destination_is_zero {
-                        Ok(())
-                    } else {
-                        destination.write_zeroes(offset, len, ZeroFlags::default())
-                    };
-                    match zeroed {
-                        Ok(()) => (shared.progress)(len),
-                        Err(e) => shared.fail(e),
-                    }
+                    // Zeroing is a round trip of its own: the reads go on meanwhile.
+                    let _ = zeroes.send((offset, len));
                 }
                 Err(_) => planned_all = true,
             }
@@ -191,6 +183,31 @@ fn read_side(
                 Ok(buf) => spare.push(buf),
                 Err(_) => return,
             }
+        }
+    }
+}
+
+/// Zeroes the destination's ranges that read as zeroes in the source, one request
+/// at a time, beside the reads and writes.
+fn zero_side(
+    destination: &Device,
+    ranges: Receiver<(u64, u64)>,
+    options: CopyOptions,
+    shared: &Shared<'_>,
+) {
+    for (offset, len) in ranges {
+        if shared.failed() {
+            continue;
+        }
+        shared.zero_bytes.fetch_add(len, Ordering::Relaxed);
+        let zeroed = if options.destination_is_zero {
+            Ok(())
+        } else {
+            destination.write_zeroes(offset, len, ZeroFlags::default())
+        };
+        match zeroed {
+            Ok(()) => (shared.progress)(len),
+            Err(e) => shared.fail(e),
         }
     }
 }

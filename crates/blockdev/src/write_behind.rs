@@ -124,13 +124,36 @@ impl WriteBehind {
 
     /// Extends the stream this write continues, or starts one; returns a range to
     /// write behind when the stream has gathered enough.
+    ///
+    /// Requests spread over several connections arrive a little out of order, so a
+    /// write may also fill the gap just before a stream (it overtook its
+    /// predecessor), and two streams that come to touch become one.
     fn extend(&self, offset: u64, len: u64) -> Option<Range<u64>> {
         let mut table = lock(&self.streams);
         table.writes += 1;
         let now = table.writes;
         let end = offset.saturating_add(len);
-        if let Some(stream) = table.streams.iter_mut().find(|s| s.end == offset) {
-            stream.end = end;
+        let streams = &mut table.streams;
+        let index = if let Some(i) = streams.iter().position(|s| s.end == offset) {
+            streams[i].end = end;
+            // A stream that starts where this one now ends joins it.
+            if let Some(j) = streams.iter().position(|s| s.unsent == end) {
+                let joined = streams.swap_remove(j);
+                // swap_remove moved the last stream into `j`.
+                let i = if i == streams.len() { j } else { i };
+                streams[i].end = streams[i].end.max(joined.end);
+                Some(i)
+            } else {
+                Some(i)
+            }
+        } else if let Some(i) = streams.iter().position(|s| s.unsent == end) {
+            streams[i].unsent = offset;
+            Some(i)
+        } else {
+            None
+        };
+        if let Some(i) = index {
+            let stream = &mut streams[i];
             stream.used = now;
             if stream.end - stream.unsent >= self.threshold {
                 let range = stream.unsent..stream.end;
@@ -144,9 +167,9 @@ impl WriteBehind {
             end,
             used: now,
         };
-        if table.streams.len() < STREAMS {
-            table.streams.push(fresh);
-        } else if let Some(oldest) = table.streams.iter_mut().min_by_key(|s| s.used) {
+        if streams.len() < STREAMS {
+            streams.push(fresh);
+        } else if let Some(oldest) = streams.iter_mut().min_by_key(|s| s.used) {
             *oldest = fresh;
         }
         None
@@ -238,6 +261,18 @@ mod tests {
         }
         // Two pieces of 4 MiB, adjacent, merged while queued; 2 MiB still gathering.
         assert_eq!(behind.queued(), vec![0..8 * MIB]);
+    }
+
+    #[test]
+    fn a_stream_arriving_slightly_out_of_order_is_still_written_behind() {
+        // Pairs swapped, as from requests spread over several connections: each odd
+        // block overtakes the even one before it.
+        let behind = parked(4 * MIB);
+        for pair in 0..8 {
+            behind.wrote((2 * pair + 1) * MIB, MIB);
+            behind.wrote(2 * pair * MIB, MIB);
+        }
+        assert_eq!(behind.queued(), vec![0..16 * MIB]);
     }
 
     #[test]
