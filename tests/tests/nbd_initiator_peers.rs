@@ -365,6 +365,50 @@ fn request_timeout_fails_a_request_the_server_sits_on() {
 }
 
 #[test]
+fn request_queue_sends_requests_nobody_waited_for() {
+    // The queue gathers small requests and sends them together; requests that were
+    // submitted and never waited for must still leave when the queue goes away.
+    require!("nbdkit");
+    let port = free_port();
+    let mut peer = Peer::start(
+        "nbdkit memory",
+        &mut nbdkit(port, false, &["memory", "16M"]),
+    );
+    let client = peer.connect(&NbdUri::tcp("127.0.0.1", port, ""), options(1));
+    let device = Device::new(Arc::new(client));
+    let block = 4096usize;
+    {
+        let mut queue = device
+            .queue()
+            .expect("the NBD initiator has a request queue");
+        for n in 0..2u64 {
+            queue.submit(Submission {
+                tag: n,
+                op: QueuedOp::Write(WriteFlags::NONE),
+                buf: IoBuf::from_slice(&pattern(n, 7, block)),
+                offset: n * block as u64,
+            });
+        }
+    }
+    // Their replies are not waited for, so poll until the server has the data.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for n in 0..2u64 {
+        let mut back = vec![0u8; block];
+        loop {
+            device.read(&mut back, n * block as u64).expect("read");
+            if back == pattern(n, 7, block) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "block {n} written through a dropped queue never reached the server"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[test]
 fn request_queue_round_trips_data_with_many_in_flight() {
     require!("nbdkit");
     let port = free_port();

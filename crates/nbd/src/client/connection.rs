@@ -3,13 +3,15 @@
 //!
 //! A caller registers its request (a [`Slot`]) under a fresh cookie, writes header
 //! and payload in one vectored write while holding the writer lock, and blocks until
-//! the reader thread completes the slot. When the connection ends — the server
+//! the reader thread completes the slot. A request queue instead registers several
+//! requests and writes them together ([`Connection::enqueue`],
+//! [`Connection::send_unsent`]). When the connection ends — the server
 //! closes it, a write fails, a reply breaks the protocol — the reader thread fails
 //! every request still in flight with [`ErrorKind::Disconnected`], and requests made
 //! afterwards fail at once the same way: nothing waits for a server that is gone.
 
 use std::collections::HashMap;
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -41,6 +43,28 @@ impl Closed {
         Error::new(self.kind, op, offset, len).with_detail(self.reason.clone())
     }
 }
+
+/// Queued requests registered on a connection but not yet written: their headers
+/// back to back and, per request, where its header ends and its write payload.
+#[derive(Default)]
+pub(crate) struct Unsent {
+    heads: Vec<u8>,
+    requests: Vec<(usize, *const u8, usize)>,
+    /// Header and payload bytes waiting.
+    pub bytes: usize,
+}
+
+impl Unsent {
+    /// Requests waiting.
+    pub fn requests(&self) -> usize {
+        self.requests.len()
+    }
+}
+
+// SAFETY: the payload pointers are only read by the thread that owns the queue (and
+// with it this value); the buffers they point into belong to registered requests and
+// stay put until those complete (see `Connection::enqueue`).
+unsafe impl Send for Unsent {}
 
 /// Requests registered but not yet taken up by the reader thread.
 #[derive(Default)]
@@ -209,12 +233,13 @@ impl Connection {
         result
     }
 
-    /// Sends one request without waiting: `buf` is a write's data or a read's
-    /// space, owned by the request until its completion (tagged `tag`, from this
-    /// connection, number `index`) reaches `queue`. A request the connection cannot
-    /// take completes at once with the reason.
+    /// Registers a queued request and adds it to `unsent` without writing it: the
+    /// queue writes every request it gathered in one go (see [`send_unsent`]).
+    /// A request the connection no longer takes completes at once with the error.
+    ///
+    /// [`send_unsent`]: Connection::send_unsent
     #[allow(clippy::too_many_arguments)]
-    pub fn submit(
+    pub fn enqueue(
         &self,
         op: Op,
         command: u16,
@@ -224,6 +249,7 @@ impl Connection {
         queue: &Arc<QueueShared>,
         tag: u64,
         index: usize,
+        unsent: &mut Unsent,
     ) {
         let expect = Expect {
             command,
@@ -232,25 +258,66 @@ impl Connection {
             structured: self.structured,
             context: self.context,
         };
-        // The payload is read from the buffer's heap memory, which the slot owns
-        // and which only this thread (the queue's) can free, after completion.
-        // SAFETY: the memory stays allocated and unchanged until this returns.
-        let payload: &[u8] = if op == Op::Write {
-            unsafe { std::slice::from_raw_parts(buf.as_ptr(), buf.len()) }
+        // The payload stays in the buffer's heap memory, which the slot owns and
+        // which only the queue's thread frees, after completion — and the queue
+        // sends everything unsent before it takes completions.
+        let payload = if op == Op::Write {
+            (buf.as_ptr(), buf.len())
         } else {
-            &[]
+            (std::ptr::null(), 0)
         };
         let slot = Arc::new(Slot::queued(expect, op, buf, queue.clone(), tag, index));
-        if let Err(closed) = self.send(&slot, flags, payload) {
-            // Counted like any request, so that the queue's `finished` balances it.
-            self.started();
-            slot.complete(Err(closed));
+        match self.register(&slot, flags, &mut unsent.heads) {
+            Ok(()) => {
+                unsent
+                    .requests
+                    .push((unsent.heads.len(), payload.0, payload.1));
+                unsent.bytes += REQUEST_LEN + payload.1;
+            }
+            Err(closed) => {
+                // Counted like any request, so that the queue's `finished` balances it.
+                self.started();
+                slot.complete(Err(closed));
+            }
         }
     }
 
-    /// Registers `slot` under a fresh cookie and writes its request (and payload);
-    /// fails without sending when the connection takes no more requests.
-    fn send(&self, slot: &Arc<Slot>, flags: u16, payload: &[u8]) -> Result<(), Error> {
+    /// Writes every request in `unsent` (headers and payloads) in one vectored write
+    /// and empties it.
+    pub fn send_unsent(&self, unsent: &mut Unsent) {
+        if unsent.requests.is_empty() {
+            return;
+        }
+        let mut slices = Vec::with_capacity(unsent.requests.len() * 2);
+        let mut head_start = 0;
+        for &(head_end, payload, len) in &unsent.requests {
+            slices.push(IoSlice::new(&unsent.heads[head_start..head_end]));
+            if len > 0 {
+                // SAFETY: a registered write's buffer stays allocated and unchanged
+                // until its completion is taken, which is after this send (`enqueue`).
+                slices.push(IoSlice::new(unsafe {
+                    std::slice::from_raw_parts(payload, len)
+                }));
+            }
+            head_start = head_end;
+        }
+        let sent = lock(&self.shared.writer).write_all_slices(&mut slices);
+        drop(slices);
+        if let Err(e) = sent {
+            // The reader thread fails these requests along with the others.
+            self.shared.kill(format!(
+                "{}: sending requests failed: {e}",
+                self.shared.name
+            ));
+        }
+        unsent.heads.clear();
+        unsent.requests.clear();
+        unsent.bytes = 0;
+    }
+
+    /// Registers `slot` under a fresh cookie and appends its request header to
+    /// `head`; fails without registering when the connection takes no more requests.
+    fn register(&self, slot: &Arc<Slot>, flags: u16, head: &mut Vec<u8>) -> Result<(), Error> {
         let cookie = self.shared.next_cookie.fetch_add(1, Ordering::Relaxed);
         let expect = slot.expect;
         {
@@ -261,7 +328,6 @@ impl Connection {
             table.pending.insert(cookie, slot.clone());
         }
         self.started();
-        let mut head = Vec::with_capacity(REQUEST_LEN);
         Request {
             flags,
             command: expect.command,
@@ -269,7 +335,15 @@ impl Connection {
             offset: expect.offset,
             len: expect.len,
         }
-        .encode(&mut head);
+        .encode(head);
+        Ok(())
+    }
+
+    /// Registers `slot` and writes its request (and payload); fails without sending
+    /// when the connection takes no more requests.
+    fn send(&self, slot: &Arc<Slot>, flags: u16, payload: &[u8]) -> Result<(), Error> {
+        let mut head = Vec::with_capacity(REQUEST_LEN);
+        self.register(slot, flags, &mut head)?;
         let sent = lock(&self.shared.writer).write_all_vectored(&head, payload);
         if let Err(e) = sent {
             // The reader thread fails this request along with the others.

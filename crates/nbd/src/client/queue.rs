@@ -1,8 +1,12 @@
 //! The initiator's request queue: one thread keeps many reads and writes in flight,
 //! as libnbd's event loop does, instead of one blocked thread per request.
 //!
-//! Submitting writes the request (and a write's payload) on the least-loaded
-//! connection at once; the connections' reader threads put completions in one list,
+//! Submitting registers the request on the least-loaded connection and gathers it
+//! with the others submitted since the queue last sent: they leave in one vectored
+//! write when the queue's thread asks for completions, or as soon as a connection's
+//! gathered requests reach [`SEND_BYTES`] (so large writes stream without waiting).
+//! A burst of small requests then costs one system call here and arrives at the
+//! server in one read. The connections' reader threads put completions in one list,
 //! and the queue's thread takes every completion there is whenever it asks, sleeping
 //! only while none is ready. So a reader thread that takes several replies from one
 //! socket read wakes the queue's thread at most once for all of them.
@@ -12,15 +16,25 @@ use std::time::Instant;
 
 use blockwire_blockdev::{Completion, Op, QueuedOp, RequestQueue, Submission};
 
+use super::connection::Unsent;
 use super::device::{fua, NbdClient};
 use super::slot::QueueShared;
 use crate::wire::{NBD_CMD_READ, NBD_CMD_WRITE};
+
+/// Gathered requests for one connection are sent once they hold this many bytes...
+const SEND_BYTES: usize = 128 * 1024;
+/// ...or this many requests: enough to spare most system calls, few enough that the
+/// server starts on a burst while the rest of it is still being submitted (a whole
+/// burst sent at once would alternate the two sides instead of overlapping them).
+const SEND_REQUESTS: usize = 4;
 
 /// A request queue on an [`NbdClient`]'s connections.
 pub(crate) struct NbdQueue<'a> {
     client: &'a NbdClient,
     shared: Arc<QueueShared>,
     in_flight: usize,
+    /// Per connection, the requests submitted but not yet written.
+    unsent: Vec<Unsent>,
 }
 
 impl<'a> NbdQueue<'a> {
@@ -29,6 +43,16 @@ impl<'a> NbdQueue<'a> {
             client,
             shared: Arc::new(QueueShared::default()),
             in_flight: 0,
+            unsent: (0..client.connections())
+                .map(|_| Unsent::default())
+                .collect(),
+        }
+    }
+
+    /// Writes every gathered request.
+    fn send_all(&mut self) {
+        for (index, unsent) in self.unsent.iter_mut().enumerate() {
+            self.client.connection(index).send_unsent(unsent);
         }
     }
 
@@ -62,7 +86,9 @@ impl RequestQueue for NbdQueue<'_> {
             self.done().push((index, completion));
             return;
         }
-        self.client.connection(index).submit(
+        let connection = self.client.connection(index);
+        let unsent = &mut self.unsent[index];
+        connection.enqueue(
             op,
             command,
             flags,
@@ -71,10 +97,17 @@ impl RequestQueue for NbdQueue<'_> {
             &self.shared,
             tag,
             index,
+            unsent,
         );
+        if unsent.bytes >= SEND_BYTES || unsent.requests() >= SEND_REQUESTS {
+            connection.send_unsent(unsent);
+        }
     }
 
     fn complete(&mut self, min: usize, out: &mut Vec<Completion>) {
+        // Nothing gathered may wait behind this thread's sleep (and payload memory
+        // must not be handed back before it is sent).
+        self.send_all();
         let want = min.min(self.in_flight);
         let timeout = self.client.connection(0).request_timeout();
         let mut waited_since = Instant::now();
@@ -129,5 +162,12 @@ impl RequestQueue for NbdQueue<'_> {
 
     fn in_flight(&self) -> usize {
         self.in_flight
+    }
+}
+
+impl Drop for NbdQueue<'_> {
+    fn drop(&mut self) {
+        // Requests submitted and never waited for still reach the server.
+        self.send_all();
     }
 }

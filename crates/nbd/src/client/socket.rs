@@ -79,6 +79,23 @@ impl Socket {
         }
     }
 
+    /// Writes every byte of `slices`, in order, with as few system calls as the
+    /// kernel allows.
+    pub(crate) fn write_all_slices(&mut self, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+        // IOV_MAX on Linux.
+        const MAX_SLICES: usize = 1024;
+        while !slices.is_empty() {
+            let take = slices.len().min(MAX_SLICES);
+            match self.write_vectored(&slices[..take]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => IoSlice::advance_slices(&mut slices, n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     /// Writes every byte of `head` then `data` with as few system calls as the
     /// kernel allows (one, usually).
     pub(crate) fn write_all_vectored(&mut self, head: &[u8], data: &[u8]) -> io::Result<()> {
