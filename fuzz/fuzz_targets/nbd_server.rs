@@ -6,7 +6,7 @@ use std::io::{self, Cursor, Read, Write};
 use std::sync::{Arc, OnceLock};
 
 use blockwire_blockdev::{Device, MemoryDevice};
-use blockwire_nbd::server::{negotiate, transmit, ReplySink, ReplyWriter, RequestSource, WorkerPool};
+use blockwire_nbd::server::{negotiate, transmit, ReplySink, ReplyWriter, WorkerPool};
 use blockwire_nbd::{Export, ExportSet};
 use libfuzzer_sys::fuzz_target;
 
@@ -31,8 +31,6 @@ impl Read for Pipe {
         self.0.read(buf)
     }
 }
-
-impl RequestSource for Pipe {}
 
 impl Write for Pipe {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {

@@ -526,7 +526,7 @@ fn requests_beyond_the_end_fail_and_the_connection_keeps_working() {
                 "write {offset}+{len} (structured {structured})"
             );
         }
-        // Large enough to be spliced: the range is checked before any byte moves.
+        // Large payloads too: the range is checked before any byte moves.
         for (offset, len) in [
             (SIZE, 65536),
             (SIZE - 65536, 131072),
@@ -733,9 +733,9 @@ fn truncated_handshakes_and_payloads_do_not_hurt_the_server() {
     stream.write_all(&out).unwrap();
     expect_closed(&mut stream, "option header with a bad magic");
 
-    // A write header and half its payload, then the client goes away: small (copied),
-    // 64 KiB and 1 MiB (spliced socket -> pipe -> file), 8 MiB (more than a pipe
-    // holds) and a FUA write (never spliced).
+    // A write header and half its payload, then the client goes away: small (inside
+    // the connection's read buffer), 64 KiB, 1 MiB and 8 MiB (larger than the read
+    // buffer) and a FUA write (run on a worker).
     let halves: [(u64, usize, u16); 5] = [
         (offset, len, 0),
         (offset + (1 << 20), 4096, 0),
@@ -958,7 +958,7 @@ fn many_requests_in_flight_are_all_answered() {
     // 64 writes of 4 KiB, then 64 reads.
     pipeline::<64, 4096>(port, false, 6 << 20, 30);
     pipeline::<64, 4096>(port, true, 7 << 20, 130);
-    // 32 writes of 256 KiB (large enough to be spliced), then 32 reads.
+    // 32 writes of 256 KiB (as large as the connection's read buffer), then 32 reads.
     pipeline::<32, { 256 << 10 }>(port, false, 8 << 20, 40);
     pipeline::<32, { 256 << 10 }>(port, true, 8 << 20, 140);
     // Two connections at once.
@@ -980,9 +980,10 @@ fn many_requests_in_flight_are_all_answered() {
 
 #[test]
 fn back_to_back_writes_of_mixed_sizes_land_whole() {
-    // Large payloads are spliced socket -> pipe -> file and the header after one is
-    // read on its own; small ones are copied. Interleaving them in one burst checks
-    // that every payload lands where its header says, whichever way it came.
+    // Payloads larger than the connection's read buffer are read straight into
+    // their own buffers, small ones come out of the read buffer with the headers
+    // around them. Interleaving both in one burst checks that every payload lands
+    // where its header says, whichever way it came.
     let dir = tempfile::tempdir().unwrap();
     let (served, path) = serve_sparse(dir.path());
     let mut client = Client::open(served.port);

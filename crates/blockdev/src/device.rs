@@ -2,7 +2,7 @@
 //! or measures bytes.
 
 use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{BorrowedFd, RawFd};
+use std::os::fd::RawFd;
 
 use crate::error::{Error, ErrorKind, Op, Result};
 use crate::info::DeviceInfo;
@@ -109,22 +109,6 @@ pub trait BlockDevice: Send + Sync {
     fn cached_file(&self, offset: u64, len: u64) -> Option<RawFd> {
         let _ = (offset, len);
         None
-    }
-
-    /// Zero-copy writes: whether [`write_from_pipe`](Self::write_from_pipe) moves
-    /// data from a pipe into this device without copying it through user space (a
-    /// buffered, writable file: splice into the page cache). A target may then splice
-    /// a write payload from its socket into a pipe and hand the pipe over.
-    fn splices_writes(&self) -> bool {
-        false
-    }
-
-    /// Writes `len` bytes taken from `pipe`, which already holds at least that many,
-    /// at `offset`. Only called when [`splices_writes`](Self::splices_writes) says so.
-    /// On failure, bytes not taken stay in the pipe; the caller empties it.
-    fn write_from_pipe(&self, pipe: BorrowedFd<'_>, offset: u64, len: u64) -> Result<()> {
-        let _ = pipe;
-        Err(Error::new(ErrorKind::Unsupported, Op::Write, offset, len))
     }
 
     /// Writes `buf` at `offset`.

@@ -10,7 +10,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -517,43 +517,6 @@ impl BlockDevice for FileDevice {
         (stat.nr_cache >= pages).then_some(self.fd())
     }
 
-    fn splices_writes(&self) -> bool {
-        !self.direct && !self.info.read_only
-    }
-
-    fn write_from_pipe(&self, pipe: BorrowedFd<'_>, offset: u64, len: u64) -> Result<()> {
-        let mut position = offset as libc::loff_t;
-        let mut left = len as usize;
-        while left > 0 {
-            // SAFETY: splice between two open descriptors; the kernel advances
-            // `position`, a valid loff_t.
-            let n = unsafe {
-                libc::splice(
-                    pipe.as_raw_fd(),
-                    std::ptr::null_mut(),
-                    self.fd(),
-                    &mut position,
-                    left,
-                    libc::SPLICE_F_MOVE,
-                )
-            };
-            if n > 0 {
-                left -= n as usize;
-                continue;
-            }
-            if n == 0 {
-                return Err(Error::new(ErrorKind::Io, Op::Write, offset, len)
-                    .with_detail("the pipe ran dry before the write was complete"));
-            }
-            let err = io::Error::last_os_error();
-            if err.kind() != io::ErrorKind::Interrupted {
-                return Err(Error::from_io(err, Op::Write, offset, len));
-            }
-        }
-        self.wrote(offset, len);
-        Ok(())
-    }
-
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         if flags.fua {
             if self.dsync_works.load(Ordering::Relaxed) {
@@ -740,60 +703,6 @@ mod tests {
         };
         if let Ok(direct) = FileDevice::open(file.path(), direct) {
             assert_eq!(direct.cached_file(0, 65536), None);
-        }
-    }
-
-    /// A pipe holding `bytes`, with its writing end closed (so it can run dry).
-    fn pipe_holding(bytes: &[u8]) -> std::os::fd::OwnedFd {
-        use std::io::Write;
-        use std::os::fd::FromRawFd;
-        let mut fds = [0 as libc::c_int; 2];
-        // SAFETY: pipe2 writes two new descriptors, which we then own.
-        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        let (read, write) = unsafe {
-            (
-                std::os::fd::OwnedFd::from_raw_fd(fds[0]),
-                File::from_raw_fd(fds[1]),
-            )
-        };
-        (&write).write_all(bytes).unwrap();
-        read
-    }
-
-    #[test]
-    fn writes_from_a_pipe_land_in_the_file_and_a_dry_pipe_is_an_error() {
-        use std::os::fd::AsFd;
-        let file = sparse_file(1 << 20);
-        let device =
-            Device::from_device(FileDevice::open(file.path(), FileOptions::default()).unwrap());
-        assert!(device.splices_writes(0, 65536));
-        // Beyond the end: the ordinary path must report it.
-        assert!(!device.splices_writes(1 << 20, 4096));
-        let data: Vec<u8> = (0..40_000u32).map(|i| (i % 253) as u8).collect();
-        let pipe = pipe_holding(&data);
-        device
-            .write_from_pipe(pipe.as_fd(), 8192, data.len() as u64)
-            .unwrap();
-        let mut back = vec![0u8; data.len()];
-        device.read(&mut back, 8192).unwrap();
-        assert_eq!(back, data);
-
-        let pipe = pipe_holding(&[1u8; 1000]);
-        let err = device.write_from_pipe(pipe.as_fd(), 0, 4096).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Io, "{err}");
-
-        let read_only = FileOptions {
-            read_only: true,
-            ..FileOptions::default()
-        };
-        let read_only = Device::from_device(FileDevice::open(file.path(), read_only).unwrap());
-        assert!(!read_only.splices_writes(0, 4096));
-        let direct = FileOptions {
-            direct: true,
-            ..FileOptions::default()
-        };
-        if let Ok(direct) = FileDevice::open(file.path(), direct) {
-            assert!(!direct.splices_writes());
         }
     }
 

@@ -203,29 +203,6 @@ impl Device {
         Ok(self.inner.cached_file(offset, len))
     }
 
-    /// Whether a write of this range may be handed over in a pipe (see
-    /// [`BlockDevice::splices_writes`]); false also when the range fails the checks,
-    /// so the ordinary write path reports the error.
-    pub fn splices_writes(&self, offset: u64, len: u64) -> bool {
-        self.check(Op::Write, offset, len).is_ok() && self.inner.splices_writes()
-    }
-
-    /// Writes `len` bytes taken from `pipe` at `offset`, without FUA; see
-    /// [`BlockDevice::write_from_pipe`]. On failure, bytes not taken stay in the pipe.
-    pub fn write_from_pipe(
-        &self,
-        pipe: std::os::fd::BorrowedFd<'_>,
-        offset: u64,
-        len: u64,
-    ) -> Result<()> {
-        self.check(Op::Write, offset, len)?;
-        if !self.inner.splices_writes() {
-            return Err(Error::new(ErrorKind::Unsupported, Op::Write, offset, len)
-                .with_detail("the device does not take writes from a pipe"));
-        }
-        self.inner.write_from_pipe(pipe, offset, len)
-    }
-
     /// Writes `buf` at `offset`; with FUA the data is durable when this returns.
     pub fn write(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.check(Op::Write, offset, buf.len() as u64)?;

@@ -8,7 +8,6 @@
 //! requests costs one system call.
 
 use std::io::{self, Read, Write};
-use std::os::fd::RawFd;
 use std::sync::Arc;
 
 use blockwire_blockdev::IoBuf;
@@ -16,7 +15,6 @@ use blockwire_blockdev::IoBuf;
 use super::export::ExportSet;
 use super::negotiation::{Negotiation, Step};
 use super::session::{Action, Reply, Session};
-use super::splice::{Filled, SplicePipe};
 use super::writer::{ReplySink, ReplyWriter, BATCH_BYTES, BATCH_REPLIES};
 use crate::wire::*;
 use blockwire_blockdev::workers::{InFlight, WorkerPool};
@@ -103,35 +101,21 @@ pub enum Ending {
     Failed(io::Error),
 }
 
-/// Where requests come from: any byte stream; a socket also offers its descriptor so
-/// write payloads can be spliced.
-pub trait RequestSource: Read {
-    fn socket_fd(&self) -> Option<RawFd> {
-        None
-    }
-}
-
-impl<T: AsRef<[u8]>> RequestSource for io::Cursor<T> {}
-
 /// Buffered reading of requests and payloads.
 struct RequestReader<R> {
     source: R,
     buf: Box<[u8]>,
     start: usize,
     end: usize,
-    /// Read no further than the end of the next request header (set after a spliced
-    /// write: the next request is likely another large write).
-    header_only: bool,
 }
 
-impl<R: RequestSource> RequestReader<R> {
+impl<R: Read> RequestReader<R> {
     fn new(source: R) -> Self {
         RequestReader {
             source,
             buf: vec![0u8; READ_BUFFER].into_boxed_slice(),
             start: 0,
             end: 0,
-            header_only: false,
         }
     }
 
@@ -149,13 +133,8 @@ impl<R: RequestSource> RequestReader<R> {
             self.end -= self.start;
             self.start = 0;
         }
-        let limit = if self.header_only {
-            (self.end + REQUEST_LEN.saturating_sub(self.buffered())).min(self.buf.len())
-        } else {
-            self.buf.len()
-        };
         loop {
-            match self.source.read(&mut self.buf[self.end..limit]) {
+            match self.source.read(&mut self.buf[self.end..]) {
                 Ok(0) => return Ok(false),
                 Ok(n) => {
                     self.end += n;
@@ -172,7 +151,6 @@ impl<R: RequestSource> RequestReader<R> {
             .try_into()
             .unwrap();
         self.start += REQUEST_LEN;
-        self.header_only = false;
         header
     }
 
@@ -183,14 +161,6 @@ impl<R: RequestSource> RequestReader<R> {
         out[..from_buffer].copy_from_slice(&self.buf[self.start..self.start + from_buffer]);
         self.start += from_buffer;
         self.source.read_exact(&mut out[from_buffer..])
-    }
-
-    /// Takes up to `max` already-buffered payload bytes.
-    fn take_buffered(&mut self, max: usize) -> &[u8] {
-        let n = self.buffered().min(max);
-        let start = self.start;
-        self.start += n;
-        &self.buf[start..start + n]
     }
 
     fn discard_payload(&mut self, len: usize) -> io::Result<()> {
@@ -216,10 +186,9 @@ pub fn transmit<R, W>(
     pool: &WorkerPool,
 ) -> Ending
 where
-    R: RequestSource,
+    R: Read,
     W: ReplySink + Send + 'static,
 {
-    let mut splice_pipe = LazyPipe::default();
     let in_flight = Arc::new(InFlight::new(MAX_IN_FLIGHT));
     let mut reader = RequestReader::new(source);
     let mut batch: Vec<Reply> = Vec::with_capacity(BATCH_REPLIES);
@@ -274,36 +243,14 @@ where
                 if reader.buffered() < request.len as usize {
                     let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
                 }
-                let pipe = match reader.source.socket_fd() {
-                    Some(socket) if session.splices(&request) => {
-                        splice_pipe.get(&session).map(|pipe| (pipe, socket))
-                    }
-                    _ => None,
-                };
-                let received = match pipe {
-                    Some((pipe, socket)) => {
-                        receive_spliced(&mut reader, pipe, socket, &session, &request)
-                    }
-                    None => {
-                        let mut data = IoBuf::new(request.len as usize);
-                        reader
-                            .read_payload(&mut data)
-                            .map(|()| Received::Buffer(data))
-                    }
-                };
-                match received {
-                    Ok(Received::Done(reply)) => {
-                        push(&mut batch, &mut batch_bytes, reply);
-                        None
-                    }
-                    Ok(Received::Buffer(data)) => Some(session.write_job(&request, data)),
-                    Err(e) => {
-                        // Nothing of a partial payload reaches the device.
-                        break Ending::Violation(format!(
-                            "connection closed in the middle of a write payload: {e}"
-                        ));
-                    }
+                let mut data = IoBuf::new(request.len as usize);
+                if let Err(e) = reader.read_payload(&mut data) {
+                    // Nothing of a partial payload reaches the device.
+                    break Ending::Violation(format!(
+                        "connection closed in the middle of a write payload: {e}"
+                    ));
                 }
+                Some(session.write_job(&request, data))
             }
             Action::Execute(job) => Some(job),
         };
@@ -334,79 +281,6 @@ where
     let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
     in_flight.wait_idle();
     ending
-}
-
-/// A write payload received for splicing.
-enum Received {
-    /// Written to the file; here is the reply.
-    Done(Reply),
-    /// The pipe could not hold it: the whole payload, read the ordinary way.
-    Buffer(IoBuf),
-}
-
-/// The connection's splice pipe, made on the first large write; if it cannot be
-/// made, payloads are copied from then on.
-#[derive(Default)]
-struct LazyPipe {
-    pipe: Option<SplicePipe>,
-    unavailable: bool,
-}
-
-impl LazyPipe {
-    fn get(&mut self, session: &Session) -> Option<&SplicePipe> {
-        if self.pipe.is_none() && !self.unavailable {
-            match SplicePipe::new(session.max_payload() as usize) {
-                Ok(pipe) => self.pipe = Some(pipe),
-                Err(e) => {
-                    tracing::debug!("no splice pipe, copying write payloads: {e}");
-                    self.unavailable = true;
-                }
-            }
-        }
-        self.pipe.as_ref()
-    }
-}
-
-/// Receives a write payload into the splice pipe and, once all of it is there, has
-/// the device take it. Errors mean the client broke off mid-payload (nothing
-/// written).
-fn receive_spliced<R: RequestSource>(
-    reader: &mut RequestReader<R>,
-    pipe: &SplicePipe,
-    socket: RawFd,
-    session: &Session,
-    request: &Request,
-) -> io::Result<Received> {
-    let len = request.len as usize;
-    let head = IoBuf::from_slice(reader.take_buffered(len));
-    let rest = len - head.len();
-    if rest > pipe.capacity() {
-        let mut data = IoBuf::new(len);
-        data[..head.len()].copy_from_slice(&head);
-        reader.source.read_exact(&mut data[head.len()..])?;
-        return Ok(Received::Buffer(data));
-    }
-    // The next header is read on its own, so that a following large write's payload
-    // stays in the socket for splicing.
-    reader.header_only = true;
-    let queued = match pipe.fill_from(socket, rest) {
-        Ok(Filled::All) => {
-            let reply = session.write_spliced(request, &head, pipe.read_end(), rest);
-            // A failed write may leave bytes behind; the next payload needs an empty pipe.
-            pipe.clear()?;
-            return Ok(Received::Done(reply));
-        }
-        Ok(Filled::Full { queued }) => queued,
-        Ok(Filled::Closed { .. }) => return Err(io::ErrorKind::UnexpectedEof.into()),
-        Err(e) => return Err(e),
-    };
-    // The pipe holds less than the payload (small socket fragments use whole pipe
-    // slots): read it back and take the rest the ordinary way.
-    let mut data = IoBuf::new(len);
-    data[..head.len()].copy_from_slice(&head);
-    pipe.drain_into(&mut data[head.len()..head.len() + queued])?;
-    reader.source.read_exact(&mut data[head.len() + queued..])?;
-    Ok(Received::Buffer(data))
 }
 
 fn push(batch: &mut Vec<Reply>, bytes: &mut usize, reply: Reply) {

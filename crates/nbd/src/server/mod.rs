@@ -9,7 +9,6 @@ mod connection;
 mod export;
 mod negotiation;
 mod session;
-mod splice;
 mod stream;
 mod writer;
 
@@ -26,7 +25,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 pub use blockwire_blockdev::workers::WorkerPool;
-pub use connection::{negotiate, transmit, Ending, RequestSource};
+pub use connection::{negotiate, transmit, Ending};
 pub use export::{Export, ExportSet};
 pub use negotiation::{transmission_flags, HandshakeError, Negotiation, Step, BASE_ALLOCATION_ID};
 pub use session::{Action, FileSlice, Job, Reply, ReplyData, Session};

@@ -3,7 +3,7 @@
 //! request means, checks it against what was negotiated, runs it on the device, and
 //! builds the reply.
 
-use std::os::fd::{BorrowedFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::Arc;
 
 use blockwire_blockdev::{Device, Error, ExtentState, IoBuf, WriteFlags, ZeroFlags};
@@ -174,7 +174,7 @@ impl Session {
         self.device.info().completes_inline
     }
 
-    pub(crate) fn max_payload(&self) -> u32 {
+    fn max_payload(&self) -> u32 {
         self.device.info().block_sizes.maximum
     }
 
@@ -339,45 +339,6 @@ impl Session {
                 })
             }
             other => invalid(&format!("unknown command {other}")),
-        }
-    }
-
-    /// Whether a write's payload should be spliced from the socket into the device:
-    /// a large write without FUA to a device that takes writes from a pipe and
-    /// finishes inline. Anything else, including a range error (which the ordinary
-    /// path reports), reads the payload into a buffer.
-    pub fn splices(&self, request: &Request) -> bool {
-        let fua = request.flags & NBD_CMD_FLAG_FUA != 0;
-        !fua && request.len >= ZERO_COPY_MIN
-            && self.inline_ok()
-            && self
-                .device
-                .splices_writes(request.offset, request.len.into())
-    }
-
-    /// Runs a write whose payload is `head` (the part the connection had already
-    /// buffered) followed by `rest` bytes waiting in `pipe`; the reply covers both.
-    /// On failure the pipe may still hold bytes: the caller empties it.
-    pub fn write_spliced(
-        &self,
-        request: &Request,
-        head: &[u8],
-        pipe: BorrowedFd<'_>,
-        rest: usize,
-    ) -> Reply {
-        let offset = request.offset;
-        let head_written = if head.is_empty() {
-            Ok(())
-        } else {
-            self.device.write(head, offset, WriteFlags::NONE)
-        };
-        let result = head_written.and_then(|()| {
-            self.device
-                .write_from_pipe(pipe, offset + head.len() as u64, rest as u64)
-        });
-        match result {
-            Ok(()) => self.ok_reply(request.cookie),
-            Err(e) => self.device_error_reply(request.cookie, &e),
         }
     }
 

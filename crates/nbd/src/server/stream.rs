@@ -6,7 +6,6 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use super::connection::RequestSource;
 use super::writer::{short_file, ReplySink};
 
 /// A client connection.
@@ -108,12 +107,6 @@ impl ReplySink for Stream {
             left -= n as usize;
         }
         Ok(())
-    }
-}
-
-impl RequestSource for Stream {
-    fn socket_fd(&self) -> Option<RawFd> {
-        Some(self.raw_fd())
     }
 }
 
