@@ -134,18 +134,18 @@ impl WriteBehind {
         let now = table.writes;
         let end = offset.saturating_add(len);
         let streams = &mut table.streams;
-        let index = if let Some(i) = streams.iter().position(|s| s.end == offset) {
+        let index = if let Some(mut i) = streams.iter().position(|s| s.end == offset) {
             streams[i].end = end;
             // A stream that starts where this one now ends joins it.
             if let Some(j) = streams.iter().position(|s| s.unsent == end) {
                 let joined = streams.swap_remove(j);
-                // swap_remove moved the last stream into `j`.
-                let i = if i == streams.len() { j } else { i };
+                if i == streams.len() {
+                    // swap_remove moved the last stream, this one, into `j`.
+                    i = j;
+                }
                 streams[i].end = streams[i].end.max(joined.end);
-                Some(i)
-            } else {
-                Some(i)
             }
+            Some(i)
         } else if let Some(i) = streams.iter().position(|s| s.unsent == end) {
             streams[i].unsent = offset;
             Some(i)
