@@ -138,10 +138,7 @@ fn conformance_with(peer: &mut Peer, uri: &NbdUri) {
 fn nbdkit_memory_conformance() {
     require!("nbdkit");
     let port = free_port();
-    let mut peer = Peer::start(
-        "nbdkit memory",
-        &mut nbdkit(port, false, &["memory", "64M"]),
-    );
+    let mut peer = memory_peer(port, "64M");
     let uri = NbdUri::tcp("127.0.0.1", port, "");
     let client = peer.connect(&uri, options(1));
     let details = client.details();
@@ -196,10 +193,7 @@ fn nbdkit_read_only_file() {
 fn nbdkit_killed_fails_requests_with_disconnected() {
     require!("nbdkit");
     let port = free_port();
-    let mut peer = Peer::start(
-        "nbdkit memory",
-        &mut nbdkit(port, false, &["memory", "64M"]),
-    );
+    let mut peer = memory_peer(port, "64M");
     let device = Device::new(Arc::new(
         peer.connect(&NbdUri::tcp("127.0.0.1", port, ""), options(2)),
     ));
@@ -319,6 +313,11 @@ fn nbd_server_conformance() {
     conformance_with(&mut peer, &uri);
 }
 
+/// nbdkit serving `size` of memory.
+fn memory_peer(port: u16, size: &str) -> Peer {
+    Peer::start("nbdkit memory", &mut nbdkit(port, false, &["memory", size]))
+}
+
 /// nbdkit whose every read waits 30 s: a server that sits on requests.
 fn sitting_on_reads(port: u16) -> Peer {
     Peer::start(
@@ -370,10 +369,7 @@ fn request_queue_sends_requests_nobody_waited_for() {
     // submitted and never waited for must still leave when the queue goes away.
     require!("nbdkit");
     let port = free_port();
-    let mut peer = Peer::start(
-        "nbdkit memory",
-        &mut nbdkit(port, false, &["memory", "16M"]),
-    );
+    let mut peer = memory_peer(port, "16M");
     let client = peer.connect(&NbdUri::tcp("127.0.0.1", port, ""), options(1));
     let device = Device::new(Arc::new(client));
     let block = 4096usize;
@@ -412,10 +408,7 @@ fn request_queue_sends_requests_nobody_waited_for() {
 fn request_queue_round_trips_data_with_many_in_flight() {
     require!("nbdkit");
     let port = free_port();
-    let mut peer = Peer::start(
-        "nbdkit memory",
-        &mut nbdkit(port, false, &["memory", "64M"]),
-    );
+    let mut peer = memory_peer(port, "64M");
     let client = peer.connect(&NbdUri::tcp("127.0.0.1", port, ""), options(2));
     assert_eq!(client.connections(), 2);
     let device = Device::new(Arc::new(client));
@@ -481,10 +474,7 @@ fn request_queue_round_trips_data_with_many_in_flight() {
 fn request_queue_hands_back_everything_when_the_server_dies() {
     require!("nbdkit");
     let port = free_port();
-    let mut peer = Peer::start(
-        "nbdkit memory",
-        &mut nbdkit(port, false, &["memory", "64M"]),
-    );
+    let mut peer = memory_peer(port, "64M");
     let device = Device::new(Arc::new(
         peer.connect(&NbdUri::tcp("127.0.0.1", port, ""), options(2)),
     ));

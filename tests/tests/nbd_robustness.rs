@@ -733,9 +733,9 @@ fn truncated_handshakes_and_payloads_do_not_hurt_the_server() {
     stream.write_all(&out).unwrap();
     expect_closed(&mut stream, "option header with a bad magic");
 
-    // A write header and half its payload, then the client goes away: small (inside
-    // the connection's read buffer), 64 KiB, 1 MiB and 8 MiB (larger than the read
-    // buffer) and a FUA write (run on a worker).
+    // A write header and half its payload, then the client goes away: 4 KiB and
+    // 64 KiB (within the connection's 256 KiB read buffer), 1 MiB and 8 MiB (larger,
+    // read straight into their own buffers) and a FUA write (run on a worker).
     let halves: [(u64, usize, u16); 5] = [
         (offset, len, 0),
         (offset + (1 << 20), 4096, 0),

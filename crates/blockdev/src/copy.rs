@@ -138,91 +138,131 @@ pub fn copy(
         (None, Some(writes)) => Some((inline(source), writes)),
         (None, None) => None,
     };
+    let state = CopyState::new(progress);
     if let Some((reads, writes)) = queues {
-        let stats = pipelined::copy(
+        pipelined::copy(
             source,
             destination,
             (reads, writes),
             request_size,
             options,
-            progress,
-        )?;
-        if destination.info().capabilities.flush.available() {
-            destination.flush()?;
-        }
-        return Ok(stats);
+            &state,
+        );
+        return state.finish(destination);
     }
     let (sender, receiver) = crossbeam_channel::bounded(options.workers * 4);
-    let failed = AtomicBool::new(false);
-    let first_error: Mutex<Option<Error>> = Mutex::new(None);
-    let data_bytes = AtomicU64::new(0);
-    let zero_bytes = AtomicU64::new(0);
-    let fail = |e: Error| {
-        failed.store(true, Ordering::SeqCst);
-        first_error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_or_insert(e);
-    };
     thread::scope(|scope| {
         for _ in 0..options.workers.max(1) {
             let receiver = receiver.clone();
-            let (fail, failed, data_bytes, zero_bytes) = (&fail, &failed, &data_bytes, &zero_bytes);
-            let progress = &progress;
+            let state = &state;
             scope.spawn(move || {
                 let mut buf = IoBuf::new(request_size as usize);
                 for piece in receiver {
-                    if failed.load(Ordering::SeqCst) {
+                    if state.failed() {
                         continue;
                     }
-                    let result = match piece {
+                    match piece {
                         Piece::Data { offset, len } => {
                             buf.set_len(len as usize);
-                            source
+                            let copied = source
                                 .read(&mut buf, offset)
-                                .and_then(|()| destination.write(&buf, offset, WriteFlags::NONE))
-                                .map(|()| {
-                                    data_bytes.fetch_add(len, Ordering::Relaxed);
-                                    len
-                                })
-                        }
-                        Piece::Zero { offset, len } => {
-                            zero_bytes.fetch_add(len, Ordering::Relaxed);
-                            if options.destination_is_zero {
-                                Ok(len)
-                            } else {
-                                destination
-                                    .write_zeroes(offset, len, ZeroFlags::default())
-                                    .map(|()| len)
+                                .and_then(|()| destination.write(&buf, offset, WriteFlags::NONE));
+                            match copied {
+                                Ok(()) => state.copied(len),
+                                Err(e) => state.fail(e),
                             }
                         }
-                    };
-                    match result {
-                        Ok(len) => progress(len),
-                        Err(e) => fail(e),
+                        Piece::Zero { offset, len } => {
+                            state.zero(destination, offset, len, options)
+                        }
                     }
                 }
             });
         }
         let planned = plan(source, request_size, |piece| {
-            !failed.load(Ordering::SeqCst) && sender.send(piece).is_ok()
+            !state.failed() && sender.send(piece).is_ok()
         });
         // Closing the queue lets the workers finish.
         drop(sender);
         if let Err(e) = planned {
-            fail(e);
+            state.fail(e);
         }
     });
-    if let Some(e) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        return Err(e);
+    state.finish(destination)
+}
+
+/// What the threads of one copy share: the first error, the counts and the progress.
+struct CopyState<'a> {
+    failed: AtomicBool,
+    first_error: Mutex<Option<Error>>,
+    data_bytes: AtomicU64,
+    zero_bytes: AtomicU64,
+    progress: &'a (dyn Fn(u64) + Sync),
+}
+
+impl<'a> CopyState<'a> {
+    fn new(progress: &'a (dyn Fn(u64) + Sync)) -> CopyState<'a> {
+        CopyState {
+            failed: AtomicBool::new(false),
+            first_error: Mutex::new(None),
+            data_bytes: AtomicU64::new(0),
+            zero_bytes: AtomicU64::new(0),
+            progress,
+        }
     }
-    if destination.info().capabilities.flush.available() {
-        destination.flush()?;
+
+    /// Records an error (the first one is reported) and stops the copy.
+    fn fail(&self, error: Error) {
+        self.failed.store(true, Ordering::SeqCst);
+        self.first_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(error);
     }
-    Ok(CopyStats {
-        data_bytes: data_bytes.into_inner(),
-        zero_bytes: zero_bytes.into_inner(),
-    })
+
+    fn failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
+    }
+
+    /// A data piece of `len` bytes is on the destination.
+    fn copied(&self, len: u64) {
+        self.data_bytes.fetch_add(len, Ordering::Relaxed);
+        (self.progress)(len);
+    }
+
+    /// Makes a range the source reads as zeroes read as zeroes on the destination:
+    /// one write-zeroes, or nothing when the destination is known to be zero.
+    fn zero(&self, destination: &Device, offset: u64, len: u64, options: CopyOptions) {
+        self.zero_bytes.fetch_add(len, Ordering::Relaxed);
+        let zeroed = if options.destination_is_zero {
+            Ok(())
+        } else {
+            destination.write_zeroes(offset, len, ZeroFlags::default())
+        };
+        match zeroed {
+            Ok(()) => (self.progress)(len),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Once every thread is done: the first error, or the destination flushed and
+    /// the counts.
+    fn finish(self, destination: &Device) -> Result<CopyStats> {
+        if let Some(e) = self
+            .first_error
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner())
+        {
+            return Err(e);
+        }
+        if destination.info().capabilities.flush.available() {
+            destination.flush()?;
+        }
+        Ok(CopyStats {
+            data_bytes: self.data_bytes.into_inner(),
+            zero_bytes: self.zero_bytes.into_inner(),
+        })
+    }
 }
 
 /// Compares the first `source.size()` bytes of two devices, in parallel. Returns the

@@ -259,8 +259,9 @@ pub(crate) mod test_support {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use blockwire_blockdev::queue::InlineQueue;
     use blockwire_blockdev::{
-        BlockDevice, Completion, Device, DeviceInfo, MemoryDevice, QueuedOp, RequestQueue, Result,
+        BlockDevice, Completion, Device, DeviceInfo, MemoryDevice, RequestQueue, Result,
         Submission, WriteFlags,
     };
 
@@ -287,54 +288,43 @@ pub(crate) mod test_support {
         }
     }
 
-    /// A memory device with a request queue that completes each request at once,
-    /// counting them: the queued path, without a network.
+    /// A memory device with a request queue that runs each request at once (the
+    /// checked handle's [`InlineQueue`]), counting them: the queued path, without a
+    /// network.
     pub struct Queued {
-        inner: MemoryDevice,
+        inner: Arc<MemoryDevice>,
+        handle: Device,
         pub submitted: AtomicU64,
     }
 
-    struct InstantQueue<'a> {
-        device: &'a Queued,
-        ready: Vec<Completion>,
+    struct CountingQueue<'a> {
+        inner: InlineQueue<'a>,
+        submitted: &'a AtomicU64,
     }
 
     impl Queued {
         pub fn new(size: u64) -> Arc<Queued> {
+            let inner = Arc::new(MemoryDevice::new(size));
             Arc::new(Queued {
-                inner: MemoryDevice::new(size),
+                handle: Device::new(inner.clone()),
+                inner,
                 submitted: AtomicU64::new(0),
             })
         }
     }
 
-    impl RequestQueue for InstantQueue<'_> {
-        fn submit(&mut self, mut submission: Submission) {
-            self.device.submitted.fetch_add(1, Ordering::Relaxed);
-            let result = match submission.op {
-                QueuedOp::Read => self
-                    .device
-                    .inner
-                    .read_at(&mut submission.buf, submission.offset),
-                QueuedOp::Write(flags) => {
-                    self.device
-                        .inner
-                        .write_at(&submission.buf, submission.offset, flags)
-                }
-            };
-            self.ready.push(Completion {
-                tag: submission.tag,
-                buf: submission.buf,
-                result,
-            });
+    impl RequestQueue for CountingQueue<'_> {
+        fn submit(&mut self, submission: Submission) {
+            self.submitted.fetch_add(1, Ordering::Relaxed);
+            self.inner.submit(submission);
         }
 
-        fn complete(&mut self, _min: usize, out: &mut Vec<Completion>) {
-            out.append(&mut self.ready);
+        fn complete(&mut self, min: usize, out: &mut Vec<Completion>) {
+            self.inner.complete(min, out);
         }
 
         fn in_flight(&self) -> usize {
-            self.ready.len()
+            self.inner.in_flight()
         }
     }
 
@@ -352,9 +342,9 @@ pub(crate) mod test_support {
             self.inner.flush()
         }
         fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
-            Some(Box::new(InstantQueue {
-                device: self,
-                ready: Vec::new(),
+            Some(Box::new(CountingQueue {
+                inner: InlineQueue::new(&self.handle),
+                submitted: &self.submitted,
             }))
         }
     }
