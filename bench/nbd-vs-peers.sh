@@ -9,7 +9,11 @@
 # with the order rotated, and medians are reported (shared machines are noisy).
 #
 # usage: bench/nbd-vs-peers.sh [--size 4G] [--runtime 10] [--rounds 3] [--json FILE] [--dir DIR]
-#                              [--servers blockwire,nbdkit,qemu-nbd,nbd-server]
+#                              [--servers blockwire,nbdkit,qemu-nbd,nbd-server,nbdkit-null]
+#
+# nbdkit-null has no storage behind it (reads are zeroes, writes are dropped): what the
+# client reaches there is its own ceiling on this machine, printed as null/nbdkit, the
+# most any server could gain over nbdkit with this client. fio's CPU% is printed too.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")

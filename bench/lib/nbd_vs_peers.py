@@ -98,6 +98,13 @@ def make_servers(names, blockwire, image, workdir):
             argv = ["nbdkit", "--foreground", "--port", str(port), "--ipaddr", "127.0.0.1",
                     "--exportname", "bench", "file", f"file={image}"]
             servers.append(Server(name, argv, port, "bench"))
+        elif name == "nbdkit-null":
+            # No storage behind it: reads are zeroes, writes are dropped. What fio
+            # reaches here is the most this client gets from any server on this
+            # machine, so it shows how much room a faster server can have.
+            argv = ["nbdkit", "--foreground", "--port", str(port), "--ipaddr", "127.0.0.1",
+                    "--exportname", "bench", "null", f"size={os.path.getsize(image)}"]
+            servers.append(Server(name, argv, port, "bench"))
         elif name == "qemu-nbd":
             argv = ["qemu-nbd", "--format=raw", "--port", str(port), "--bind", "127.0.0.1",
                     "--export-name", "bench", "--shared", "16", "--persistent",
@@ -134,7 +141,9 @@ def run_fio(uri, rw, bs, depth, runtime, size):
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     job = json.loads(out[out.index("{"):])["jobs"][0]
     side = job["write"] if "write" in rw else job["read"]
-    return side["bw_bytes"] / 1e6, side["iops"], side["clat_ns"]["percentile"].get("99.000000", 0) / 1000
+    client_cpu = job["usr_cpu"] + job["sys_cpu"]  # % of one CPU
+    return (side["bw_bytes"] / 1e6, side["iops"],
+            side["clat_ns"]["percentile"].get("99.000000", 0) / 1000, client_cpu)
 
 
 def main():
@@ -145,7 +154,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="runs per server and job (median)")
     parser.add_argument("--json", default="bench/results/nbd-vs-peers.json")
     parser.add_argument("--dir", default=None, help="where the test image goes (default: a temp dir)")
-    parser.add_argument("--servers", default="blockwire,nbdkit,qemu-nbd,nbd-server")
+    parser.add_argument("--servers", default="blockwire,nbdkit,qemu-nbd,nbd-server,nbdkit-null")
     parser.add_argument("--jobs", default=",".join(j[0] for j in JOBS))
     args = parser.parse_args()
 
@@ -172,14 +181,16 @@ def main():
                     shift = round_ % len(servers)
                     for server in servers[shift:] + servers[:shift]:
                         before = cpu_seconds(server.pid)
-                        mbps, iops, p99 = run_fio(server.uri, rw, bs, depth, args.runtime, size_arg)
+                        mbps, iops, p99, client_cpu = run_fio(server.uri, rw, bs, depth,
+                                                              args.runtime, size_arg)
                         time.sleep(0.3)  # let a forking server reap the connection's child
                         cpu = cpu_seconds(server.pid) - before
                         os.sync()  # each run starts with no dirty pages left by the last
                         samples.setdefault(name, {}).setdefault(server.name, []).append(
-                            (mbps, iops, p99, cpu))
-                        print(f"{server.name:>10} {name:<14} round {round_ + 1}: {mbps:9.1f} MB/s "
-                              f"{iops:9.0f} IOPS cpu {cpu:5.2f}s", file=sys.stderr)
+                            (mbps, iops, p99, cpu, client_cpu))
+                        print(f"{server.name:>11} {name:<14} round {round_ + 1}: {mbps:9.1f} MB/s "
+                              f"{iops:9.0f} IOPS server cpu {cpu:5.2f}s client cpu {client_cpu:4.0f}%",
+                              file=sys.stderr)
         finally:
             for server in servers:
                 if server.proc:
@@ -195,9 +206,10 @@ def main():
                 results.setdefault(name, {})[server_name] = {
                     "mb_per_s": round(mbps, 1), "iops": round(iops), "p99_us": round(p99, 1),
                     "server_cpu_s": round(cpu / len(runs), 2),
+                    "client_cpu_pct": round(statistics.median(r[4] for r in runs), 1),
                     "mb_per_server_cpu_s": round(mb / cpu, 1) if cpu > 0 else None,
-                    "runs": [{"mb_per_s": round(r[0], 1), "iops": round(r[1]), "server_cpu_s": round(r[3], 2)}
-                             for r in runs],
+                    "runs": [{"mb_per_s": round(r[0], 1), "iops": round(r[1]), "server_cpu_s": round(r[3], 2),
+                              "client_cpu_pct": round(r[4], 1)} for r in runs],
                 }
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -205,7 +217,7 @@ def main():
     names = args.servers.split(",")
     print()
     header = f"{'job':<14}" + "".join(f"{n + ' MB/s':>18}" for n in names)
-    header += f"{'bw/nbdkit':>11}{'MB/cpu-s bw/nbdkit':>20}"
+    header += f"{'bw/nbdkit':>11}{'MB/cpu-s bw/nbdkit':>20}{'fio CPU% (bw)':>15}{'null/nbdkit':>13}"
     print(header)
     ratios = {}
     for name, _, _, _ in jobs:
@@ -217,7 +229,12 @@ def main():
             eff_b, eff_k = row["blockwire"]["mb_per_server_cpu_s"], row["nbdkit"]["mb_per_server_cpu_s"]
             eff = eff_b / eff_k if eff_b and eff_k else float("nan")
             ratios[name] = {"throughput": round(speed, 2), "mb_per_server_cpu_s": round(eff, 2)}
-            line += f"{speed:>10.2f}x{eff:>19.2f}x"
+            line += f"{speed:>10.2f}x{eff:>19.2f}x{row['blockwire']['client_cpu_pct']:>14.0f}%"
+            if "nbdkit-null" in row:
+                # The room the client leaves: no server can be faster than nothing.
+                room = row["nbdkit-null"]["mb_per_s"] / row["nbdkit"]["mb_per_s"]
+                ratios[name]["client_ceiling_over_nbdkit"] = round(room, 2)
+                line += f"{room:>12.2f}x"
         print(line)
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:

@@ -390,7 +390,7 @@ pub fn serve_connection(
     let peer = stream.peer();
     tracing::debug!(%peer, "connected");
     let _ = stream.set_read_timeout(Some(handshake_timeout));
-    let session = match negotiate(&mut stream, exports, &peer) {
+    let mut session = match negotiate(&mut stream, exports, &peer) {
         Ok(Some(session)) => session,
         Ok(None) => return,
         Err(e) => {
@@ -399,6 +399,7 @@ pub fn serve_connection(
         }
     };
     let _ = stream.set_read_timeout(None);
+    session.set_zero_copy_reads(stream.peer_is_remote());
     let export = session.export().clone();
     tracing::info!(
         %peer,

@@ -411,3 +411,35 @@ fn a_bad_magic_ends_the_connection() {
         "{ending:?}"
     );
 }
+
+#[test]
+fn cached_reads_leave_by_sendfile_only_when_the_session_allows_it() {
+    use blockwire_blockdev::{FileDevice, FileOptions};
+    let file = tempfile::NamedTempFile::new().unwrap();
+    file.as_file().set_len(SIZE).unwrap();
+    let device =
+        Device::from_device(FileDevice::open(file.path(), FileOptions::default()).unwrap());
+    let mut session = session_on(device, true);
+    let data = vec![0x5au8; 256 * 1024];
+    assert_eq!(error_of(&write(&session, 0, &data, 0)), 0);
+    let read = |session: &Session| {
+        let Action::Execute(job) = session.classify(&request(NBD_CMD_READ, 0, 0, 256 * 1024))
+        else {
+            panic!("a read is a job")
+        };
+        session
+            .execute_inline(job)
+            .expect("cached data is read inline")
+    };
+    // Off by default: the data is copied into the reply.
+    let reply = read(&session);
+    assert_eq!(read_data(&reply), data);
+    session.set_zero_copy_reads(true);
+    let reply = read(&session);
+    match &reply.data {
+        ReplyData::File(slice) => assert_eq!((slice.offset, slice.len), (0, data.len())),
+        // Without cachestat(2) (Linux < 6.5) residency is unknown and data is copied.
+        ReplyData::Buffer(buf) => eprintln!("no cachestat here: copied {} bytes", buf.len()),
+        other => panic!("unexpected reply data {other:?}"),
+    }
+}

@@ -63,6 +63,19 @@ impl Stream {
         }
     }
 
+    /// Whether the peer is on another machine: a TCP peer whose address is neither
+    /// loopback nor this end's own address. Unix socket peers are local.
+    pub fn peer_is_remote(&self) -> bool {
+        let Stream::Tcp(s) = self else {
+            return false;
+        };
+        match (s.peer_addr(), s.local_addr()) {
+            (Ok(peer), Ok(local)) => !peer.ip().is_loopback() && peer.ip() != local.ip(),
+            // Unknown: copying is correct either way, only slower for a remote peer.
+            _ => false,
+        }
+    }
+
     /// Who is on the other end, for logs.
     pub fn peer(&self) -> String {
         match self {
@@ -136,5 +149,24 @@ impl Write for Stream {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{TcpListener, TcpStream};
+    use std::os::unix::net::UnixStream;
+
+    use super::Stream;
+
+    #[test]
+    fn loopback_and_unix_peers_are_local() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server_side, _) = listener.accept().unwrap();
+        assert!(!Stream::Tcp(server_side).peer_is_remote());
+        assert!(!Stream::Tcp(client).peer_is_remote());
+        let (a, _b) = UnixStream::pair().unwrap();
+        assert!(!Stream::Unix(a).peer_is_remote());
     }
 }
