@@ -1,7 +1,7 @@
 //! A connected socket, TCP or Unix, behind one type.
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::{IpAddr, Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
@@ -70,7 +70,7 @@ impl Stream {
             return false;
         };
         match (s.peer_addr(), s.local_addr()) {
-            (Ok(peer), Ok(local)) => !peer.ip().is_loopback() && peer.ip() != local.ip(),
+            (Ok(peer), Ok(local)) => is_remote(peer.ip(), local.ip()),
             // Unknown: copying is correct either way, only slower for a remote peer.
             _ => false,
         }
@@ -86,6 +86,14 @@ impl Stream {
             Stream::Unix(_) => "unix socket peer".into(),
         }
     }
+}
+
+/// Whether a TCP peer at `peer`, seen from our end at `local`, is another machine. A
+/// dual-stack listener sees IPv4 peers as IPv4-mapped IPv6 addresses
+/// (`::ffff:127.0.0.1`), so both are compared in their canonical form.
+fn is_remote(peer: IpAddr, local: IpAddr) -> bool {
+    let (peer, local) = (peer.to_canonical(), local.to_canonical());
+    !peer.is_loopback() && peer != local
 }
 
 impl ReplySink for Stream {
@@ -157,7 +165,7 @@ mod tests {
     use std::net::{TcpListener, TcpStream};
     use std::os::unix::net::UnixStream;
 
-    use super::Stream;
+    use super::{is_remote, Stream};
 
     #[test]
     fn loopback_and_unix_peers_are_local() {
@@ -168,5 +176,19 @@ mod tests {
         assert!(!Stream::Tcp(client).peer_is_remote());
         let (a, _b) = UnixStream::pair().unwrap();
         assert!(!Stream::Unix(a).peer_is_remote());
+    }
+
+    #[test]
+    fn only_a_peer_at_another_address_is_remote() {
+        let ip = |text: &str| text.parse().unwrap();
+        assert!(is_remote(ip("192.0.2.7"), ip("192.0.2.1")));
+        assert!(is_remote(ip("2001:db8::7"), ip("2001:db8::1")));
+        assert!(!is_remote(ip("192.0.2.1"), ip("192.0.2.1")));
+        assert!(!is_remote(ip("127.0.0.5"), ip("192.0.2.1")));
+        assert!(!is_remote(ip("::1"), ip("::1")));
+        // An IPv4 client of a dual-stack listener.
+        assert!(!is_remote(ip("::ffff:127.0.0.1"), ip("::ffff:127.0.0.1")));
+        assert!(!is_remote(ip("::ffff:127.0.0.1"), ip("::ffff:192.0.2.1")));
+        assert!(is_remote(ip("::ffff:192.0.2.7"), ip("::ffff:192.0.2.1")));
     }
 }
