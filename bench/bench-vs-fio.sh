@@ -8,7 +8,12 @@
 # Each job runs --rounds times per tool (default 2), alternating which goes first;
 # the best figure of each is kept.
 #
+# The local jobs run on a file in /dev/shm by default: they check that both tools
+# measure alike, and this machine's virtual disk swings too much between runs for
+# that (--local-dir DIR runs them on another file system, e.g. a disk).
+#
 # usage: bench/bench-vs-fio.sh [--size 2G] [--time 5] [--rounds 2] [--dir DIR]
+#                              [--local-dir DIR] [--part all|local|nbd]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
