@@ -111,6 +111,15 @@ pub trait BlockDevice: Send + Sync {
         None
     }
 
+    /// Whether all of `offset..offset+len` is a hole (stores nothing, reads as
+    /// zeroes), when the device can tell more cheaply than an extent query; `None`
+    /// means "ask [`extents`](Self::extents)". Lets a target answer the read of a hole
+    /// without reading it, on every large read, so it must be cheap.
+    fn is_hole(&self, offset: u64, len: u64) -> Option<bool> {
+        let _ = (offset, len);
+        None
+    }
+
     /// Writes `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()>;
 

@@ -237,6 +237,31 @@ impl FileDevice {
         Ok(())
     }
 
+    /// `try_read` where RWF_NOWAIT is refused (tmpfs, for one): when cachestat(2) says
+    /// every page of the range is in memory, a plain read will not wait for a disk.
+    /// A page evicted in between only makes this one read wait.
+    fn read_if_cached(
+        &self,
+        bufs: &mut [IoSliceMut<'_>],
+        offset: u64,
+        total: usize,
+    ) -> Result<bool> {
+        if self.cached_file(offset, total as u64).is_none() {
+            return Ok(false);
+        }
+        // SAFETY: as in try_read_vectored_at.
+        let n = unsafe {
+            libc::preadv(
+                self.fd(),
+                bufs.as_ptr() as *const libc::iovec,
+                bufs.len() as libc::c_int,
+                offset as i64,
+            )
+        };
+        // Anything short or failed is left to a worker's ordinary read.
+        Ok(n >= 0 && n as usize == total)
+    }
+
     /// Tells write-behind about a buffered write that is done.
     fn wrote(&self, offset: u64, len: u64) {
         if let Some(behind) = &self.write_behind {
@@ -413,12 +438,12 @@ impl BlockDevice for FileDevice {
     }
 
     fn try_read_vectored_at(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<bool> {
-        if self.direct || !self.nowait_works.load(Ordering::Relaxed) {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if self.direct || bufs.len() > MAX_IOVECS {
             return Ok(false);
         }
-        let total: usize = bufs.iter().map(|b| b.len()).sum();
-        if bufs.len() > MAX_IOVECS {
-            return Ok(false);
+        if !self.nowait_works.load(Ordering::Relaxed) {
+            return self.read_if_cached(bufs, offset, total);
         }
         // SAFETY: IoSliceMut is ABI-compatible with iovec (std guarantees it on Unix);
         // every buffer outlives the call.
@@ -440,6 +465,7 @@ impl BlockDevice for FileDevice {
                 Some(libc::EAGAIN) | Some(libc::EINTR) => {}
                 Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => {
                     self.nowait_works.store(false, Ordering::Relaxed);
+                    return self.read_if_cached(bufs, offset, total);
                 }
                 _ => return Err(Error::from_io(err, Op::Read, offset, total as u64)),
             }
@@ -566,6 +592,17 @@ impl BlockDevice for FileDevice {
             self.sync(Op::WriteZeroes, offset, len)?;
         }
         Ok(())
+    }
+
+    fn is_hole(&self, offset: u64, len: u64) -> Option<bool> {
+        // One SEEK_DATA answers it. An extent query adds a SEEK_HOLE, which on tmpfs
+        // walks every page up to the next hole: to the end of a dense file, on every
+        // read (16 threads serving a 1 GiB file read 216 MB/s that way).
+        match self.seek(offset, libc::SEEK_DATA) {
+            Ok(None) => Some(true),
+            Ok(Some(data)) => Some(data >= offset + len),
+            Err(_) => None,
+        }
     }
 
     fn extents(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
@@ -703,6 +740,55 @@ mod tests {
         };
         if let Ok(direct) = FileDevice::open(file.path(), direct) {
             assert_eq!(direct.cached_file(0, 65536), None);
+        }
+    }
+
+    #[test]
+    fn is_hole_is_true_only_for_ranges_with_no_data() {
+        let file = sparse_file(4 << 20);
+        let device = FileDevice::open(file.path(), FileOptions::default()).unwrap();
+        device
+            .write_at(&[9u8; 65536], 1 << 20, WriteFlags::NONE)
+            .unwrap();
+        // SEEK_DATA granularity is the file system's block; 64 KiB apart is plenty.
+        assert_eq!(device.is_hole(0, 512 << 10), Some(true));
+        assert_eq!(device.is_hole(1 << 20, 65536), Some(false));
+        assert_eq!(
+            device.is_hole(512 << 10, 1 << 20),
+            Some(false),
+            "ends in data"
+        );
+        assert_eq!(
+            device.is_hole(2 << 20, 2 << 20),
+            Some(true),
+            "runs to the end"
+        );
+        let handle = Device::from_device(device);
+        assert!(handle.is_hole(0, 512 << 10).unwrap());
+        assert!(!handle.is_hole((1 << 20) + 4096, 4096).unwrap());
+    }
+
+    /// tmpfs refuses RWF_NOWAIT; cached reads must still finish without a worker.
+    #[test]
+    fn cached_reads_finish_inline_where_nowait_is_refused() {
+        let Ok(file) = tempfile::NamedTempFile::new_in("/dev/shm") else {
+            eprintln!("skipped: no /dev/shm");
+            return;
+        };
+        file.as_file().set_len(1 << 20).unwrap();
+        let device = FileDevice::open(file.path(), FileOptions::default()).unwrap();
+        device
+            .write_at(&[7u8; 65536], 8192, WriteFlags::NONE)
+            .unwrap();
+        let mut back = vec![0u8; 65536];
+        // Twice: the first call may be the one that learns RWF_NOWAIT is refused.
+        for _ in 0..2 {
+            back.fill(0);
+            let done = device.try_read_at(&mut back, 8192).unwrap();
+            if device.cachestat_works.load(Ordering::Relaxed) {
+                assert!(done, "a resident range is read inline");
+                assert!(back.iter().all(|&b| b == 7));
+            }
         }
     }
 

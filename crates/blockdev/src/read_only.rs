@@ -56,6 +56,10 @@ impl BlockDevice for ReadOnly {
         self.inner.flush()
     }
 
+    fn is_hole(&self, offset: u64, len: u64) -> Option<bool> {
+        self.inner.is_hole(offset, len)
+    }
+
     fn extents(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
         self.inner.extents(offset, len, out)
     }

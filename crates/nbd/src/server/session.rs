@@ -454,15 +454,11 @@ impl Session {
     fn read(&self, cookie: u64, offset: u64, len: u32) -> Reply {
         if self.structured
             && len >= HOLE_CHECK_MIN
-            && self.device.info().capabilities.extents.is_native()
+            && matches!(self.device.is_hole(offset, len.into()), Ok(true))
         {
-            if let Ok(extents) = self.device.extents(offset, len.into()) {
-                if extents.len() == 1 && extents[0].state.reads_zero() {
-                    let mut head = Vec::with_capacity(CHUNK_HEADER_LEN + 12);
-                    encode_offset_hole(&mut head, cookie, offset, len, true);
-                    return Reply::head(head);
-                }
-            }
+            let mut head = Vec::with_capacity(CHUNK_HEADER_LEN + 12);
+            encode_offset_hole(&mut head, cookie, offset, len, true);
+            return Reply::head(head);
         }
         let mut buf = IoBuf::new(len as usize);
         match self.device.read(&mut buf, offset) {
