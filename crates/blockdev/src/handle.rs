@@ -325,9 +325,6 @@ impl Device {
         Ok(())
     }
 
-    /// The extents covering `offset..offset+len`, in order, starting exactly at
-    /// `offset`. The list may stop short of the end (ask again from there) and its
-    /// last extent is clipped to the range.
     /// Whether all of `offset..offset+len` is a hole that reads as zeroes (see
     /// [`BlockDevice::is_hole`]); `false` when the device cannot tell.
     pub fn is_hole(&self, offset: u64, len: u64) -> Result<bool> {
@@ -342,6 +339,9 @@ impl Device {
         Ok(extents.len() == 1 && extents[0].state.reads_zero())
     }
 
+    /// The extents covering `offset..offset+len`, in order, starting exactly at
+    /// `offset`. The list may stop short of the end (ask again from there) and its
+    /// last extent is clipped to the range.
     pub fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         self.check(Op::Extents, offset, len)?;
         let whole = || {
