@@ -1,7 +1,8 @@
 //! The AoE raw socket layer over real veth links between two network namespaces:
 //! padding of short frames, batches of full-size frames at MTU 1500 and 9000, sends
-//! from several threads at once, the kernel filter, receive timeouts and interface
-//! lookup. Needs root; skipped (saying so) otherwise.
+//! from several threads at once, the kernel filter, receive timeouts, interface
+//! lookup, and the receive ring (frames in order, slots reused, the filter and the
+//! timeout as without it). Needs root; skipped (saying so) otherwise.
 
 use std::mem;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -23,17 +24,29 @@ struct Link {
 }
 
 fn link(short: &str, mtu: usize) -> Link {
+    link_with(short, mtu, false)
+}
+
+/// As [`link`]; with `ring`, the target's socket receives through a receive ring.
+fn link_with(short: &str, mtu: usize, ring: bool) -> Link {
     let tag = format!("{short}{}", std::process::id() % 100000);
     let lab = VethLab::new(&tag, 1, mtu).expect("build the veth lab");
-    let open = |ns: &str| {
+    let open = |ns: &str, ring: bool| {
         lab.run_in(ns, || {
             let eth0 = Interface::lookup("eth0").expect("eth0 in the lab namespace");
-            RawSocket::open(&eth0, BUFFER_BYTES).expect("open the AoE socket")
+            let socket = if ring {
+                RawSocket::open_with_ring(&eth0, BUFFER_BYTES)
+            } else {
+                RawSocket::open(&eth0, BUFFER_BYTES)
+            };
+            let socket = socket.expect("open the AoE socket");
+            assert_eq!(socket.has_ring(), ring);
+            socket
         })
     };
     Link {
-        target: open(lab.target_ns()),
-        initiator: open(lab.initiator_ns()),
+        target: open(lab.target_ns(), ring),
+        initiator: open(lab.initiator_ns(), false),
         lab,
     }
 }
@@ -126,8 +139,8 @@ fn aoe_rawsock_gathered_frames_arrive_whole_and_padded() {
     assert!(link.initiator.send_gathered([short_head]).is_err());
 }
 
-fn full_size_batch(short: &str, mtu: usize) {
-    let link = link(short, mtu);
+fn full_size_batch(short: &str, mtu: usize, ring: bool) {
+    let link = link_with(short, mtu, ring);
     for (ns, socket) in [
         (link.lab.target_ns(), &link.target),
         (link.lab.initiator_ns(), &link.initiator),
@@ -158,13 +171,71 @@ fn full_size_batch(short: &str, mtu: usize) {
 #[test]
 fn aoe_rawsock_full_size_batch_mtu_1500() {
     require_root!();
-    full_size_batch("b15", 1500);
+    full_size_batch("b15", 1500, false);
+}
+
+#[test]
+fn aoe_rawsock_full_size_batch_through_a_ring_mtu_1500() {
+    require_root!();
+    full_size_batch("r15", 1500, true);
+}
+
+#[test]
+fn aoe_rawsock_full_size_batch_through_a_ring_mtu_9000() {
+    require_root!();
+    full_size_batch("r90", 9000, true);
+}
+
+/// Frames of a ring are given back: many times the ring's slots pass through it,
+/// each round taken whole and in order, also after a batch is dropped while it
+/// holds frames.
+#[test]
+fn aoe_rawsock_ring_slots_are_given_back_and_reused() {
+    require_root!();
+    let link = link_with("rgr", 1500, true);
+    let dst = link.target.interface().mac;
+    let src = link.initiator.interface().mac;
+    // A 4 MiB ring holds about 2500 frames at MTU 1500; 8 rounds of 1000 go round
+    // it three times.
+    for round in 0..8u32 {
+        let frames: Vec<Vec<u8>> = (0..1000)
+            .map(|i| aoe_frame(dst, src, 1514, round * 1000 + i))
+            .collect();
+        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+        link.initiator.send_batch(&refs).expect("send_batch");
+        if round % 3 == 2 {
+            // Take a few frames into a batch and drop it with them held.
+            let mut batch = RecvBatch::new(8, 1600);
+            let n = link
+                .target
+                .recv_batch(&mut batch, WAIT)
+                .expect("recv_batch");
+            assert!(n > 0);
+            let held: Vec<Vec<u8>> = batch.frames().map(<[u8]>::to_vec).collect();
+            drop(batch);
+            assert!(held.iter().zip(&frames).all(|(a, b)| a == b));
+            let rest = receive(&link.target, frames.len() - held.len(), 1600);
+            assert!(rest.iter().zip(&frames[held.len()..]).all(|(a, b)| a == b));
+        } else {
+            let got = receive(&link.target, frames.len(), 1600);
+            assert!(
+                got == frames,
+                "round {round}: frames differ or out of order"
+            );
+        }
+    }
+    let mut batch = RecvBatch::new(4, 1600);
+    let n = link
+        .target
+        .recv_batch(&mut batch, Some(Duration::from_millis(20)))
+        .expect("recv_batch");
+    assert_eq!(n, 0, "nothing more was sent");
 }
 
 #[test]
 fn aoe_rawsock_full_size_batch_mtu_9000() {
     require_root!();
-    full_size_batch("b90", 9000);
+    full_size_batch("b90", 9000, false);
 }
 
 #[test]
@@ -207,7 +278,17 @@ fn aoe_rawsock_sends_from_many_threads_at_once() {
 #[test]
 fn aoe_rawsock_other_ethertypes_are_filtered_and_timeout_returns_zero() {
     require_root!();
-    let link = link("flt", 1500);
+    filtered_and_timeout("flt", false);
+}
+
+#[test]
+fn aoe_rawsock_ring_filters_other_ethertypes_and_times_out() {
+    require_root!();
+    filtered_and_timeout("rfl", true);
+}
+
+fn filtered_and_timeout(short: &str, ring: bool) {
+    let link = link_with(short, 1500, ring);
     let dst = link.target.interface().mac;
     let src = link.initiator.interface().mac;
     let (lab, ns_t, ns_i) = (&link.lab, link.lab.target_ns(), link.lab.initiator_ns());

@@ -1,8 +1,16 @@
-//! Receive buffers for `recvmmsg`.
+//! Receive buffers for `recvmmsg`, or the frames taken from a receive ring.
+
+use std::sync::Arc;
+
+use super::ring::{RingFrame, RxRing};
 
 /// Reusable receive buffers for [`RawSocket::recv_batch`](super::RawSocket::recv_batch): `count` buffers of
 /// `frame_bytes` each. Size them for the interface: MTU + 14 bytes of Ethernet
 /// header, plus some slack (at most 9216 + 64 for jumbo frames).
+///
+/// On a socket with a receive ring the frames stay where the kernel put them, in
+/// the ring: the batch holds their slots until the next `recv_batch` (or its drop)
+/// gives them back, so a frame can be used until then without a copy.
 pub struct RecvBatch {
     pub(super) buffer: Vec<u8>,
     /// One iovec per buffer, and one mmsghdr per iovec, built once: a receive thread
@@ -16,13 +24,18 @@ pub struct RecvBatch {
     pub(super) lens: Vec<usize>,
     pub(super) truncated: Vec<bool>,
     pub(super) received: usize,
+    /// The ring the last `recv_batch` took its frames from, and those frames.
+    pub(super) ring: Option<Arc<RxRing>>,
+    pub(super) ring_frames: Vec<RingFrame>,
 }
 
 // SAFETY: the raw pointers in `iovecs` and `msgs` point only into this batch's own
 // heap buffers, which move with it; the kernel writes through them only during
-// `recv_batch`, which holds `&mut RecvBatch`.
+// `recv_batch`, which holds `&mut RecvBatch`. Ring frames point into a ring the
+// batch keeps alive, in slots the kernel leaves alone until the batch releases them.
 unsafe impl Send for RecvBatch {}
-// SAFETY: shared references only read `buffer`, `lens` and `truncated`.
+// SAFETY: shared references only read `buffer`, `lens`, `truncated` and the ring
+// frames.
 unsafe impl Sync for RecvBatch {}
 
 impl std::fmt::Debug for RecvBatch {
@@ -69,6 +82,37 @@ impl RecvBatch {
             lens: vec![0; count],
             truncated: vec![false; count],
             received: 0,
+            ring: None,
+            ring_frames: Vec::with_capacity(count),
+        }
+    }
+
+    /// Gives the ring slots of the last `recv_batch` back to the kernel.
+    pub(super) fn release_ring_slots(&mut self) {
+        if let Some(ring) = &self.ring {
+            for frame in self.ring_frames.drain(..) {
+                ring.release(frame.slot);
+            }
+        }
+        self.received = 0;
+    }
+
+    /// Prepares to receive into the batch's own buffers, after giving back what a
+    /// ring had lent.
+    pub(super) fn use_buffers(&mut self) {
+        self.release_ring_slots();
+        self.ring = None;
+    }
+
+    /// Prepares to take frames from `ring`, after giving back what was held.
+    pub(super) fn use_ring(&mut self, ring: &Arc<RxRing>) {
+        self.release_ring_slots();
+        if !self
+            .ring
+            .as_ref()
+            .is_some_and(|held| Arc::ptr_eq(held, ring))
+        {
+            self.ring = Some(ring.clone());
         }
     }
 
@@ -95,6 +139,13 @@ impl RecvBatch {
             "frame {i} asked of a batch holding {}",
             self.received
         );
+        if self.ring.is_some() {
+            let frame = self.ring_frames[i];
+            // SAFETY: the slot is held by this batch (taken from the ring it keeps
+            // alive, not yet released), so the kernel does not write it; `len`
+            // bytes from `data` lie within the slot (RxRing::take).
+            return unsafe { std::slice::from_raw_parts(frame.data, frame.len) };
+        }
         let start = i * self.frame_bytes;
         &self.buffer[start..start + self.lens[i]]
     }
@@ -106,12 +157,21 @@ impl RecvBatch {
             "frame {i} asked of a batch holding {}",
             self.received
         );
+        if self.ring.is_some() {
+            return self.ring_frames[i].truncated;
+        }
         self.truncated[i]
     }
 
     /// The frames of the last `recv_batch`, in arrival order.
     pub fn frames(&self) -> impl Iterator<Item = &[u8]> + '_ {
         (0..self.received).map(|i| self.frame(i))
+    }
+}
+
+impl Drop for RecvBatch {
+    fn drop(&mut self) {
+        self.release_ring_slots();
     }
 }
 

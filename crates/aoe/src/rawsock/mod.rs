@@ -5,12 +5,15 @@
 //!
 //! - [`Interface`]: name to index, MAC address and MTU;
 //! - `filter`: the BPF program admitting only ethertype 0x88A2;
-//! - [`RecvBatch`]: reusable buffers for batched receive.
+//! - [`RecvBatch`]: reusable buffers for batched receive;
+//! - `ring`: a receive ring (PACKET_RX_RING) that sockets on the data path use
+//!   instead of `recvmmsg` ([`RawSocket::open_with_ring`]).
 
 use std::io;
 use std::mem;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Destination MAC, source MAC, ethertype.
@@ -27,6 +30,7 @@ const SEND_STALL_LIMIT: Duration = Duration::from_secs(5);
 mod batch;
 mod filter;
 mod interface;
+mod ring;
 
 pub use batch::RecvBatch;
 pub use interface::Interface;
@@ -38,6 +42,8 @@ pub use interface::Interface;
 pub struct RawSocket {
     fd: OwnedFd,
     interface: Interface,
+    /// Where received frames land, when the socket has a receive ring.
+    rx_ring: Option<Arc<ring::RxRing>>,
 }
 
 impl RawSocket {
@@ -48,6 +54,28 @@ impl RawSocket {
     /// tried before SO_RCVBUF/SO_SNDBUF (the latter are capped by `net.core.*mem_max`),
     /// and PACKET_IGNORE_OUTGOING is set where the kernel has it (4.20+).
     pub fn open(interface: &Interface, buffer_bytes: usize) -> io::Result<RawSocket> {
+        Self::open_inner(interface, buffer_bytes, false)
+    }
+
+    /// Like [`open`](Self::open), and frames are received through a ring of about
+    /// `buffer_bytes` mapped into our memory (PACKET_RX_RING): no system call per
+    /// batch while frames keep coming, and no copy out of the socket. For one
+    /// receiving thread per socket, as a receive loop is. Where the kernel refuses
+    /// the ring, the socket receives with `recvmmsg` as `open`'s does.
+    pub fn open_with_ring(interface: &Interface, buffer_bytes: usize) -> io::Result<RawSocket> {
+        Self::open_inner(interface, buffer_bytes, true)
+    }
+
+    /// Whether frames arrive through a receive ring.
+    pub fn has_ring(&self) -> bool {
+        self.rx_ring.is_some()
+    }
+
+    fn open_inner(
+        interface: &Interface,
+        buffer_bytes: usize,
+        with_ring: bool,
+    ) -> io::Result<RawSocket> {
         let fail = |what: &str, err: io::Error| {
             io::Error::new(
                 err.kind(),
@@ -97,6 +125,25 @@ impl RawSocket {
             &(1 as libc::c_int),
         );
 
+        // Before bind, so that no frame is queued where the ring would not see it.
+        let rx_ring = if with_ring {
+            // The whole frame and a VLAN tag, should one arrive untouched.
+            let frame_bytes = interface.mtu + ETH_HEADER_LEN + 4;
+            let ring_bytes = buffer_bytes.max(4 << 20);
+            match ring::RxRing::map(fd.as_fd(), frame_bytes, ring_bytes) {
+                Ok(ring) => Some(Arc::new(ring)),
+                Err(e) => {
+                    tracing::debug!(
+                        "AoE socket on {}: no receive ring ({e}); using recvmmsg",
+                        interface.name
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+
         // SAFETY: sockaddr_ll is plain data; all zeroes is a valid value.
         let mut addr: libc::sockaddr_ll = unsafe { mem::zeroed() };
         addr.sll_family = libc::AF_PACKET as u16;
@@ -116,6 +163,7 @@ impl RawSocket {
         Ok(RawSocket {
             fd,
             interface: interface.clone(),
+            rx_ring,
         })
     }
 
@@ -235,15 +283,20 @@ impl RawSocket {
         }
     }
 
-    /// Receives up to `batch.capacity()` frames with one `recvmmsg` call, waiting at
-    /// most `timeout` (None: forever) for the first one. Returns how many arrived;
-    /// 0 means the timeout passed. Frames already queued are taken without waiting.
+    /// Receives up to `batch.capacity()` frames with one `recvmmsg` call (or from
+    /// the receive ring), waiting at most `timeout` (None: forever) for the first
+    /// one. Returns how many arrived; 0 means the timeout passed. Frames already
+    /// queued are taken without waiting. The frames of the previous call on `batch`
+    /// are given up.
     pub fn recv_batch(
         &self,
         batch: &mut RecvBatch,
         timeout: Option<Duration>,
     ) -> io::Result<usize> {
-        batch.received = 0;
+        if let Some(ring) = &self.rx_ring {
+            return self.recv_from_ring(ring, batch, timeout);
+        }
+        batch.use_buffers();
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let msgs = &mut batch.msgs;
         loop {
@@ -277,22 +330,59 @@ impl RawSocket {
                     _ => return Err(err),
                 }
             }
-            if timeout == Some(Duration::ZERO) {
-                // A poll for nothing: spare the poll(2).
-                return Ok(0);
-            }
-            let wait_ms = match deadline {
-                None => -1,
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    // Round up, so a sub-millisecond remainder still waits.
-                    left.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int
-                }
-            };
-            if !wait_for(self.fd.as_fd(), libc::POLLIN, wait_ms)? {
+            if !self.wait_to_receive(timeout, deadline)? {
                 return Ok(0);
             }
         }
+    }
+
+    /// `recv_batch` on a socket with a receive ring: takes the filled slots, and
+    /// sleeps in poll(2) only while there are none.
+    fn recv_from_ring(
+        &self,
+        ring: &Arc<ring::RxRing>,
+        batch: &mut RecvBatch,
+        timeout: Option<Duration>,
+    ) -> io::Result<usize> {
+        // Slots still held would make poll(2) report the ring readable at once.
+        batch.use_ring(ring);
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        loop {
+            let taken = ring.take(batch.capacity(), &mut batch.ring_frames);
+            if taken > 0 {
+                batch.received = taken;
+                return Ok(taken);
+            }
+            // poll(2) reports a ring readable while the slot before the kernel's
+            // next one is not the kernel's: the deadline, not poll, ends the wait.
+            if !self.wait_to_receive(timeout, deadline)?
+                || deadline.is_some_and(|deadline| Instant::now() >= deadline)
+            {
+                return Ok(0);
+            }
+        }
+    }
+
+    /// Waits in poll(2) for a frame until `deadline`; false when the time is up
+    /// (at once for a zero timeout).
+    fn wait_to_receive(
+        &self,
+        timeout: Option<Duration>,
+        deadline: Option<Instant>,
+    ) -> io::Result<bool> {
+        if timeout == Some(Duration::ZERO) {
+            // A poll for nothing: spare the poll(2).
+            return Ok(false);
+        }
+        let wait_ms = match deadline {
+            None => -1,
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                // Round up, so a sub-millisecond remainder still waits.
+                left.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int
+            }
+        };
+        wait_for(self.fd.as_fd(), libc::POLLIN, wait_ms)
     }
 }
 

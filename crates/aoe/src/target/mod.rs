@@ -194,7 +194,7 @@ impl AoeTarget {
             // Room for every frame the initiators may send at once, several times over.
             let frame = interface.mtu + 64;
             let buffer = (usize::from(config.buffer_count) * frame * 4).max(16 << 20);
-            let socket = Arc::new(RawSocket::open(&interface, buffer)?);
+            let socket = Arc::new(RawSocket::open_with_ring(&interface, buffer)?);
             ports.push(Arc::new(Port::new(interface, socket.clone())?));
             sockets.push(socket);
         }
