@@ -6,6 +6,7 @@
 //! does.
 
 use std::sync::atomic::Ordering;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use blockwire_blockdev::{IoBuf, QueuedOp, RequestQueue, Submission, WriteFlags};
@@ -28,19 +29,17 @@ pub fn run(ctx: &Ctx) -> Result<()> {
     }
     let depth = ctx.config.queue_depth.max(1).min(blocks as u32);
     let total = blocks * block;
-    // A queue's buffers are filled (and their pages touched) before the clock
-    // starts, as fio prepares its own: the phase times the I/O alone.
-    let mut buffers: Vec<IoBuf> = if ctx.device.queue().is_some() {
+    // The buffers are filled (and their pages touched) before the clock starts, as
+    // fio prepares its own: a phase times the I/O alone. The read phase reuses them.
+    let buffers = Mutex::new(
         (0..depth)
-            .map(|tag| {
+            .map(|index| {
                 let mut buf = IoBuf::new(block as usize);
-                fill_pattern(&mut buf, u64::from(tag) + 1);
+                fill_pattern(&mut buf, u64::from(index) + 1);
                 buf
             })
-            .collect()
-    } else {
-        Vec::new()
-    };
+            .collect::<Vec<_>>(),
+    );
 
     ctx.phase(
         PhaseSpec::new(NAME, "write", block, depth),
@@ -48,16 +47,23 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         Unit::Bytes,
         |progress| {
             if let Some(mut queue) = ctx.device.queue() {
-                let totals = in_order(queue.as_mut(), &mut buffers, true, block, blocks, progress)
-                    .map_err(|e| Error::device("sequential write", e))?;
+                let totals = in_order(
+                    queue.as_mut(),
+                    &mut lock(&buffers),
+                    true,
+                    block,
+                    blocks,
+                    progress,
+                )
+                .map_err(|e| Error::device("sequential write", e))?;
                 drop(queue);
                 ctx.flush("sequential write")?;
                 return Ok(totals);
             }
             let totals = parallel(depth, |index, latency, stop| {
                 let (first, count) = share(blocks, depth, index);
-                let mut buf = IoBuf::new(block as usize);
-                fill_pattern(&mut buf, u64::from(index) + 1);
+                // Taken back after the loop; a failing worker's is lost with the run.
+                let mut buf = lock(&buffers).pop().expect("a prepared buffer per worker");
                 for n in first..first + count {
                     if stop.load(Ordering::Relaxed) {
                         break;
@@ -69,6 +75,7 @@ pub fn run(ctx: &Ctx) -> Result<()> {
                         .map_err(|e| Error::device("sequential write", e))?;
                     progress.inc(block);
                 }
+                lock(&buffers).push(buf);
                 Ok((count * block, count))
             })?;
             ctx.flush("sequential write")?;
@@ -83,12 +90,20 @@ pub fn run(ctx: &Ctx) -> Result<()> {
         Unit::Bytes,
         |progress| {
             if let Some(mut queue) = ctx.device.queue() {
-                return in_order(queue.as_mut(), &mut buffers, false, block, blocks, progress)
-                    .map_err(|e| Error::device("sequential read", e));
+                return in_order(
+                    queue.as_mut(),
+                    &mut lock(&buffers),
+                    false,
+                    block,
+                    blocks,
+                    progress,
+                )
+                .map_err(|e| Error::device("sequential read", e));
             }
             parallel(depth, |index, latency, stop| {
                 let (first, count) = share(blocks, depth, index);
-                let mut buf = IoBuf::new(block as usize);
+                // Taken back after the loop; a failing worker's is lost with the run.
+                let mut buf = lock(&buffers).pop().expect("a prepared buffer per worker");
                 for n in first..first + count {
                     if stop.load(Ordering::Relaxed) {
                         break;
@@ -98,11 +113,16 @@ pub fn run(ctx: &Ctx) -> Result<()> {
                         .map_err(|e| Error::device("sequential read", e))?;
                     progress.inc(block);
                 }
+                lock(&buffers).push(buf);
                 Ok((count * block, count))
             })
         },
     )?;
     Ok(())
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Writes or reads blocks 0..`blocks` in order through the queue, one request in
