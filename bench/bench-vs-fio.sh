@@ -12,8 +12,13 @@
 # measure alike, and this machine's virtual disk swings too much between runs for
 # that (--local-dir DIR runs them on another file system, e.g. a disk).
 #
+# Writes JSON (--json FILE; default bench/results/bench-vs-fio.json, or
+# bench-vs-fio-PART.json for a --part run, which has only that part's rows) and ends
+# with one verdict line per job and target (met / not met); missing a target does not
+# make the script fail.
+#
 # usage: bench/bench-vs-fio.sh [--size 2G] [--time 5] [--rounds 2] [--dir DIR]
-#                              [--local-dir DIR] [--part all|local|nbd]
+#                              [--local-dir DIR] [--part all|local|nbd] [--json FILE]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")

@@ -3,14 +3,24 @@
 # two NBD servers (blockwire serve on loopback), a few rounds each, alternating.
 # nbdcopy runs with --flush: blockwire copy always flushes the destination before it
 # reports success, so both finish with the copy on disk.
-# Prints the median seconds of each and the speed ratio blockwire / nbdcopy.
+# Prints the median seconds of each and the speed ratio blockwire / nbdcopy; with
+# --json FILE also writes every round's seconds, the medians and that ratio.
 #
-# usage: bench/copy-vs-nbdcopy.sh [SIZE (default 4G)] [ROUNDS (default 3)]
+# usage: bench/copy-vs-nbdcopy.sh [--json FILE] [SIZE (default 4G)] [ROUNDS (default 3)]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
-size=${1:-4G}
-rounds=${2:-3}
+json=
+positional=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --json) [ $# -ge 2 ] || { echo "--json needs a file name" >&2; exit 2; }; json=$2; shift 2 ;;
+    --json=*) json=${1#--json=}; shift ;;
+    *) positional+=("$1"); shift ;;
+  esac
+done
+size=${positional[0]:-4G}
+rounds=${positional[1]:-3}
 command -v nbdcopy >/dev/null || { echo "nbdcopy missing (apt-get install libnbd-bin)" >&2; exit 1; }
 (cd "$root" && cargo build --release --quiet -p blockwire)
 bw="$root/target/release/blockwire"
@@ -72,3 +82,21 @@ echo "image $size (half data), $rounds rounds, median seconds:"
 echo "  nbdcopy         $m_nbdcopy"
 echo "  blockwire copy  $m_blockwire"
 echo "  speed ratio blockwire / nbdcopy: $(echo "scale=2; $m_nbdcopy / $m_blockwire" | bc)x"
+if [ -n "$json" ]; then
+  # python3 writes the JSON: bc prints ".52" for 0.52, which is not a JSON number.
+  mkdir -p "$(dirname "$json")"
+  python3 - "$json" "$size" "$rounds" "${t_nbdcopy[*]}" "${t_blockwire[*]}" <<'PY'
+import json, statistics, sys
+path, size, rounds, nbdcopy, blockwire = sys.argv[1:]
+nbdcopy = [float(t) for t in nbdcopy.split()]
+blockwire = [float(t) for t in blockwire.split()]
+# median_low is what the shell's median picks: the middle value (the lower of two), never an average.
+m_nbdcopy, m_blockwire = statistics.median_low(nbdcopy), statistics.median_low(blockwire)
+with open(path, "w") as f:
+    json.dump({"size": size, "rounds": int(rounds),
+               "nbdcopy_s": nbdcopy, "blockwire_s": blockwire,
+               "median_nbdcopy_s": m_nbdcopy, "median_blockwire_s": m_blockwire,
+               "speed_ratio_blockwire_over_nbdcopy": round(m_nbdcopy / m_blockwire, 2)}, f, indent=2)
+PY
+  echo "JSON written to $json"
+fi

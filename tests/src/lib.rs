@@ -308,3 +308,48 @@ pub fn run_queued(
         queue.complete(1, &mut done);
     }
 }
+
+/// Runs `command` to completion with its output captured, killing it and failing
+/// the test if it has not exited after `limit`: a hung command should fail a test
+/// run, not stall it. The limit is a safety net, never a performance assertion.
+pub fn run_bounded(mut command: Command, limit: Duration) -> Output {
+    // Files rather than pipes: nothing has to drain them while we poll the child.
+    let stdout = tempfile::tempfile().expect("temporary file for stdout");
+    let stderr = tempfile::tempfile().expect("temporary file for stderr");
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(stdout.try_clone().expect("clone stdout file"))
+        .stderr(stderr.try_clone().expect("clone stderr file"))
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{command:?} did not exit within {} s; stderr:\n{}",
+                limit.as_secs(),
+                text(&read_all(stderr))
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Output {
+        status,
+        stdout: read_all(stdout),
+        stderr: read_all(stderr),
+    }
+}
+
+/// A whole temporary file, from its start.
+fn read_all(mut file: std::fs::File) -> Vec<u8> {
+    use std::io::{Read, Seek};
+    let mut bytes = Vec::new();
+    file.rewind().expect("rewind output file");
+    file.read_to_end(&mut bytes).expect("read output file");
+    bytes
+}

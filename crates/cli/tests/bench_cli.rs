@@ -86,6 +86,7 @@ fn bench_a_directory_and_write_every_report() {
         assert!(!json["machine"][key].is_null(), "machine.{key}");
     }
     let results = json["results"].as_array().unwrap();
+    let mut with_efficiency = 0;
     for workload in ["sequential", "bonnie", "sweep", "random"] {
         assert!(
             results.iter().any(|r| r["workload"] == workload),
@@ -112,8 +113,25 @@ fn bench_a_directory_and_write_every_report() {
         }
         // --target-pid was this test process, so its CPU was seen.
         assert!(result["target_cpu_percent"].is_number(), "{result}");
-        assert!(result.get("mb_per_s_per_cpu_percent").is_some());
+        // The efficiency figure is a number wherever CPU time and data were measured
+        // (file create/stat/delete move no data), and it is MB/s per CPU%.
+        let cpu = result["cpu_percent"].as_f64().unwrap();
+        let per_cpu = &result["mb_per_s_per_cpu_percent"];
+        if cpu > 0.0 && result["bytes"].as_u64().unwrap() > 0 {
+            let per_cpu = per_cpu
+                .as_f64()
+                .unwrap_or_else(|| panic!("no MB/s per CPU% in {result}"));
+            let expected = result["mb_per_s"].as_f64().unwrap() / cpu;
+            assert!(
+                (per_cpu - expected).abs() <= 1e-6 * expected.abs().max(1.0),
+                "{result}"
+            );
+            with_efficiency += 1;
+        } else {
+            assert!(per_cpu.is_null(), "{result}");
+        }
     }
+    assert!(with_efficiency > 0, "no phase had its efficiency measured");
 
     // CSV: one bonnie++ 1.98 line that bonnie++'s own tools accept.
     let csv = std::fs::read_to_string(out.path().join("run.csv")).unwrap();
@@ -218,6 +236,53 @@ fn bad_targets_are_refused_with_one_line() {
     // Nothing was created along the way.
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert_eq!(left.len(), 2, "{left:?}");
+}
+
+#[test]
+fn a_read_only_file_is_refused_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("ro.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&image, std::fs::Permissions::from_mode(0o444)).unwrap();
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut command = if root {
+        // Root writes through file permissions; an unprivileged user (nobody) sees
+        // the file as read-only, and needs to reach it through the directory.
+        if Command::new("setpriv").arg("--version").output().is_err() {
+            eprintln!("skipped: running as root and setpriv is not installed");
+            return;
+        }
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut command = Command::new("setpriv");
+        command.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
+        command.arg(env!("CARGO_BIN_EXE_blockwire"));
+        command
+    } else {
+        Command::new(env!("CARGO_BIN_EXE_blockwire"))
+    };
+    let output = command
+        .args(["bench", "--workload", "sequential", "--buffered"])
+        .arg(&image)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = text(&output.stderr);
+    if root && stderr.starts_with("setpriv:") {
+        eprintln!("skipped: cannot run the binary as nobody: {stderr}");
+        return;
+    }
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("is read-only") && stderr.contains("the write tests need write access"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::metadata(&image).unwrap().len(), 16 << 20);
 }
 
 #[test]

@@ -5,8 +5,22 @@ use std::path::Path;
 use crate::error::{Error, Result};
 use crate::results::RunReport;
 
+/// The report as pretty JSON. Each result also carries `link_percent`, its share of
+/// the network baseline (the table's "% of link"; null without a baseline). It is
+/// derived, so it is written here rather than stored, and ignored when read back.
 pub fn to_string(report: &RunReport) -> String {
-    serde_json::to_string_pretty(report).expect("a report always serialises")
+    let mut value = serde_json::to_value(report).expect("a report always serialises");
+    if let Some(results) = value["results"].as_array_mut() {
+        for (object, phase) in results.iter_mut().zip(&report.results) {
+            if let Some(object) = object.as_object_mut() {
+                object.insert(
+                    "link_percent".into(),
+                    super::link_percent(report, phase).into(),
+                );
+            }
+        }
+    }
+    serde_json::to_string_pretty(&value).expect("a JSON value always prints")
 }
 
 pub fn from_str(text: &str) -> Result<RunReport, serde_json::Error> {
@@ -55,6 +69,29 @@ mod tests {
             assert!(!first[key].is_null(), "{key}");
         }
         assert!(first["latency_us"]["p999"].is_number());
+    }
+
+    #[test]
+    fn results_carry_their_share_of_the_link() {
+        let mut report = sample::report("nfs", 1.0);
+        report.network_mb_per_s = Some(200.0);
+        report.results.retain(|r| r.workload != "network");
+        let row = report.results.iter().position(|r| r.bytes > 0).unwrap();
+        report.results[row].mb_per_s = 150.0;
+        let value: serde_json::Value = serde_json::from_str(&to_string(&report)).unwrap();
+        assert_eq!(value["results"][row]["link_percent"], 75.0);
+        // Phases that move no data (bonnie's file tests) have no share.
+        let empty = report.results.iter().position(|r| r.bytes == 0).unwrap();
+        assert!(value["results"][empty]["link_percent"].is_null());
+        // Without a baseline every share is null, and the key is still there.
+        report.network_mb_per_s = None;
+        let value: serde_json::Value = serde_json::from_str(&to_string(&report)).unwrap();
+        for result in value["results"].as_array().unwrap() {
+            let share = result.get("link_percent").expect("link_percent key");
+            assert!(share.is_null(), "{result}");
+        }
+        // The derived figure does not get in the way of reading a report back.
+        assert_eq!(from_str(&to_string(&report)).unwrap(), report);
     }
 
     #[test]

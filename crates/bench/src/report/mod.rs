@@ -43,6 +43,17 @@ pub fn link_for(report: &RunReport, phase: &PhaseResult) -> Option<f64> {
         .filter(|mb| *mb > 0.0)
 }
 
+/// How much of the link a storage phase used, in percent of the network's
+/// throughput in its direction ([`link_for`]): the table's "% of link" and the
+/// JSON's `link_percent`. None for network phases, phases that moved no data, and
+/// runs without a network baseline.
+pub fn link_percent(report: &RunReport, phase: &PhaseResult) -> Option<f64> {
+    if phase.workload == network::NAME || phase.bytes == 0 {
+        return None;
+    }
+    link_for(report, phase).map(|link| 100.0 * phase.mb_per_s / link)
+}
+
 /// The network figures of a run in a few words: "send 1174 MB/s, receive 1103
 /// MB/s" when both directions were measured, else the one figure there is.
 pub fn network_summary(report: &RunReport) -> Option<String> {

@@ -2,7 +2,7 @@
 
 use blockwire_blockdev::size::format_size;
 
-use super::{figure_cells, link_for, network_summary, TextTable};
+use super::{figure_cells, link_percent, network_summary, TextTable};
 use crate::results::RunReport;
 use crate::workloads::network;
 
@@ -66,12 +66,7 @@ pub fn render(report: &RunReport) -> String {
         let mut row = vec![r.workload.clone(), r.op.clone()];
         row.extend(figure_cells(r));
         if link {
-            row.push(match link_for(report, r) {
-                Some(link) if r.workload != network::NAME && r.bytes > 0 => {
-                    format!("{:.0}%", 100.0 * r.mb_per_s / link)
-                }
-                _ => "-".into(),
-            });
+            row.push(link_percent(report, r).map_or("-".into(), |p| format!("{p:.0}%")));
         }
         table.row(row);
     }
