@@ -134,11 +134,29 @@ impl Shared {
 pub trait FrameSink: Send + Sync {
     /// Sends whole Ethernet frames.
     fn send_batch(&self, frames: &[&[u8]]) -> io::Result<()>;
+
+    /// Sends frames each made of a head and a body (read data, sent from where it
+    /// is), padded to the Ethernet minimum. By default each is joined and sent whole.
+    fn send_gathered(&self, frames: &[(&[u8], &[u8])]) -> io::Result<()> {
+        let joined: Vec<Vec<u8>> = frames
+            .iter()
+            .map(|(head, body)| {
+                let mut frame = [*head, *body].concat();
+                crate::wire::pad_to_minimum(&mut frame);
+                frame
+            })
+            .collect();
+        self.send_batch(&joined.iter().map(Vec::as_slice).collect::<Vec<_>>())
+    }
 }
 
 impl FrameSink for RawSocket {
     fn send_batch(&self, frames: &[&[u8]]) -> io::Result<()> {
         RawSocket::send_batch(self, frames)
+    }
+
+    fn send_gathered(&self, frames: &[(&[u8], &[u8])]) -> io::Result<()> {
+        RawSocket::send_gathered(self, frames.iter().copied())
     }
 }
 
