@@ -1,11 +1,12 @@
 //! The AoE target: serves one device as shelf.slot on one or more interfaces.
 //!
-//! One receive thread per interface takes frames in batches (recvmmsg), answers
-//! management commands at once, and gathers ATA reads and writes whose sectors follow
-//! each other into one larger device I/O (a "run"). Devices that complete inline
-//! (page cache, memory) are read and written on the receive thread; others (direct
-//! I/O) run on a worker pool, so many runs are in flight while the thread keeps
-//! receiving. Responses go out in batches (sendmmsg).
+//! One receive thread per interface takes frames in batches (from a receive ring, or
+//! recvmmsg), answers management commands at once, and gathers ATA reads and writes
+//! whose sectors follow each other into one larger device I/O (a "run"). Devices that
+//! complete inline (page cache, memory) are read and written on the receive thread;
+//! others (direct I/O) run on a worker pool, so many runs are in flight while the
+//! thread keeps receiving, and their runs may grow across batches. Responses go out
+//! in batches (sendmmsg).
 
 mod access;
 mod ata;
