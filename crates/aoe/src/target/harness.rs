@@ -94,7 +94,8 @@ impl TargetHarness {
 mod tests {
     use super::*;
     use crate::wire::{ata, encode_frame, AtaArgs, Body, Command, Header, SECTOR_SIZE};
-    use blockwire_blockdev::MemoryDevice;
+    use blockwire_blockdev::{BlockDevice, DeviceInfo, MemoryDevice, WriteFlags};
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
     const TARGET: MacAddr = [2, 0, 0, 0, 0, 1];
     const INITIATOR: MacAddr = [2, 0, 0, 0, 0, 2];
@@ -119,10 +120,10 @@ mod tests {
         frame
     }
 
-    #[test]
-    fn a_batch_of_consecutive_writes_then_reads_round_trips() {
-        let target = harness();
-        let writes: Vec<Vec<u8>> = (0..8u32)
+    /// Writes of `count` consecutive sector pairs from LBA 0, pair `i` filled with
+    /// byte `i` and tagged `i`.
+    fn stream_writes(count: u32) -> Vec<Vec<u8>> {
+        (0..count)
             .map(|i| {
                 ata_frame(
                     i,
@@ -131,13 +132,24 @@ mod tests {
                     &[i as u8; 1024],
                 )
             })
-            .collect();
+            .collect()
+    }
+
+    /// Reads of the same sector pairs, pair `i` tagged `100 + i`.
+    fn stream_reads(count: u32) -> Vec<Vec<u8>> {
+        (0..count)
+            .map(|i| ata_frame(100 + i, ata::READ_SECTORS_EXT, u64::from(i) * 2, &[]))
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_of_consecutive_writes_then_reads_round_trips() {
+        let target = harness();
+        let writes = stream_writes(8);
         let refs: Vec<&[u8]> = writes.iter().map(Vec::as_slice).collect();
         let answers = target.handle(&refs);
         assert_eq!(answers.len(), 8);
-        let reads: Vec<Vec<u8>> = (0..8u32)
-            .map(|i| ata_frame(100 + i, ata::READ_SECTORS_EXT, u64::from(i) * 2, &[]))
-            .collect();
+        let reads = stream_reads(8);
         let refs: Vec<&[u8]> = reads.iter().map(Vec::as_slice).collect();
         for answer in target.handle(&refs) {
             let (header, body) = Header::parse(&answer).unwrap();
@@ -152,82 +164,61 @@ mod tests {
     /// its device writes and reads.
     struct OnWorkers {
         memory: MemoryDevice,
-        writes: std::sync::atomic::AtomicUsize,
-        reads: std::sync::atomic::AtomicUsize,
+        writes: Arc<AtomicUsize>,
+        reads: Arc<AtomicUsize>,
     }
 
-    impl blockwire_blockdev::BlockDevice for OnWorkers {
-        fn info(&self) -> blockwire_blockdev::DeviceInfo {
+    impl BlockDevice for OnWorkers {
+        fn info(&self) -> DeviceInfo {
             let mut info = self.memory.info();
             info.completes_inline = false;
             info
         }
         fn read_at(&self, buf: &mut [u8], offset: u64) -> blockwire_blockdev::Result<()> {
-            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.reads.fetch_add(1, SeqCst);
             self.memory.read_at(buf, offset)
         }
         fn write_at(
             &self,
             buf: &[u8],
             offset: u64,
-            flags: blockwire_blockdev::WriteFlags,
+            flags: WriteFlags,
         ) -> blockwire_blockdev::Result<()> {
-            self.writes
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.writes.fetch_add(1, SeqCst);
             self.memory.write_at(buf, offset, flags)
         }
     }
 
+    /// A target over an [`OnWorkers`] device, with its write and read counters.
+    fn on_workers(buffer_count: u16) -> (TargetHarness, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let (writes, reads) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let device = Device::from_device(OnWorkers {
+            memory: MemoryDevice::new(1 << 20),
+            writes: writes.clone(),
+            reads: reads.clone(),
+        });
+        let mut config = TargetConfig::new(1, 1, vec![]);
+        config.buffer_count = buffer_count;
+        let target = TargetHarness::new(device, &config, TARGET, 1500).unwrap();
+        (target, writes, reads)
+    }
+
     #[test]
     fn a_stream_spanning_batches_is_one_device_io_on_workers() {
-        use blockwire_blockdev::BlockDevice;
-        use std::sync::atomic::Ordering::SeqCst;
-        let device = Arc::new(OnWorkers {
-            memory: MemoryDevice::new(1 << 20),
-            writes: Default::default(),
-            reads: Default::default(),
-        });
-        let handle = Device::from_device(ArcDevice(device.clone()));
-        let target =
-            TargetHarness::new(handle, &TargetConfig::new(1, 1, vec![]), TARGET, 1500).unwrap();
+        let (target, writes, reads) = on_workers(256);
         // 24 full frames (2 sectors at MTU 1500) in three batches: one stream.
-        let writes: Vec<Vec<u8>> = (0..24u32)
-            .map(|i| {
-                ata_frame(
-                    i,
-                    ata::WRITE_SECTORS_EXT,
-                    u64::from(i) * 2,
-                    &[i as u8; 1024],
-                )
-            })
-            .collect();
-        let refs: Vec<&[u8]> = writes.iter().map(Vec::as_slice).collect();
+        let frames = stream_writes(24);
+        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
         let answers = target.handle_batches(&[&refs[..8], &refs[8..16], &refs[16..]]);
         assert_eq!(answers.len(), 24);
-        assert_eq!(
-            device.writes.load(SeqCst),
-            1,
-            "one device write for the stream"
-        );
-        let mut data = vec![0; 24 * 1024];
-        device.read_at(&mut data, 0).unwrap();
-        for (i, chunk) in data.chunks(1024).enumerate() {
-            assert!(chunk.iter().all(|&b| b == i as u8), "sector pair {i}");
-        }
+        assert_eq!(writes.load(SeqCst), 1, "one device write for the stream");
         // The same stream read back: one device read, each answer its own data,
         // sent from the read buffer (head and data gathered).
-        device.reads.store(0, SeqCst);
-        let reads: Vec<Vec<u8>> = (0..24u32)
-            .map(|i| ata_frame(100 + i, ata::READ_SECTORS_EXT, u64::from(i) * 2, &[]))
-            .collect();
-        let refs: Vec<&[u8]> = reads.iter().map(Vec::as_slice).collect();
+        let frames = stream_reads(24);
+        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
         let answers = target.handle_batches(&[&refs[..5], &refs[5..]]);
         assert_eq!(answers.len(), 24);
-        assert_eq!(
-            device.reads.load(SeqCst),
-            1,
-            "one device read for the stream"
-        );
+        assert_eq!(reads.load(SeqCst), 1, "one device read for the stream");
         for answer in answers {
             let (header, body) = Header::parse(&answer).unwrap();
             let (args, data) = AtaArgs::parse(body).unwrap();
@@ -240,44 +231,13 @@ mod tests {
 
     #[test]
     fn a_held_run_never_outgrows_its_share_of_the_window() {
-        use std::sync::atomic::Ordering::SeqCst;
-        let device = Arc::new(OnWorkers {
-            memory: MemoryDevice::new(1 << 20),
-            writes: Default::default(),
-            reads: Default::default(),
-        });
-        let handle = Device::from_device(ArcDevice(device.clone()));
-        let mut config = TargetConfig::new(1, 1, vec![]);
-        config.buffer_count = 128; // a quarter is 32 frames
-        let target = TargetHarness::new(handle, &config, TARGET, 1500).unwrap();
-        let writes: Vec<Vec<u8>> = (0..100u32)
-            .map(|i| ata_frame(i, ata::WRITE_SECTORS_EXT, u64::from(i) * 2, &[7; 1024]))
-            .collect();
-        let refs: Vec<&[u8]> = writes.iter().map(Vec::as_slice).collect();
+        let (target, writes, _) = on_workers(128); // a quarter is 32 frames
+        let frames = stream_writes(100);
+        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
         let batches: Vec<&[&[u8]]> = refs.chunks(10).collect();
         assert_eq!(target.handle_batches(&batches).len(), 100);
         // 100 frames in runs of at most 32: four device writes.
-        assert_eq!(device.writes.load(SeqCst), 4);
-    }
-
-    /// Shares a test device with the handle that owns it.
-    struct ArcDevice(Arc<OnWorkers>);
-
-    impl blockwire_blockdev::BlockDevice for ArcDevice {
-        fn info(&self) -> blockwire_blockdev::DeviceInfo {
-            self.0.info()
-        }
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> blockwire_blockdev::Result<()> {
-            self.0.read_at(buf, offset)
-        }
-        fn write_at(
-            &self,
-            buf: &[u8],
-            offset: u64,
-            flags: blockwire_blockdev::WriteFlags,
-        ) -> blockwire_blockdev::Result<()> {
-            self.0.write_at(buf, offset, flags)
-        }
+        assert_eq!(writes.load(SeqCst), 4);
     }
 
     #[test]
