@@ -61,6 +61,13 @@ fn conformance_suite_through_aoe_to_a_direct_io_export() {
 }
 
 #[test]
+fn conformance_suite_through_aoe_to_a_direct_io_export_at_mtu_9000() {
+    require_root!();
+    // Full 17-sector frames: runs on workers grow across receive batches.
+    conformance_through_aoe("cg", 9000, &["--direct"]);
+}
+
+#[test]
 fn two_links_are_two_paths_and_both_carry_frames() {
     require_root!();
     let dir = tempfile::tempdir().unwrap();

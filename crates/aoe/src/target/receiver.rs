@@ -243,12 +243,7 @@ pub(super) fn run(
                 std::hint::spin_loop();
                 continue;
             }
-            if held.is_some() {
-                let mut receiver = Receiver::new(shared, port, pool);
-                receiver.run = held.take();
-                receiver.finish_run(&mut out);
-                out.send(port.sink.as_ref());
-            }
+            start_held(held.take(), shared, port, pool, &mut out);
             std::hint::spin_loop();
             continue;
         }
@@ -262,10 +257,21 @@ pub(super) fn run(
         held = receiver.batch_holding(frames, &mut out);
         out.send(port.sink.as_ref());
     }
-    if let Some(run) = held {
+    start_held(held, shared, port, pool, &mut out);
+}
+
+/// Starts a held run, if there is one, and sends what that answers at once.
+fn start_held(
+    held: Option<Run<'static>>,
+    shared: &Arc<Shared>,
+    port: &Arc<Port>,
+    pool: &Arc<WorkerPool>,
+    out: &mut Outbox,
+) {
+    if held.is_some() {
         let mut receiver = Receiver::new(shared, port, pool);
-        receiver.run = Some(run);
-        receiver.finish_run(&mut out);
+        receiver.run = held;
+        receiver.finish_run(out);
         out.send(port.sink.as_ref());
     }
 }
