@@ -76,14 +76,12 @@ impl TargetHarness {
         let mut out = Outbox::default();
         let mut held = None;
         for frames in batches {
-            let mut receiver = Receiver::new(&self.shared, &self.port, &self.pool);
-            receiver.run = held.take();
+            let mut receiver = Receiver::resuming(&self.shared, &self.port, &self.pool, held);
             held = receiver.batch_holding(frames.iter().copied(), &mut out);
             out.send(self.collector.as_ref());
         }
-        let mut receiver = Receiver::new(&self.shared, &self.port, &self.pool);
-        receiver.run = held;
-        receiver.batch(std::iter::empty(), &mut out);
+        Receiver::resuming(&self.shared, &self.port, &self.pool, held)
+            .batch(std::iter::empty(), &mut out);
         out.send(self.collector.as_ref());
         self.shared.in_flight.wait_idle();
         std::mem::take(&mut *self.collector.0.lock().unwrap_or_else(|e| e.into_inner()))

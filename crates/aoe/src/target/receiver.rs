@@ -152,14 +152,6 @@ impl Outbox {
             .collect()
     }
 
-    /// The head of an ATA response (header and arguments) whose data is sent
-    /// separately ([`FrameSink::send_gathered`]); not padded.
-    fn ata_head(&mut self, reply: &Header, args: &AtaArgs) {
-        let frame = self.next();
-        reply.encode(frame);
-        args.encode(frame);
-    }
-
     /// A response carrying `body`.
     fn message(&mut self, reply: &Header, body: &Body<'_>) {
         let frame = self.next();
@@ -252,9 +244,7 @@ pub(super) fn run(
         let frames = (0..received)
             .filter(|&i| !batch.is_truncated(i))
             .map(|i| batch.frame(i));
-        let mut receiver = Receiver::new(shared, port, pool);
-        receiver.run = held.take();
-        held = receiver.batch_holding(frames, &mut out);
+        held = Receiver::resuming(shared, port, pool, held.take()).batch_holding(frames, &mut out);
         out.send(port.sink.as_ref());
     }
     start_held(held, shared, port, pool, &mut out);
@@ -269,9 +259,7 @@ fn start_held(
     out: &mut Outbox,
 ) {
     if held.is_some() {
-        let mut receiver = Receiver::new(shared, port, pool);
-        receiver.run = held;
-        receiver.finish_run(out);
+        Receiver::resuming(shared, port, pool, held).finish_run(out);
         out.send(port.sink.as_ref());
     }
 }
@@ -284,7 +272,7 @@ pub(super) struct Receiver<'a, 'f> {
     pool: &'a Arc<WorkerPool>,
     /// The run being gathered: from the current batch's frames, or held over from
     /// earlier batches (see [`batch_holding`](Self::batch_holding)).
-    pub(super) run: Option<Run<'f>>,
+    run: Option<Run<'f>>,
 }
 
 impl<'a, 'f> Receiver<'a, 'f> {
@@ -293,11 +281,22 @@ impl<'a, 'f> Receiver<'a, 'f> {
         port: &'a Arc<Port>,
         pool: &'a Arc<WorkerPool>,
     ) -> Receiver<'a, 'f> {
+        Receiver::resuming(shared, port, pool, None)
+    }
+
+    /// A receiver that continues `held`, a run handed back by
+    /// [`batch_holding`](Self::batch_holding).
+    pub(super) fn resuming(
+        shared: &'a Arc<Shared>,
+        port: &'a Arc<Port>,
+        pool: &'a Arc<WorkerPool>,
+        held: Option<Run<'static>>,
+    ) -> Receiver<'a, 'f> {
         Receiver {
             shared,
             port,
             pool,
-            run: None,
+            run: held,
         }
     }
 
@@ -543,7 +542,7 @@ impl<'a, 'f> Receiver<'a, 'f> {
                 _ => {
                     let mut buffer = IoBuf::new(run.len);
                     match shared.device.read(&mut buffer, run.offset) {
-                        Ok(()) => send_read(&run, &buffer, &mut out, port.sink.as_ref()),
+                        Ok(()) => send_read(&run, &buffer, port.sink.as_ref()),
                         Err(e) => respond(&run, None, Some(e.kind()), &mut out),
                     }
                 }
@@ -556,25 +555,27 @@ impl<'a, 'f> Receiver<'a, 'f> {
 
 /// Sends the answers of a read run that completed on a worker: each frame's head
 /// encoded here, its data sent from where the read put it (no copy into frames).
-fn send_read(run: &Run<'_>, data: &[u8], heads: &mut Outbox, sink: &dyn FrameSink) {
+fn send_read(run: &Run<'_>, data: &[u8], sink: &dyn FrameSink) {
+    // Every head is ATA_HEADER_LEN bytes: one buffer holds them all.
+    let mut heads = Vec::with_capacity(run.frames.len() * ATA_HEADER_LEN);
     for pending in &run.frames {
-        heads.ata_head(&pending.reply, &response_args(&pending.args, None));
+        pending.reply.encode(&mut heads);
+        response_args(&pending.args, None).encode(&mut heads);
     }
     let mut at = 0;
-    let frames: Vec<(&[u8], &[u8])> = heads.frames[..heads.used]
-        .iter()
+    let frames: Vec<(&[u8], &[u8])> = heads
+        .chunks(ATA_HEADER_LEN)
         .zip(&run.frames)
         .map(|(head, pending)| {
             let len = pending.args.data_len();
             at += len;
-            (head.as_slice(), &data[at - len..at])
+            (head, &data[at - len..at])
         })
         .collect();
     if let Err(e) = sink.send_gathered(&frames) {
         // The initiator retransmits what it does not hear back.
         tracing::warn!("AoE: sending {} responses: {e}", frames.len());
     }
-    heads.used = 0;
 }
 
 /// Encodes the responses of a completed run: each frame its slice of the read data,
