@@ -26,12 +26,16 @@ mod connection;
 mod details;
 mod device;
 mod error;
+#[cfg(test)]
+mod fake_server;
 mod handshake;
 mod queue;
 mod reader;
 pub mod reply;
 mod slot;
 mod socket;
+#[cfg(test)]
+mod transmission_tests;
 pub mod uri;
 
 pub use details::{ExportDetails, FLAG_WORDS};
