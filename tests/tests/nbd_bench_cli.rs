@@ -70,6 +70,18 @@ fn check_sequential(report: &serde_json::Value) {
     }
 }
 
+/// Every storage phase carries the target's CPU%: the target did work in each.
+fn check_target_cpu(report: &serde_json::Value) {
+    for row in report["results"].as_array().unwrap() {
+        if row["workload"] != "network" {
+            assert!(
+                row["target_cpu_percent"].as_f64().is_some_and(|p| p > 0.0),
+                "no target CPU in {row}"
+            );
+        }
+    }
+}
+
 #[test]
 fn bench_measures_our_own_nbd_target() {
     // No PATH: `serve` exports a 1 GiB in-memory device named "demo".
@@ -78,7 +90,15 @@ fn bench_measures_our_own_nbd_target() {
     let json = dir.path().join("run.json");
     let output = bench_uri(&served.uri(), &json, &[]);
     succeeded(&output);
+    // No --target-pid and no netserve: the bench finds the process listening on
+    // the target's port and measures its CPU.
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains(&format!("target CPU: process {}", served.pid())),
+        "{stderr}"
+    );
     let report = report(&json);
+    check_target_cpu(&report);
     assert_eq!(report["target"], served.uri().as_str());
     assert_eq!(report["config"]["size"], SIZE);
     assert_eq!(report["config"]["queue_depth"], 16);
@@ -173,8 +193,18 @@ fn storage_results_carry_their_share_of_the_measured_link() {
         "--json",
         path_str(&json),
     ]);
-    succeeded(&run_bounded(command, LIMIT));
+    let output = run_bounded(command, LIMIT);
+    succeeded(&output);
+    // Our target reports its own CPU through its netserve.
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "target CPU: reported by blockwire's netserve at 127.0.0.1:{netserve_port}"
+        )),
+        "{stderr}"
+    );
     let report = report(&json);
+    check_target_cpu(&report);
     assert!(report["network_mb_per_s"].as_f64().is_some_and(|v| v > 0.0));
     for row in report["results"].as_array().unwrap() {
         let share = &row["link_percent"];

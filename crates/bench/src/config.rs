@@ -4,6 +4,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::target_cpu::TargetCpu;
+
 /// One family of measurements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Workload {
@@ -93,6 +95,29 @@ impl fmt::Display for Workload {
 /// bonnie++'s own I/O chunk size, used for its block tests and seeks.
 pub const BONNIE_CHUNK: u64 = 8192;
 
+/// The sweep's record sizes: every power of two from 4 KiB to 16 MiB (13 sizes), as
+/// iozone's automatic mode (`-a`) steps them and as seed 002's sweep ran.
+pub fn sweep_records() -> Vec<u64> {
+    (12..=24).map(|shift| 1u64 << shift).collect()
+}
+
+/// The most time the default sweep may take, whatever the record sizes: 112 s, what
+/// it came to when it stepped through 7 record sizes (powers of 4) × 8 operations ×
+/// 2 s. Every power of two makes 13 × 8 = 104 measurements; at 2 s each the sweep
+/// would nearly double, so by default the budget is shared out instead
+/// ([`default_sweep_time`]) and each measurement is capped at about 1.08 s. Small
+/// records on slow storage are what hit the cap, and iozone's point is the shape of
+/// the curve over record sizes, which a second per point still draws; a run that
+/// wants longer points passes `--time`, which caps each measurement as given.
+pub const SWEEP_BUDGET: Duration = Duration::from_secs(112);
+
+/// The cap of each sweep measurement that keeps a sweep over `records` record sizes
+/// within [`SWEEP_BUDGET`].
+pub fn default_sweep_time(records: usize) -> Duration {
+    let measurements = (records * crate::workloads::sweep::OPS.len()).max(1);
+    SWEEP_BUDGET / u32::try_from(measurements).unwrap_or(u32::MAX)
+}
+
 /// How a run is configured. [`BenchConfig::default`] holds the defaults the CLI uses;
 /// tests shrink sizes and times.
 #[derive(Debug, Clone)]
@@ -109,7 +134,8 @@ pub struct BenchConfig {
     pub direct: bool,
     /// Time per random-I/O point.
     pub phase_time: Duration,
-    /// Time cap of each sweep measurement (each is also capped at `size` bytes).
+    /// Time cap of each sweep measurement (each is also capped at `size` bytes); by
+    /// default [`SWEEP_BUDGET`] shared out over the measurements.
     pub sweep_time: Duration,
     /// Record sizes of the sweep.
     pub sweep_records: Vec<u64>,
@@ -123,14 +149,16 @@ pub struct BenchConfig {
     pub seekers: u32,
     /// Files for the create/stat/delete tests, in units of 1024 (bonnie++'s `-n`).
     pub files_k: u32,
-    /// CPU of this process is always measured; this one too, when given.
-    pub target_pid: Option<u32>,
+    /// CPU of this process is always measured; the target's too, when it can be
+    /// seen (`--target-pid`, or found by [`run`](crate::run): see [`TargetCpu`]).
+    pub target_cpu: Option<TargetCpu>,
     /// Show a progress bar per phase on stderr (hidden when it is not a terminal).
     pub progress: bool,
 }
 
 impl Default for BenchConfig {
     fn default() -> Self {
+        let sweep_records = sweep_records();
         BenchConfig {
             workloads: Vec::new(),
             size: 1 << 30,
@@ -138,15 +166,14 @@ impl Default for BenchConfig {
             queue_depth: 1,
             direct: true,
             phase_time: Duration::from_secs(3),
-            sweep_time: Duration::from_secs(2),
-            // iozone's sweep in seed 002 ran 4 KiB .. 16 MiB; powers of 4 keep it short.
-            sweep_records: (0..7).map(|i| 4096u64 << (2 * i)).collect(),
+            sweep_time: default_sweep_time(sweep_records.len()),
+            sweep_records,
             random_depths: vec![1, 4, 16, 64],
             bonnie_chunk: BONNIE_CHUNK,
             seeks: 8192,
             seekers: 3,
             files_k: 16,
-            target_pid: None,
+            target_cpu: None,
             progress: false,
         }
     }
@@ -176,9 +203,24 @@ mod tests {
     }
 
     #[test]
-    fn default_sweep_covers_4k_to_16m() {
+    fn default_sweep_steps_every_power_of_two_from_4k_to_16m() {
         let config = BenchConfig::default();
-        assert_eq!(config.sweep_records.first(), Some(&4096));
-        assert_eq!(config.sweep_records.last(), Some(&(16 << 20)));
+        let kib = [
+            4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+        ];
+        let expected: Vec<u64> = kib.iter().map(|k| k << 10).collect();
+        assert_eq!(config.sweep_records, expected);
+    }
+
+    #[test]
+    fn default_sweep_keeps_the_old_time_budget() {
+        let config = BenchConfig::default();
+        let measurements = config.sweep_records.len() * crate::workloads::sweep::OPS.len();
+        assert_eq!(measurements, 104);
+        let total = config.sweep_time * measurements as u32;
+        // The 7 × 8 × 2 s of the powers-of-4 sweep, to the nanosecond rounding.
+        assert!(total <= SWEEP_BUDGET, "{total:?}");
+        assert!(SWEEP_BUDGET - total < Duration::from_micros(1), "{total:?}");
+        assert!(config.sweep_time > Duration::from_secs(1), "{config:?}");
     }
 }

@@ -18,6 +18,7 @@ pub mod progress;
 pub mod report;
 pub mod results;
 pub mod target;
+pub mod target_cpu;
 pub mod workloads;
 
 use std::time::Duration;
@@ -29,6 +30,7 @@ pub use config::{BenchConfig, Workload};
 pub use error::{Error, Result};
 pub use results::{Latency, Machine, PhaseResult, RunConfig, RunReport};
 pub use target::{OpenRequest, OpenedTarget, TargetKind, TargetSpec};
+pub use target_cpu::TargetCpu;
 
 use workloads::{bonnie, files, network, random, sequential, sweep, Ctx};
 
@@ -110,6 +112,9 @@ pub struct RunRequest {
     pub config: BenchConfig,
     pub size: Option<u64>,
     pub force: bool,
+    /// `--direct` was given: a path whose file system has no O_DIRECT is an error
+    /// instead of being measured buffered (with a note), as it is by default.
+    pub require_direct: bool,
     /// Port of a `blockwire netserve` on the target host, for the network baseline;
     /// `None` tries [`netperf::DEFAULT_PORT`] unless `iperf_port` is given.
     pub netserve_port: Option<u16>,
@@ -164,6 +169,18 @@ pub fn run(request: &RunRequest, note: &mut dyn FnMut(&str)) -> Result<RunReport
             match &request.remote_device {
                 Some(device) if !storage.is_empty() => {
                     config.size = remote_size(device, request, &remote.uri)?;
+                    if config.target_cpu.is_none() {
+                        match target_cpu::discover(&remote, request.netserve_port) {
+                            Some((source, line)) => {
+                                note(&line);
+                                config.target_cpu = Some(source);
+                            }
+                            None => note(
+                                "target CPU: not seen (give --target-pid on the target's \
+                                 host, or serve with blockwire serve --netserve)",
+                            ),
+                        }
+                    }
                     config.workloads = storage.clone();
                     results.extend(bench_device(device, &config)?);
                     ran.extend(storage);
@@ -195,6 +212,7 @@ pub fn run(request: &RunRequest, note: &mut dyn FnMut(&str)) -> Result<RunReport
                     &OpenRequest {
                         size: request.size,
                         direct: config.direct,
+                        require_direct: request.require_direct,
                         force: request.force,
                         writes: true,
                     },
@@ -203,6 +221,7 @@ pub fn run(request: &RunRequest, note: &mut dyn FnMut(&str)) -> Result<RunReport
                     note(text);
                 }
                 config.size = opened.size;
+                config.direct = opened.direct;
                 let twice_ram = machine.memory_bytes * 2;
                 if !config.direct && opened.size < twice_ram {
                     let warning = format!(
@@ -312,6 +331,7 @@ mod tests {
             config,
             size: Some(2 << 20),
             force: false,
+            require_direct: false,
             netserve_port: None,
             iperf_port: None,
             network_streams: 1,
@@ -337,6 +357,7 @@ mod tests {
             config: tiny_config(),
             size: None,
             force: false,
+            require_direct: false,
             // Not the default port, which a netserve on this machine might hold.
             netserve_port: Some(closed_port()),
             iperf_port: None,
@@ -380,6 +401,7 @@ mod tests {
             config,
             size: None,
             force: false,
+            require_direct: false,
             netserve_port: Some(server.addr.port()),
             iperf_port: None,
             network_streams: 2,
@@ -410,6 +432,7 @@ mod tests {
             config,
             size: Some(2 << 20),
             force: false,
+            require_direct: false,
             netserve_port: None,
             iperf_port: None,
             network_streams: 1,

@@ -1,18 +1,58 @@
 //! Meters: wall clock, a latency histogram per thread (merged at the end of a phase),
 //! and CPU time (user + system) of this process and, when given, of the target's
-//! process before and after the phase. The target's comes from /proc/PID/stat
-//! (utime + stime, in clock ticks); ours from CLOCK_PROCESS_CPUTIME_ID, the same sum
-//! for all our threads at nanosecond resolution, because a 10 ms tick turns the
-//! short phases of a quick run into 0% or 150%. /proc/self/stat is the fallback.
+//! process before and after the phase (see [`crate::target_cpu`]). A target process
+//! on this host is read from /proc/PID/stat (utime + stime, in clock ticks); ours
+//! from CLOCK_PROCESS_CPUTIME_ID, the same sum for all our threads at nanosecond
+//! resolution, because a 10 ms tick turns the short phases of a quick run into 0% or
+//! 150%. /proc/self/stat is the fallback.
 
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use crate::results::{Latency, PhaseResult};
+use crate::results::{HistogramBucket, Latency, PhaseResult};
+use crate::target_cpu::TargetCpu;
 
 /// Bytes in a megabyte as the reports count them (SI, like dd and fio's MB/s).
 pub const MB: f64 = 1_000_000.0;
+
+/// Buckets per doubling of latency in [`Recorder::buckets`]: bounds 19% apart, fine
+/// enough to show a distribution's shape and its modes, while a phase whose
+/// latencies span 1 µs to 1 s still needs at most 80 buckets (usually a dozen or
+/// two, as empty ones are left out).
+pub const BUCKETS_PER_OCTAVE: i32 = 4;
+
+/// Upper bound in microseconds of log bucket `k`: 2^(k / [`BUCKETS_PER_OCTAVE`]),
+/// rounded to three significant figures so that the JSON reads 1.19 rather than
+/// 1.189207115002721. Adjacent bounds are 19% apart, so the rounding (at most
+/// 0.5%) keeps them increasing.
+pub fn bucket_bound_us(k: i32) -> f64 {
+    let exact = 2f64.powf(f64::from(k) / f64::from(BUCKETS_PER_OCTAVE));
+    let digits = 2 - exact.log10().floor() as i32;
+    // Scaling by a whole power of ten in the direction that keeps it exact.
+    if digits >= 0 {
+        let scale = 10f64.powi(digits);
+        (exact * scale).round() / scale
+    } else {
+        let scale = 10f64.powi(-digits);
+        (exact / scale).round() * scale
+    }
+}
+
+/// The bucket [`bucket_bound_us`] whose range (the bound below, this bound] holds
+/// `us` microseconds. Zero counts as a nanosecond, the clock's resolution.
+fn bucket_of(us: f64) -> i32 {
+    let us = us.max(0.001);
+    let mut k = (us.log2() * f64::from(BUCKETS_PER_OCTAVE)).ceil() as i32;
+    // The rounded bounds can move a value right at a bound by one bucket.
+    while bucket_bound_us(k) < us {
+        k += 1;
+    }
+    while bucket_bound_us(k - 1) >= us {
+        k -= 1;
+    }
+    k
+}
 
 /// Latencies of one thread; recorded in nanoseconds so that memory-speed operations
 /// do not all land in one bucket, reported in microseconds.
@@ -72,6 +112,33 @@ impl Recorder {
             max: us(self.histogram.max()),
         }
     }
+
+    /// The latencies as a compact log-bucketed histogram, in microseconds: for each
+    /// non-empty bucket its upper bound ([`bucket_bound_us`]) and count, bounds
+    /// increasing, counts adding up to [`Recorder::count`]. Values are taken at
+    /// the top of their hdrhistogram bin (as the percentiles are), 0.1% at most
+    /// above what was recorded.
+    pub fn buckets(&self) -> Vec<HistogramBucket> {
+        let mut out: Vec<HistogramBucket> = Vec::new();
+        let mut last: Option<i32> = None;
+        for value in self.histogram.iter_recorded() {
+            let k = bucket_of(value.value_iterated_to() as f64 / 1000.0);
+            let count = value.count_at_value();
+            match out.last_mut() {
+                // Recorded values come in increasing order, so a bucket's values
+                // arrive together.
+                Some(bucket) if last == Some(k) => bucket.count += count,
+                _ => {
+                    out.push(HistogramBucket {
+                        le_us: bucket_bound_us(k),
+                        count,
+                    });
+                    last = Some(k);
+                }
+            }
+        }
+        out
+    }
 }
 
 /// What a phase did: bytes and operations, and the latency of each operation.
@@ -127,14 +194,14 @@ impl PhaseSpec {
 pub struct Meter {
     started: Instant,
     own: Option<Duration>,
-    target: Option<(u32, Option<u64>)>,
+    target: Option<(TargetCpu, Option<Duration>)>,
 }
 
 impl Meter {
-    pub fn start(target_pid: Option<u32>) -> Meter {
+    pub fn start(target: Option<&TargetCpu>) -> Meter {
         Meter {
             own: own_cpu_time(),
-            target: target_pid.map(|pid| (pid, cpu_ticks(&pid.to_string()))),
+            target: target.map(|source| (source.clone(), source.sample())),
             started: Instant::now(),
         }
     }
@@ -142,17 +209,14 @@ impl Meter {
     /// Stops the meter and turns `totals` into a result.
     pub fn finish(self, spec: &PhaseSpec, totals: &Totals) -> PhaseResult {
         let seconds = self.started.elapsed().as_secs_f64().max(1e-9);
-        let percent = |before: Option<u64>, after: Option<u64>| {
-            let ticks = after?.checked_sub(before?)?;
-            Some(ticks as f64 / clock_ticks_per_second() / seconds * 100.0)
-        };
         let cpu_percent = own_cpu_time()
             .zip(self.own)
             .and_then(|(after, before)| after.checked_sub(before))
             .map_or(0.0, |used| used.as_secs_f64() / seconds * 100.0);
-        let target_cpu_percent = self
-            .target
-            .and_then(|(pid, before)| percent(before, cpu_ticks(&pid.to_string())));
+        let target_cpu_percent = self.target.and_then(|(source, before)| {
+            let used = source.sample()?.checked_sub(before?)?;
+            Some(used.as_secs_f64() / seconds * 100.0)
+        });
         let mb_per_s = totals.bytes as f64 / MB / seconds;
         PhaseResult {
             workload: spec.workload.clone(),
@@ -165,6 +229,7 @@ impl Meter {
             mb_per_s,
             iops: totals.ops as f64 / seconds,
             latency_us: totals.latency.latency(),
+            latency_histogram: totals.latency.buckets(),
             cpu_percent,
             target_cpu_percent,
             mb_per_s_per_cpu_percent: (cpu_percent > 0.0 && totals.bytes > 0)
@@ -197,6 +262,12 @@ pub fn own_cpu_time() -> Option<Duration> {
         cpu_ticks("self")
             .map(|ticks| Duration::from_secs_f64(ticks as f64 / clock_ticks_per_second()))
     }
+}
+
+/// User + system CPU time of process `pid` (all threads), from /proc.
+pub fn process_cpu_time(pid: u32) -> Option<Duration> {
+    cpu_ticks(&pid.to_string())
+        .map(|ticks| Duration::from_secs_f64(ticks as f64 / clock_ticks_per_second()))
 }
 
 /// utime + stime of a process in clock ticks, from /proc/`who`/stat.
@@ -242,8 +313,67 @@ mod tests {
     }
 
     #[test]
+    fn bucket_bounds_are_rounded_powers_of_two_that_increase() {
+        assert_eq!(bucket_bound_us(0), 1.0);
+        assert_eq!(bucket_bound_us(1), 1.19);
+        assert_eq!(bucket_bound_us(2), 1.41);
+        assert_eq!(bucket_bound_us(4), 2.0);
+        assert_eq!(bucket_bound_us(40), 1020.0);
+        assert_eq!(bucket_bound_us(-16), 0.0625);
+        // From 1 ns (bucket -39 holds (0.000977, 0.00116] µs) up to about 35 s.
+        for k in -39..100 {
+            assert!(bucket_bound_us(k) < bucket_bound_us(k + 1), "{k}");
+            let us = bucket_bound_us(k);
+            assert_eq!(bucket_of(us), k, "a bound belongs to its own bucket");
+            assert_eq!(bucket_of(us * 1.001), k + 1);
+        }
+        assert_eq!(bucket_of(0.0), bucket_of(0.001));
+    }
+
+    #[test]
+    fn histogram_buckets_hold_every_operation_in_increasing_order() {
+        let mut recorder = Recorder::new();
+        assert!(recorder.buckets().is_empty());
+        // Two modes, 3 µs and about 2 ms, and a zero and a one-second outlier.
+        for _ in 0..900 {
+            recorder.record(Duration::from_micros(3));
+        }
+        for us in 1900..2000u64 {
+            recorder.record(Duration::from_micros(us));
+        }
+        recorder.record(Duration::ZERO);
+        recorder.record(Duration::from_secs(1));
+        let buckets = recorder.buckets();
+        let total: u64 = buckets.iter().map(|b| b.count).sum();
+        assert_eq!(total, recorder.count());
+        assert_eq!(total, 1002);
+        assert!(
+            buckets.windows(2).all(|w| w[0].le_us < w[1].le_us),
+            "{buckets:?}"
+        );
+        assert!(buckets.iter().all(|b| b.count > 0));
+        // The 3 µs mode sits in (2.83, 3.36]; 1.9-2.0 ms in (1720, 2050].
+        let at = |le: f64| buckets.iter().find(|b| b.le_us == le).map(|b| b.count);
+        assert_eq!(at(3.36), Some(900));
+        assert_eq!(at(2050.0), Some(100));
+        assert_eq!(buckets.first().unwrap().count, 1);
+        assert!(buckets.first().unwrap().le_us < 0.002);
+        let last = buckets.last().unwrap();
+        assert_eq!(last.count, 1);
+        assert!(
+            last.le_us >= 1_000_000.0 && last.le_us < 1_200_000.0,
+            "{last:?}"
+        );
+        // The histogram merges with the rest of the recorder.
+        let mut merged = Recorder::new();
+        merged.merge(&recorder);
+        merged.merge(&recorder);
+        assert_eq!(merged.buckets().iter().map(|b| b.count).sum::<u64>(), 2004);
+    }
+
+    #[test]
     fn a_busy_phase_uses_cpu() {
-        let meter = Meter::start(Some(std::process::id()));
+        let meter = Meter::start(Some(&TargetCpu::Process(std::process::id())));
         let started = Instant::now();
         let mut x = 0u64;
         while started.elapsed() < Duration::from_millis(150) {

@@ -61,6 +61,12 @@ pub struct PhaseResult {
     pub mb_per_s: f64,
     pub iops: f64,
     pub latency_us: Latency,
+    /// How the latencies spread: a log-bucketed histogram, four buckets per doubling
+    /// ([`crate::meter::BUCKETS_PER_OCTAVE`]), empty buckets left out, in increasing
+    /// order. Empty for phases without per-request latencies (network) and in
+    /// reports from before it was recorded, which still load.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub latency_histogram: Vec<HistogramBucket>,
     /// CPU% of the benchmark process (user + system; 100 = one core).
     pub cpu_percent: f64,
     /// CPU% of the target process, when it could be seen.
@@ -76,4 +82,17 @@ pub struct Latency {
     pub p99: f64,
     pub p999: f64,
     pub max: f64,
+}
+
+/// One bucket of a latency histogram: the operations whose latency was above the
+/// bucket below's bound and at most `le_us`. Bounds are 2^(k/4) µs for whole k,
+/// rounded to three significant figures (…, 1, 1.19, 1.41, 1.68, 2, 2.38, …), so a
+/// bucket's lower bound is its `le_us` / 2^(1/4) even when the bucket below it was
+/// empty and is not listed. Counts are per bucket, not cumulative.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct HistogramBucket {
+    /// Upper bound of the bucket in microseconds (inclusive).
+    pub le_us: f64,
+    /// Operations in the bucket.
+    pub count: u64,
 }

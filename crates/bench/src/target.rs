@@ -139,8 +139,11 @@ pub enum TargetKind {
 pub struct OpenRequest {
     /// Data set size; `None` for the default.
     pub size: Option<u64>,
-    /// Bypass the page cache.
+    /// Bypass the page cache where the file system allows it; where it does not,
+    /// fall back to buffered I/O with a note, unless `require_direct`.
     pub direct: bool,
+    /// `--direct` was given: a file system without O_DIRECT is an error.
+    pub require_direct: bool,
     /// Write even to a device or file that holds a file system.
     pub force: bool,
     /// Whether the workloads write (they all do but the network test).
@@ -160,6 +163,9 @@ pub struct OpenedTarget {
     pub file: Option<PathBuf>,
     /// Whether the target already holds data (false for a file created here).
     pub holds_data: bool,
+    /// Whether I/O bypasses the page cache: as asked, unless the file system had
+    /// no O_DIRECT and the bench fell back to buffered I/O (see `notes`).
+    pub direct: bool,
     /// What the user should be told (a file created, a size capped, ...).
     pub notes: Vec<String>,
     remove: Option<PathBuf>,
@@ -211,7 +217,12 @@ pub fn open(path: &Path, request: &OpenRequest) -> Result<OpenedTarget> {
     }
 }
 
-fn open_device(path: &Path, request: &OpenRequest) -> Result<Device> {
+/// Opens the file or device; returns it and whether its I/O is direct.
+fn open_device(
+    path: &Path,
+    request: &OpenRequest,
+    notes: &mut Vec<String>,
+) -> Result<(Device, bool)> {
     // A plain file, as other tools measure it: writeback left to the kernel.
     let options = FileOptions {
         read_only: !request.writes,
@@ -219,17 +230,35 @@ fn open_device(path: &Path, request: &OpenRequest) -> Result<Device> {
         write_behind: 0,
     };
     let shown = path.display();
-    FileDevice::open(path, options)
-        .map(Device::from_device)
-        .map_err(|e| match e.kind() {
-            ErrorKind::ReadOnly => Error::target(format!(
-                "{shown} is read-only ({e}); the write tests need write access"
-            )),
-            ErrorKind::InvalidArgument if request.direct => Error::target(format!(
-                "{shown}: direct I/O (O_DIRECT) is not supported here; use --buffered"
-            )),
-            _ => Error::target(format!("cannot open {shown}: {e}")),
-        })
+    let failed = |e: blockwire_blockdev::Error| match e.kind() {
+        ErrorKind::ReadOnly => Error::target(format!(
+            "{shown} is read-only ({e}); the write tests need write access"
+        )),
+        _ => Error::target(format!("cannot open {shown}: {e}")),
+    };
+    match FileDevice::open(path, options) {
+        Ok(device) => Ok((Device::from_device(device), request.direct)),
+        Err(e) if e.kind() == ErrorKind::InvalidArgument && request.direct => {
+            if request.require_direct {
+                return Err(Error::target(format!(
+                    "{shown}: direct I/O (O_DIRECT) is not supported here; use --buffered"
+                )));
+            }
+            // Direct where possible (the default): this file system has no
+            // O_DIRECT, so measure through the page cache and say so.
+            let buffered = FileOptions {
+                direct: false,
+                ..options
+            };
+            let device = FileDevice::open(path, buffered).map_err(failed)?;
+            notes.push(format!(
+                "{shown}: the file system has no direct I/O (O_DIRECT); measuring \
+                 buffered, through the page cache"
+            ));
+            Ok((Device::from_device(device), false))
+        }
+        Err(e) => Err(failed(e)),
+    }
 }
 
 fn open_existing(path: &Path, kind: TargetKind, request: &OpenRequest) -> Result<OpenedTarget> {
@@ -241,7 +270,8 @@ fn open_existing(path: &Path, kind: TargetKind, request: &OpenRequest) -> Result
             )));
         }
     }
-    let device = open_device(path, request)?;
+    let mut notes = Vec::new();
+    let (device, direct) = open_device(path, request, &mut notes)?;
     let available = round_down(device.size());
     if available < MIN_SIZE {
         return Err(Error::target(format!(
@@ -268,7 +298,8 @@ fn open_existing(path: &Path, kind: TargetKind, request: &OpenRequest) -> Result
         dir: None,
         file: (kind == TargetKind::File).then(|| path.to_path_buf()),
         holds_data: true,
-        notes: Vec::new(),
+        direct,
+        notes,
         remove: None,
     })
 }
@@ -351,8 +382,8 @@ fn open_directory(dir: &Path, request: &OpenRequest) -> Result<OpenedTarget> {
     let size = fit_in(dir, request, &mut notes)?;
     let file = dir.join(format!("blockwire-bench.{}.tmp", std::process::id()));
     new_test_file(&file, size)?;
-    let device = match open_device(&file, request) {
-        Ok(device) => device,
+    let (device, direct) = match open_device(&file, request, &mut notes) {
+        Ok(opened) => opened,
         Err(e) => {
             discard(&file);
             return Err(e);
@@ -365,6 +396,7 @@ fn open_directory(dir: &Path, request: &OpenRequest) -> Result<OpenedTarget> {
         dir: Some(dir.to_path_buf()),
         file: Some(file.clone()),
         holds_data: false,
+        direct,
         notes,
         remove: Some(file),
     })
@@ -394,8 +426,8 @@ fn create_file(path: &Path, request: &OpenRequest) -> Result<OpenedTarget> {
         "created {shown} ({}) for the benchmark; it is removed afterwards",
         format_size(size)
     ));
-    let device = match open_device(path, request) {
-        Ok(device) => device,
+    let (device, direct) = match open_device(path, request, &mut notes) {
+        Ok(opened) => opened,
         Err(e) => {
             discard(path);
             return Err(e);
@@ -408,6 +440,7 @@ fn create_file(path: &Path, request: &OpenRequest) -> Result<OpenedTarget> {
         dir: None,
         file: Some(path.to_path_buf()),
         holds_data: false,
+        direct,
         notes,
         remove: Some(path.to_path_buf()),
     })
@@ -500,6 +533,7 @@ mod tests {
     fn request(size: Option<u64>) -> OpenRequest {
         OpenRequest {
             size,
+            require_direct: false,
             direct: false,
             force: false,
             writes: true,

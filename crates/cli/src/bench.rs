@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use blockwire_bench::report::{compare, csv, html, json, table};
-use blockwire_bench::{BenchConfig, RunRequest, Workload};
+use blockwire_bench::{BenchConfig, RunRequest, TargetCpu, Workload};
 use blockwire_blockdev::size::parse_size;
 use clap::Args;
 
@@ -51,7 +51,9 @@ pub struct BenchArgs {
     #[arg(long, value_name = "SECS", value_parser = parse_timeout)]
     pub timeout: Option<Duration>,
 
-    /// Bypass the page cache with O_DIRECT (the default).
+    /// Bypass the page cache with O_DIRECT, and fail where the file system cannot.
+    /// Without it (and without --buffered) direct I/O is still used where possible,
+    /// and a file system without O_DIRECT is measured buffered, with a note.
     #[arg(long, conflicts_with = "buffered")]
     pub direct: bool,
 
@@ -60,7 +62,8 @@ pub struct BenchArgs {
     pub buffered: bool,
 
     /// Seconds per timed phase: each random-I/O point, bonnie's seeks, and the cap of
-    /// each sweep measurement (default 3, sweep 2).
+    /// each sweep measurement (default 3; the sweep shares 112 s among its 104
+    /// measurements, about 1.1 s each).
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
     pub time: Option<Duration>,
 
@@ -193,7 +196,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         } else {
             args.random_depths.clone()
         },
-        target_pid: args.target_pid,
+        target_cpu: args.target_pid.map(TargetCpu::Process),
         progress: std::io::stderr().is_terminal(),
         ..defaults
     };
@@ -216,6 +219,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         config,
         size: args.size,
         force: args.force,
+        require_direct: args.direct,
         netserve_port: args.netserve_port,
         iperf_port: args.iperf_port,
         network_streams: args.network_streams,

@@ -145,6 +145,11 @@ pub fn measure(
     request
         .validate()
         .map_err(|e| ClientError::Config(e.to_string()))?;
+    if direction == Direction::CpuSample {
+        return Err(ClientError::Config(
+            "a CPU sample is not a throughput test (see sample_cpu)".into(),
+        ));
+    }
     if !(1..=MAX_STREAMS).contains(&config.streams) {
         return Err(ClientError::Config(format!(
             "{} streams (1 to {MAX_STREAMS})",
@@ -169,6 +174,7 @@ pub fn measure(
                 scope.spawn(move || match direction {
                     Direction::ClientSends => send(stream, addr, request, config),
                     Direction::ClientReceives => receive(stream, addr, request, config, started),
+                    Direction::CpuSample => unreachable!("rejected before connecting"),
                 })
             })
             .collect();
@@ -209,6 +215,25 @@ pub fn measure(
         cpu_percent,
         server_cpu_percent,
     })
+}
+
+/// Asks the netperf server at `host`:`port` for its process's CPU time so far
+/// (user + system, all threads). `Ok(None)`: the server cannot measure it.
+pub fn sample_cpu(
+    host: &str,
+    port: u16,
+    config: &ClientConfig,
+) -> Result<Option<Duration>, ClientError> {
+    let request = Request {
+        direction: Direction::CpuSample,
+        duration_ms: 1,
+        byte_limit: 0,
+        buffer_size: super::wire::MIN_BUFFER,
+    };
+    let addr = format!("{host}:{port}");
+    let mut stream = open_stream(host, port, &addr, &request, config)?;
+    let report = read_report(&mut stream, &addr)?;
+    Ok(report.cpu_ns.map(Duration::from_nanos))
 }
 
 /// Connects (trying each address the host resolves to) within the connect timeout.
@@ -446,6 +471,31 @@ mod tests {
             // by both.
             assert!(m.server_cpu_percent.unwrap() > 0.0, "{m:?}");
         }
+        server.stop().unwrap();
+    }
+
+    #[test]
+    fn cpu_samples_give_the_servers_growing_cpu_time() {
+        let server = server();
+        let port = server.addr.port();
+        let config = ClientConfig::default();
+        let before = sample_cpu("127.0.0.1", port, &config).unwrap().unwrap();
+        // The server shares this process: burn 100 ms of CPU here (by the process's
+        // CPU clock, not the wall clock, which other tests' threads may share) and
+        // its total grows at least as much.
+        let target = process_cpu_ns().unwrap() + 100_000_000;
+        let mut x = 1u64;
+        while process_cpu_ns().unwrap() < target {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        let after = sample_cpu("127.0.0.1", port, &config).unwrap().unwrap();
+        assert!(
+            after >= before + Duration::from_millis(100),
+            "{before:?} -> {after:?}"
+        );
+        // A sample is not a throughput test.
+        let err = measure("127.0.0.1", port, Direction::CpuSample, &quick(1)).unwrap_err();
+        assert!(matches!(err, ClientError::Config(_)), "{err}");
         server.stop().unwrap();
     }
 

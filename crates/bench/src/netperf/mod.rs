@@ -12,7 +12,7 @@ pub mod client;
 pub mod server;
 pub mod wire;
 
-pub use client::{measure, ClientConfig, ClientError, Measurement};
+pub use client::{measure, sample_cpu, ClientConfig, ClientError, Measurement};
 pub use server::{NetServer, RunningServer, ServerConfig, ShutdownHandle};
 pub use wire::Direction;
 

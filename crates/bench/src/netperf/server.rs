@@ -190,12 +190,15 @@ impl NetServer {
             .name(format!("netserve-{id}"))
             .spawn(move || {
                 match serve_connection(stream, &config, &shared_for_thread.stopping) {
+                    Ok(done) if done.direction == Direction::CpuSample => {
+                        tracing::debug!(%peer, "netserve: CPU sample taken")
+                    }
                     Ok(done) => tracing::info!(
                         %peer,
                         "netserve: {} {} bytes in {:.2} s ({:.1} MB/s)",
                         match done.direction {
                             Direction::ClientSends => "received",
-                            Direction::ClientReceives => "sent",
+                            Direction::ClientReceives | Direction::CpuSample => "sent",
                         },
                         done.report.bytes,
                         done.report.elapsed_ns as f64 / 1e9,
@@ -325,6 +328,11 @@ fn serve_connection(
     let report = match request.direction {
         Direction::ClientSends => receive(&mut stream, &request, config, stopping)?,
         Direction::ClientReceives => send(&mut stream, &request, stopping)?,
+        Direction::CpuSample => Report {
+            bytes: 0,
+            elapsed_ns: 0,
+            cpu_ns: process_cpu_ns(),
+        },
     };
     stream
         .write_all(&report.encode())

@@ -16,7 +16,13 @@
 //!                                 <------------ chunk: u32 length + payload, ...
 //!                                 <------------ chunk of length 0 = end
 //!                                 <------------ Report (32 bytes)
+//! CpuSample (no data):
+//!                                 <------------ Report (32 bytes), cpu_ns = the
+//!                                               process's CPU time so far
 //! ```
+//!
+//! A CPU sample is how `blockwire serve --netserve` tells a bench on another host
+//! what the target spends: the bench takes one before and one after each phase.
 //!
 //! All integers are big-endian. The server sends the chunk framing only when it
 //! sends: the client needs to know where the data ends and the report begins, and a
@@ -52,13 +58,18 @@ pub const MAX_DURATION_MS: u32 = 3_600_000;
 /// a process CPU clock).
 const UNKNOWN: u64 = u64::MAX;
 
-/// Which way the data flows, named from the client's side.
+/// Which way the data flows, named from the client's side, or none at all for a
+/// CPU sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
     /// Client to server: an upload to the target host, what storage writes need.
     ClientSends,
     /// Server to client: a download from the target host, what storage reads need.
     ClientReceives,
+    /// No data: the server answers at once with a report whose `cpu_ns` is its
+    /// process's whole CPU time so far. Two samples around a storage phase give
+    /// the target's CPU use over it, from a host the bench cannot see into.
+    CpuSample,
 }
 
 impl Direction {
@@ -66,6 +77,7 @@ impl Direction {
         match self {
             Direction::ClientSends => 0,
             Direction::ClientReceives => 1,
+            Direction::CpuSample => 2,
         }
     }
 
@@ -73,6 +85,7 @@ impl Direction {
         match code {
             0 => Some(Direction::ClientSends),
             1 => Some(Direction::ClientReceives),
+            2 => Some(Direction::CpuSample),
             _ => None,
         }
     }
@@ -359,6 +372,12 @@ mod tests {
         };
         assert_eq!(sends.encode()[10], 0);
         assert_eq!(Request::decode(&sends.encode()), Ok(sends));
+        let sample = Request {
+            direction: Direction::CpuSample,
+            ..request()
+        };
+        assert_eq!(sample.encode()[10], 2);
+        assert_eq!(Request::decode(&sample.encode()), Ok(sample));
     }
 
     #[test]

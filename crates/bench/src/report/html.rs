@@ -6,9 +6,10 @@ use std::path::Path;
 
 use blockwire_blockdev::size::format_size;
 
-use super::svg::{escape, grouped_bars, line_chart, Series};
+use super::svg::{escape, grouped_bars, histogram, line_chart, Bins, Series};
 use super::{figure_cells, network_summary};
 use crate::error::{Error, Result};
+use crate::meter::BUCKETS_PER_OCTAVE;
 use crate::results::{PhaseResult, RunReport};
 use crate::workloads::sweep;
 
@@ -143,6 +144,106 @@ fn latency_chart(report: &RunReport) -> Option<String> {
     })
 }
 
+/// A latency tick: 1 µs, 10 µs, 100 µs, 1 ms, … 1 s; 100 ns below a microsecond.
+fn latency_tick(us: f64) -> String {
+    let (value, unit) = if us >= 1e6 {
+        (us / 1e6, "s")
+    } else if us >= 1e3 {
+        (us / 1e3, "ms")
+    } else if us >= 1.0 {
+        (us, "µs")
+    } else {
+        (us * 1e3, "ns")
+    };
+    // Powers of ten come out whole; round off what dividing left behind.
+    let rounded = (value * 1000.0).round() / 1000.0;
+    if rounded.fract() == 0.0 {
+        format!("{rounded:.0} {unit}")
+    } else {
+        format!("{} {unit}", super::number(rounded))
+    }
+}
+
+/// A phase's histogram as chart bins: each bucket from its lower bound to `le_us`,
+/// as high as its share of the phase's operations (in percent).
+fn bins(r: &PhaseResult) -> Vec<(f64, f64, f64)> {
+    let total: u64 = r.latency_histogram.iter().map(|b| b.count).sum();
+    if total == 0 {
+        return Vec::new();
+    }
+    let width = 2f64.powf(1.0 / f64::from(BUCKETS_PER_OCTAVE));
+    r.latency_histogram
+        .iter()
+        .map(|b| {
+            (
+                b.le_us / width,
+                b.le_us,
+                100.0 * b.count as f64 / total as f64,
+            )
+        })
+        .collect()
+}
+
+/// Latency distributions as small multiples: one chart per group of phases small
+/// enough to tell apart (sequential; bonnie's block tests; bonnie's file tests;
+/// random at every depth), each phase one outline. The sweep's 104 phases would
+/// make a tangle, and its latency is mostly record size over throughput (the sweep
+/// chart), so it gets two charts, write and read, one outline per record size;
+/// the other sweep operations' histograms are in the JSON.
+fn latency_histograms(report: &RunReport) -> Vec<String> {
+    let with_histogram = |r: &&PhaseResult| !r.latency_histogram.is_empty();
+    let mut groups: Vec<(String, Vec<&PhaseResult>, bool)> = Vec::new();
+    for workload in ["sequential", "bonnie", "random"] {
+        let phases: Vec<&PhaseResult> = report
+            .results
+            .iter()
+            .filter(|r| r.workload == workload)
+            .filter(with_histogram)
+            .collect();
+        if workload == "bonnie" {
+            let (io, files): (Vec<&PhaseResult>, Vec<&PhaseResult>) =
+                phases.into_iter().partition(|r| r.bytes > 0);
+            groups.push(("bonnie".into(), io, false));
+            groups.push(("bonnie: file operations".into(), files, false));
+        } else {
+            groups.push((workload.into(), phases, false));
+        }
+    }
+    for op in ["write", "read"] {
+        let phases = report
+            .results
+            .iter()
+            .filter(|r| r.workload == sweep::NAME && r.op == op)
+            .filter(with_histogram)
+            .collect();
+        groups.push((format!("sweep {op}, by record size"), phases, true));
+    }
+    groups
+        .into_iter()
+        .filter(|(_, phases, _)| !phases.is_empty())
+        .map(|(name, phases, by_record)| {
+            let series: Vec<Bins> = phases
+                .iter()
+                .map(|r| Bins {
+                    name: if by_record {
+                        format_size(r.block_size)
+                    } else {
+                        phase_label(r)
+                    },
+                    bins: bins(r),
+                })
+                .collect();
+            histogram(
+                &format!("Latency distribution: {name}"),
+                "latency per operation (log scale)",
+                "% of operations per bucket",
+                &series,
+                latency_tick,
+            )
+        })
+        .collect()
+}
+
 fn facts(out: &mut String, report: &RunReport) {
     let c = &report.config;
     let m = &report.machine;
@@ -230,6 +331,13 @@ pub fn page(report: &RunReport) -> String {
             let _ = write!(out, "<figure>{chart}</figure>");
         }
     }
+    let histograms = latency_histograms(report);
+    if !histograms.is_empty() {
+        out.push_str("<h2>Latency distribution</h2><p>Each outline is one phase: the share of its operations in each latency bucket, four buckets per doubling, on a log scale. A wide or two-humped shape, or a long tail to the right, is what the percentiles alone hide.</p>");
+        for chart in histograms {
+            let _ = write!(out, "<figure>{chart}</figure>");
+        }
+    }
     out.push_str("<h2>Results</h2>");
     results_table(&mut out, report);
     out.push_str("<p>MB = 10<sup>6</sup> bytes. CPU% is user + system time of the benchmark process (100 = one core).</p></body></html>\n");
@@ -242,8 +350,12 @@ pub fn write(report: &RunReport, path: &Path) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::meter::Recorder;
     use crate::report::sample;
+    use crate::report::svg::{check_well_formed, HISTOGRAM_CLASS};
 
     #[test]
     fn the_page_is_self_contained_with_charts_and_every_phase() {
@@ -263,5 +375,86 @@ mod tests {
         assert_eq!(rows, report.results.len());
         assert!(page.contains("warning: a &lt;warning&gt; &amp; more"));
         assert!(!page.contains("NaN") && !page.contains("inf"));
+        check_well_formed(&page).unwrap();
+    }
+
+    /// The sample report with a latency histogram in every phase that has
+    /// operations, as the meter makes them: 900 near 40 µs, 99 at 250 µs, one at
+    /// 12.5 ms.
+    fn with_histograms(mut report: RunReport) -> RunReport {
+        let mut recorder = Recorder::new();
+        for (us, times) in [(38, 410), (41, 490), (250, 99), (12_500, 1)] {
+            for _ in 0..times {
+                recorder.record(Duration::from_micros(us));
+            }
+        }
+        for r in report.results.iter_mut().filter(|r| r.ops > 0) {
+            r.latency_histogram = recorder.buckets();
+        }
+        report
+    }
+
+    /// Every `<svg>` element of a page with `class`.
+    fn charts_of<'a>(page: &'a str, class: &str) -> Vec<&'a str> {
+        let opening = format!(r#"<svg xmlns="http://www.w3.org/2000/svg" class="{class}""#);
+        page.match_indices(&opening)
+            .map(|(at, _)| {
+                let end = page[at..].find("</svg>").unwrap() + "</svg>".len();
+                &page[at..at + end]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn latency_histograms_are_drawn_per_workload_as_well_formed_svg() {
+        let report = with_histograms(sample::report("hist <1>", 1.0));
+        let page = page(&report);
+        assert!(page.contains("<h2>Latency distribution</h2>"));
+        let charts = charts_of(&page, HISTOGRAM_CLASS);
+        let titles = [
+            "sequential",
+            "bonnie",
+            "bonnie: file operations",
+            "random",
+            "sweep write, by record size",
+            "sweep read, by record size",
+        ];
+        assert_eq!(charts.len(), titles.len(), "{page}");
+        for (chart, title) in charts.iter().zip(titles) {
+            check_well_formed(chart).unwrap_or_else(|e| panic!("{e}: {chart}"));
+            let expected = format!("<title>Latency distribution: {}</title>", escape(title));
+            assert!(chart.contains(&expected), "{expected}");
+            // Log-scale ticks around 38 µs .. 12.5 ms.
+            for tick in [">10 µs<", ">100 µs<", ">1 ms<", ">100 ms<"] {
+                assert!(chart.contains(tick), "{tick} in {title}");
+            }
+        }
+        // One outline per phase: random has two depths, the sweep three records.
+        assert_eq!(charts[3].matches("<path ").count(), 2);
+        assert!(charts[3].contains("<title>randread 4K qd4</title>"));
+        assert_eq!(charts[4].matches("<path ").count(), 3);
+        assert!(charts[4].contains(">64K</text>"), "{}", charts[4]);
+        // 49% of the operations sit in one bucket, (38.1, 45.3] µs: the y axis
+        // ends at a nice 50%.
+        assert!(charts[0].contains(">50</text>"));
+        // The percentile bars are still there, and the whole page is well-formed.
+        assert!(page.contains("Latency percentiles"));
+        check_well_formed(&page).unwrap();
+    }
+
+    #[test]
+    fn reports_without_histograms_draw_none() {
+        let page = page(&sample::report("old", 1.0));
+        assert!(charts_of(&page, HISTOGRAM_CLASS).is_empty());
+        assert!(!page.contains("Latency distribution"));
+    }
+
+    #[test]
+    fn latency_ticks_read_in_their_unit() {
+        assert_eq!(latency_tick(0.1), "100 ns");
+        assert_eq!(latency_tick(1.0), "1 µs");
+        assert_eq!(latency_tick(100.0), "100 µs");
+        assert_eq!(latency_tick(1000.0), "1 ms");
+        assert_eq!(latency_tick(1e7), "10 s");
     }
 }

@@ -45,7 +45,10 @@ pub fn read(path: &Path) -> Result<RunReport> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::meter::Recorder;
     use crate::report::sample;
 
     #[test]
@@ -92,6 +95,58 @@ mod tests {
         }
         // The derived figure does not get in the way of reading a report back.
         assert_eq!(from_str(&to_string(&report)).unwrap(), report);
+    }
+
+    #[test]
+    fn latency_histograms_round_trip_and_are_left_out_when_empty() {
+        let mut report = sample::report("local", 1.0);
+        let mut recorder = Recorder::new();
+        for us in [3, 3, 4, 250] {
+            recorder.record(Duration::from_micros(us));
+        }
+        report.results[0].latency_histogram = recorder.buckets();
+        let text = to_string(&report);
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let buckets = value["results"][0]["latency_histogram"].as_array().unwrap();
+        assert_eq!(buckets.len(), 3, "{buckets:?}");
+        assert_eq!(buckets[0]["le_us"], 3.36);
+        assert_eq!(buckets[0]["count"], 2);
+        assert_eq!(buckets[2]["le_us"], 256.0);
+        // Phases without one (network, old reports) carry no key at all.
+        assert!(value["results"][1].get("latency_histogram").is_none());
+        assert_eq!(from_str(&text).unwrap(), report);
+    }
+
+    #[test]
+    fn reports_from_before_latency_histograms_still_load() {
+        // A phase as reports had it before `latency_histogram` (and `link_percent`,
+        // which is derived and ignored when read).
+        let old = r#"{
+          "target": "/mnt/old", "label": "old",
+          "config": {"workloads": ["random"], "size": 1073741824,
+                     "block_size": 1048576, "queue_depth": 1, "direct": true},
+          "machine": {"hostname": "h", "cpus": 2, "memory_bytes": 4294967296,
+                      "kernel": "6.1.0"},
+          "network_mb_per_s": null,
+          "results": [{
+            "workload": "random", "op": "randread", "block_size": 4096,
+            "queue_depth": 1, "bytes": 4096000, "ops": 1000, "seconds": 1.0,
+            "mb_per_s": 4.096, "iops": 1000.0,
+            "latency_us": {"p50": 40.0, "p99": 250.0, "p999": 900.0, "max": 1200.0},
+            "cpu_percent": 12.0, "target_cpu_percent": null,
+            "mb_per_s_per_cpu_percent": 0.34
+          }],
+          "warnings": []
+        }"#;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.json");
+        std::fs::write(&path, old).unwrap();
+        let report = read(&path).unwrap();
+        assert_eq!(report.results.len(), 1);
+        assert!(report.results[0].latency_histogram.is_empty());
+        assert_eq!(report.results[0].latency_us.p99, 250.0);
+        // Written again, it looks as it did: still no histogram key.
+        assert!(!to_string(&report).contains("latency_histogram"));
     }
 
     #[test]

@@ -206,6 +206,7 @@ pub(crate) mod sample {
                 p999: 900.0,
                 max: 12_500.0,
             },
+            latency_histogram: Vec::new(),
             cpu_percent: 25.0,
             target_cpu_percent: Some(10.0),
             mb_per_s_per_cpu_percent: Some(mb_per_s / 25.0),

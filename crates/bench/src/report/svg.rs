@@ -1,5 +1,6 @@
 //! Hand-written SVG charts (no fonts or libraries needed; the browser draws the
-//! text): lines over a log2 axis, bars, grouped bars on a linear or log10 axis.
+//! text): lines over a log2 axis, bars, grouped bars on a linear or log10 axis, and
+//! step histograms over a log10 axis.
 
 use std::fmt::Write;
 
@@ -58,10 +59,13 @@ fn plot_height() -> f64 {
     HEIGHT - TOP - BOTTOM
 }
 
-fn open(out: &mut String, title: &str, y_label: &str) {
+/// Starts a chart `height` high: the `<svg>` element (with `class`, when given),
+/// its title and the y axis label.
+fn open(out: &mut String, title: &str, y_label: &str, class: Option<&str>, height: f64) {
+    let class = class.map_or(String::new(), |c| format!(r#" class="{}""#, escape(c)));
     let _ = write!(
         out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" font-family="sans-serif" font-size="12" role="img"><title>{t}</title><rect width="100%" height="100%" fill="white"/><text x="{cx}" y="20" text-anchor="middle" font-size="15" font-weight="bold">{t}</text><text transform="translate(16 {cy}) rotate(-90)" text-anchor="middle">{y}</text>"#,
+        r#"<svg xmlns="http://www.w3.org/2000/svg"{class} viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" height="{height}" font-family="sans-serif" font-size="12" role="img"><title>{t}</title><rect width="100%" height="100%" fill="white"/><text x="{cx}" y="20" text-anchor="middle" font-size="15" font-weight="bold">{t}</text><text transform="translate(16 {cy}) rotate(-90)" text-anchor="middle">{y}</text>"#,
         t = escape(title),
         y = escape(y_label),
         cx = LEFT + plot_width() / 2.0,
@@ -151,7 +155,7 @@ pub fn line_chart(
     let px = |x: f64| LEFT + (x.log2() - low) / (high - low) * plot_width();
     let py = |y: f64| TOP + plot_height() * (1.0 - y / max);
     let mut out = String::new();
-    open(&mut out, title, y_label);
+    open(&mut out, title, y_label, None, HEIGHT);
     linear_axis(&mut out, max);
     let mut ticks: Vec<f64> = xs.clone();
     ticks.sort_by(f64::total_cmp);
@@ -213,7 +217,7 @@ pub fn grouped_bars(
         .flat_map(|g| g.1.iter().copied())
         .fold(0.0, f64::max);
     let mut out = String::new();
-    open(&mut out, title, y_label);
+    open(&mut out, title, y_label, None, HEIGHT);
     let scale: Box<dyn Fn(f64) -> f64> = if log {
         let top = biggest.max(10.0).log10().ceil();
         for power in 0..=top as i32 {
@@ -266,6 +270,229 @@ pub fn grouped_bars(
     out
 }
 
+/// One outline of a histogram chart: bins as (low, high, height), in increasing
+/// order; bins need not touch (the outline drops to zero across a gap).
+pub struct Bins {
+    pub name: String,
+    pub bins: Vec<(f64, f64, f64)>,
+}
+
+/// The class of the `<svg>` element [`histogram`] draws, for pages and tests to
+/// find it by.
+pub const HISTOGRAM_CLASS: &str = "latency-histogram";
+
+/// Step histograms over a log10 x axis (latencies spread over orders of magnitude),
+/// one outline per series, lightly filled so overlapping ones stay visible; series
+/// past the tenth colour are dashed. `x_tick` labels the powers of ten.
+pub fn histogram(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Bins],
+    x_tick: impl Fn(f64) -> String,
+) -> String {
+    let bins = || series.iter().flat_map(|s| s.bins.iter().copied());
+    let low = bins()
+        .map(|b| b.0)
+        .filter(|&x| x > 0.0 && x.is_finite())
+        .fold(f64::MAX, f64::min);
+    let high = bins()
+        .map(|b| b.1)
+        .filter(|&x| x > 0.0 && x.is_finite())
+        .fold(0.0, f64::max);
+    // Whole decades, so that every tick is a power of ten.
+    let (low, high) = if high > 0.0 && low <= high {
+        let low = low.log10().floor();
+        (low, high.log10().ceil().max(low + 1.0))
+    } else {
+        (0.0, 1.0)
+    };
+    let max = nice_ceiling(bins().map(|b| b.2).fold(0.0, f64::max));
+    let px = |x: f64| LEFT + (x.max(f64::MIN_POSITIVE).log10() - low) / (high - low) * plot_width();
+    let py = |y: f64| TOP + plot_height() * (1.0 - y.clamp(0.0, max) / max);
+    let base = TOP + plot_height();
+    let mut out = String::new();
+    // No slanted labels under a histogram: the chart ends below the axis label, or
+    // below the legend when that is longer.
+    let height = (base + 60.0).max(TOP + series.len() as f64 * 18.0 + 10.0);
+    open(&mut out, title, y_label, Some(HISTOGRAM_CLASS), height);
+    linear_axis(&mut out, max);
+    for power in low as i32..=high as i32 {
+        let value = 10f64.powi(power);
+        let x = px(value);
+        let _ = write!(
+            out,
+            r##"<line x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{base}" stroke="#eee"/><text x="{x:.1}" y="{ty}" text-anchor="middle">{label}</text>"##,
+            ty = base + 16.0,
+            label = escape(&x_tick(value)),
+        );
+    }
+    let _ = write!(
+        out,
+        r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+        LEFT + plot_width() / 2.0,
+        base + 40.0,
+        escape(x_label),
+    );
+    for (index, line) in series.iter().enumerate() {
+        let colour = COLOURS[index % COLOURS.len()];
+        let mut path = String::new();
+        let mut previous: Option<f64> = None;
+        for &(from, to, height) in &line.bins {
+            let (x0, x1, y) = (px(from), px(to), py(height));
+            match previous {
+                // Touching the bin before: straight up or down to this one's height.
+                Some(edge) if (x0 - edge).abs() < 0.5 => {}
+                // A gap: down to the baseline and along it.
+                Some(edge) => {
+                    let _ = write!(path, "L{edge:.1},{base:.1}L{x0:.1},{base:.1}");
+                }
+                None => {
+                    let _ = write!(path, "M{x0:.1},{base:.1}");
+                }
+            }
+            let _ = write!(path, "L{x0:.1},{y:.1}L{x1:.1},{y:.1}");
+            previous = Some(x1);
+        }
+        if let Some(edge) = previous {
+            let _ = write!(
+                out,
+                r#"<path d="{path}L{edge:.1},{base:.1}Z" fill="{colour}" fill-opacity="0.08" stroke="{colour}" stroke-width="1.5"{dash}><title>{name}</title></path>"#,
+                dash = dash(index),
+                name = escape(&line.name),
+            );
+        }
+    }
+    axes(&mut out);
+    for (index, line) in series.iter().enumerate() {
+        let y = TOP + 8.0 + index as f64 * 18.0;
+        let x = WIDTH - RIGHT + 16.0;
+        let _ = write!(
+            out,
+            r#"<line x1="{x}" y1="{ly}" x2="{x2}" y2="{ly}" stroke="{c}" stroke-width="2"{d}/><text x="{tx}" y="{y}">{n}</text>"#,
+            ly = y - 4.0,
+            x2 = x + 14.0,
+            c = COLOURS[index % COLOURS.len()],
+            d = dash(index),
+            tx = x + 20.0,
+            n = escape(&line.name),
+        );
+    }
+    out.push_str("</svg>");
+    out
+}
+
+/// A dash pattern for series that reuse a colour, so that the eleventh line is not
+/// taken for the first.
+fn dash(index: usize) -> &'static str {
+    match (index / COLOURS.len()) % 3 {
+        0 => "",
+        1 => r#" stroke-dasharray="6 3""#,
+        _ => r#" stroke-dasharray="2 2""#,
+    }
+}
+
+/// Checks that `xml` is one well-formed element: tags nest and close, attribute
+/// values are quoted, and text and attributes hold no bare `<` or `&`. Enough for
+/// the SVG and HTML written here (no comments, CDATA or processing instructions,
+/// besides a leading doctype; HTML's void elements such as `<meta>` close
+/// themselves).
+#[cfg(test)]
+pub(crate) fn check_well_formed(xml: &str) -> Result<(), String> {
+    fn check_text(text: &str) -> Result<(), String> {
+        let mut rest = text;
+        while let Some(at) = rest.find('&') {
+            rest = &rest[at + 1..];
+            let end = rest
+                .find(';')
+                .ok_or_else(|| format!("bare & before {rest:.20}"))?;
+            let name = &rest[..end];
+            let numeric = name.len() > 1
+                && name.starts_with('#')
+                && name[1..].chars().all(|c| c.is_ascii_digit());
+            if !(numeric || matches!(name, "amp" | "lt" | "gt" | "quot" | "apos")) {
+                return Err(format!("unknown entity &{name};"));
+            }
+        }
+        if let Some(at) = text.find('<') {
+            return Err(format!("bare < in {:.40}", &text[at..]));
+        }
+        Ok(())
+    }
+    let mut stack: Vec<&str> = Vec::new();
+    let mut rest = xml.trim();
+    if rest.starts_with("<!DOCTYPE") {
+        rest = rest[rest.find('>').ok_or("unclosed doctype")? + 1..].trim_start();
+    }
+    let mut roots = 0;
+    while !rest.is_empty() {
+        let open = rest.find('<').unwrap_or(rest.len());
+        let text = &rest[..open];
+        check_text(text)?;
+        if stack.is_empty() && !text.trim().is_empty() {
+            return Err(format!("text outside the root: {text:.20}"));
+        }
+        if open == rest.len() {
+            break;
+        }
+        rest = &rest[open + 1..];
+        // The tag ends at the first '>' outside quotes.
+        let mut quote = None;
+        let close = rest
+            .char_indices()
+            .find(|&(_, c)| match quote {
+                None if c == '"' || c == '\'' => {
+                    quote = Some(c);
+                    false
+                }
+                Some(q) if c == q => {
+                    quote = None;
+                    false
+                }
+                None => c == '>',
+                Some(_) => false,
+            })
+            .map(|(at, _)| at)
+            .ok_or("unclosed tag")?;
+        let tag = &rest[..close];
+        rest = &rest[close + 1..];
+        if let Some(name) = tag.strip_prefix('/') {
+            match stack.pop() {
+                Some(open) if open == name.trim() => continue,
+                other => return Err(format!("</{name}> closes {other:?}")),
+            }
+        }
+        let name = tag
+            .split(|c: char| c.is_whitespace() || c == '/')
+            .next()
+            .unwrap_or("");
+        if name.is_empty()
+            || tag
+                .split('"')
+                .step_by(2)
+                .any(|outside| outside.contains('<'))
+        {
+            return Err(format!("bad tag <{tag}>"));
+        }
+        // Attribute values: inside quotes, entities only.
+        for value in tag.split('"').skip(1).step_by(2) {
+            check_text(value)?;
+        }
+        if stack.is_empty() {
+            roots += 1;
+        }
+        let void = matches!(name, "meta" | "br" | "hr" | "img" | "input" | "link");
+        if !tag.ends_with('/') && !void {
+            stack.push(name);
+        }
+    }
+    match (stack.last(), roots) {
+        (Some(open), _) => Err(format!("<{open}> is never closed")),
+        (None, 1) => Ok(()),
+        (None, n) => Err(format!("{n} root elements")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,5 +525,65 @@ mod tests {
         );
         assert_eq!(bars.matches("<rect x=").count(), 2 + 2);
         assert!(!bars.contains("NaN"));
+        for chart in [&svg, &bars] {
+            check_well_formed(chart).unwrap();
+        }
+    }
+
+    #[test]
+    fn histograms_are_well_formed_escaped_and_on_a_log_axis() {
+        let series: Vec<Bins> = (0..12)
+            .map(|index| Bins {
+                name: format!("op <{index}> & co"),
+                // Two touching bins, a gap, one more.
+                bins: vec![(10.0, 12.0, 40.0), (12.0, 14.0, 50.0), (300.0, 360.0, 10.0)],
+            })
+            .collect();
+        let svg = histogram("lat <ency>", "latency", "% of ops", &series, |x| {
+            format!("{x} µs")
+        });
+        check_well_formed(&svg).unwrap();
+        let opening =
+            format!(r#"<svg xmlns="http://www.w3.org/2000/svg" class="{HISTOGRAM_CLASS}""#);
+        assert!(svg.starts_with(&opening), "{svg:.120}");
+        // No room kept for slanted labels below: shorter than the bar charts.
+        let short = format!(r#"height="{}""#, TOP + plot_height() + 60.0);
+        assert!(svg.contains(&short) && !svg.contains(&format!(r#"height="{HEIGHT}""#)));
+        assert!(svg.contains("<title>lat &lt;ency&gt;</title>"));
+        assert!(svg.contains("<title>op &lt;11&gt; &amp; co</title>"));
+        assert_eq!(svg.matches("<path ").count(), 12);
+        // Series past the tenth colour are dashed, outline and legend.
+        assert_eq!(svg.matches("stroke-dasharray").count(), 2 * 2);
+        // Whole decades around the data, 10 µs .. 1000 µs, one tick each.
+        for tick in ["10 µs", "100 µs", "1000 µs"] {
+            assert!(svg.contains(&format!(">{tick}</text>")), "{tick}");
+        }
+        assert!(!svg.contains(">1 µs<") && !svg.contains(">10000 µs<"));
+        // The gap drops to the baseline and runs along it.
+        let base = TOP + plot_height();
+        assert!(svg.contains(&format!(",{base:.1}L")));
+        // The 50% bin is the highest: the y axis ends at a nice 50.
+        assert!(svg.contains(">50</text>"));
+        assert!(!svg.contains("NaN") && !svg.contains("inf"));
+        // Nothing to draw still makes a valid, empty chart.
+        check_well_formed(&histogram("empty", "x", "y", &[], |x| x.to_string())).unwrap();
+    }
+
+    #[test]
+    fn the_well_formedness_check_catches_what_it_should() {
+        check_well_formed(r#"<svg a="1 > 0"><g><t>a &amp; b</t></g><r/></svg>"#).unwrap();
+        check_well_formed("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"></head></html>\n")
+            .unwrap();
+        for bad in [
+            "<svg><g></svg>",
+            "<svg></g></svg>",
+            "<svg>a & b</svg>",
+            "<svg><a x=\"<\"/></svg>",
+            "<svg/><svg/>",
+            "<svg>",
+            "text<svg/>",
+        ] {
+            assert!(check_well_formed(bad).is_err(), "{bad}");
+        }
     }
 }

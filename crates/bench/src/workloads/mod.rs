@@ -83,7 +83,7 @@ impl<'a> Ctx<'a> {
             Unit::Ops => Progress::count(self.config.progress, &label, total),
             Unit::Millis => Progress::millis(self.config.progress, &label, total),
         };
-        let meter = Meter::start(self.config.target_pid);
+        let meter = Meter::start(self.config.target_cpu.as_ref());
         let outcome = body(&progress);
         progress.finish();
         let totals = outcome?;

@@ -6,7 +6,8 @@
 //! In order of preference: blockwire's own client against a `blockwire netserve` on
 //! the target host ([`crate::netperf`]; the given `--netserve-port`, else the default
 //! port if a server answers there), else `iperf3 -c` against an `iperf3 -s` the user
-//! runs there (`--iperf-port`), else a note saying what to run.
+//! runs there (`--iperf-port`, else iperf3's own default port when iperf3 is
+//! installed here), else a note saying what to run.
 
 use std::process::Command;
 use std::time::Duration;
@@ -73,6 +74,13 @@ pub fn measure(request: &NetworkRequest, note: &mut dyn FnMut(&str)) -> Vec<Phas
             }
         };
     }
+    if iperf3_installed() {
+        // Nothing at iperf3's default port either is not worth a word: the note
+        // below says what to run.
+        if let Ok(results) = measure_iperf3(host, IPERF3_DEFAULT_PORT, request, note) {
+            return results;
+        }
+    }
     note(&format!(
         "network: skipped (run `blockwire netserve --listen 0.0.0.0:{}` on {host}, \
          or give --netserve-port; or run `iperf3 -s` there and give --iperf-port)",
@@ -109,6 +117,7 @@ fn op_of(direction: Direction) -> &'static str {
     match direction {
         Direction::ClientSends => SEND,
         Direction::ClientReceives => RECEIVE,
+        Direction::CpuSample => "cpu-sample",
     }
 }
 
@@ -126,11 +135,25 @@ pub fn phase_of(m: &Measurement) -> PhaseResult {
         mb_per_s,
         iops: 0.0,
         latency_us: Latency::default(),
+        latency_histogram: Vec::new(),
         cpu_percent: m.cpu_percent,
         target_cpu_percent: m.server_cpu_percent,
         mb_per_s_per_cpu_percent: (m.cpu_percent > 0.0 && m.bytes > 0)
             .then(|| mb_per_s / m.cpu_percent),
     }
+}
+
+/// The port `iperf3 -s` listens on unless told otherwise.
+pub const IPERF3_DEFAULT_PORT: u16 = 5201;
+
+/// Whether an `iperf3` runs here.
+fn iperf3_installed() -> bool {
+    Command::new("iperf3")
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok()
 }
 
 /// The write size given to iperf3 (`-l 1M`).
@@ -149,6 +172,8 @@ fn measure_iperf3(
     for (op, reverse) in [(SEND, false), (RECEIVE, true)] {
         let mut command = Command::new("iperf3");
         command.args(["-c", host, "-p", &port.to_string(), "-t", &seconds]);
+        // A host that drops the connection attempt fails in seconds, not minutes.
+        command.args(["--connect-timeout", "2000"]);
         // The same 1 MiB writes as our own client, so that the two tools' figures
         // compare (iperf3's default is 128 KiB).
         command.args(["-P", &streams, "-l", "1M", "-J"]);
@@ -213,6 +238,7 @@ pub fn parse_iperf3(json: &str, op: &str) -> Result<PhaseResult, String> {
         mb_per_s,
         iops: 0.0,
         latency_us: Latency::default(),
+        latency_histogram: Vec::new(),
         cpu_percent,
         target_cpu_percent,
         mb_per_s_per_cpu_percent: (cpu_percent > 0.0).then(|| mb_per_s / cpu_percent),

@@ -1,8 +1,9 @@
-//! iozone-style record-size sweep (seed 002): for each record size, write, rewrite,
-//! read, reread, random read, random write, backward read and strided read, one
-//! request at a time. Each measurement stops at the data set's end or after
-//! `sweep_time`, whichever comes first; the later operations use only the records
-//! the first write reached.
+//! iozone-style record-size sweep (seed 002): for each record size (by default every
+//! power of two from 4 KiB to 16 MiB, as `iozone -a`), write, rewrite, read, reread,
+//! random read, random write, backward read and strided read, one request at a
+//! time. Each measurement stops at the data set's end or after `sweep_time`,
+//! whichever comes first (by default [`crate::config::SWEEP_BUDGET`] shared out over
+//! all of them); the later operations use only the records the first write reached.
 
 use blockwire_blockdev::{IoBuf, WriteFlags};
 
