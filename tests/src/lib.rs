@@ -63,6 +63,17 @@ macro_rules! require {
     };
 }
 
+/// Fails the test with the exit status and both outputs unless `output` succeeded.
+pub fn assert_success(output: &Output) {
+    assert!(
+        output.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        text(&output.stdout),
+        text(&output.stderr)
+    );
+}
+
 /// A `blockwire serve` (or `blockwire netserve`) process, stopped (SIGTERM, then
 /// SIGKILL) when dropped.
 pub struct Served {

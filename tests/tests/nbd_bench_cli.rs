@@ -6,7 +6,9 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use blockwire_tests::{blockwire_bin, free_port, path_str, run_bounded, text, Served, MIB};
+use blockwire_tests::{
+    assert_success, blockwire_bin, free_port, path_str, run_bounded, text, Served, MIB,
+};
 
 /// A safety net against a hang, not a timing assertion: these runs take seconds.
 const LIMIT: Duration = Duration::from_secs(180);
@@ -32,16 +34,6 @@ fn bench_uri(uri: &str, json: &Path, extra: &[&str]) -> Output {
     ]);
     command.args(extra);
     run_bounded(command, LIMIT)
-}
-
-fn succeeded(output: &Output) {
-    assert!(
-        output.status.success(),
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        output.status,
-        text(&output.stdout),
-        text(&output.stderr)
-    );
 }
 
 fn report(json: &Path) -> serde_json::Value {
@@ -89,7 +81,7 @@ fn bench_measures_our_own_nbd_target() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("run.json");
     let output = bench_uri(&served.uri(), &json, &[]);
-    succeeded(&output);
+    assert_success(&output);
     // No --target-pid and no netserve: the bench finds the process listening on
     // the target's port and measures its CPU.
     let stderr = text(&output.stderr);
@@ -141,7 +133,7 @@ fn bench_over_two_connections() {
     let served = Served::start(&[path_str(&image), "--size", "64M", "--name", "two"], "two");
     let json = dir.path().join("run.json");
     let output = bench_uri(&served.uri(), &json, &["--connections", "2"]);
-    succeeded(&output);
+    assert_success(&output);
     check_sequential(&report(&json));
     assert_eq!(
         served.terminate(),
@@ -194,7 +186,7 @@ fn storage_results_carry_their_share_of_the_measured_link() {
         path_str(&json),
     ]);
     let output = run_bounded(command, LIMIT);
-    succeeded(&output);
+    assert_success(&output);
     // Our target reports its own CPU through its netserve.
     let stderr = text(&output.stderr);
     assert!(

@@ -351,6 +351,7 @@ mod tests {
 
     #[test]
     fn remote_targets_skip_storage_workloads_with_a_note() {
+        let _port = crate::workloads::test_support::iperf3_default_port();
         let request = RunRequest {
             target: "nbd://localhost:10809/x".into(),
             label: None,
@@ -386,27 +387,32 @@ mod tests {
             .port()
     }
 
-    #[test]
-    fn the_network_baseline_measures_both_directions_against_our_server() {
-        let server = netperf::NetServer::bind("127.0.0.1:0", Default::default())
-            .unwrap()
-            .spawn()
-            .unwrap();
+    /// A run of the network workload alone against 127.0.0.1.
+    fn network_only(netserve_port: Option<u16>, time: Duration, streams: u32) -> RunRequest {
         let mut config = tiny_config();
         config.workloads = vec![Workload::Network];
-        config.phase_time = Duration::from_millis(300);
-        let request = RunRequest {
+        config.phase_time = time;
+        RunRequest {
             target: "nbd://127.0.0.1:10809/x".into(),
             label: None,
             config,
             size: None,
             force: false,
             require_direct: false,
-            netserve_port: Some(server.addr.port()),
+            netserve_port,
             iperf_port: None,
-            network_streams: 2,
+            network_streams: streams,
             remote_device: None,
-        };
+        }
+    }
+
+    #[test]
+    fn the_network_baseline_measures_both_directions_against_our_server() {
+        let server = netperf::NetServer::bind("127.0.0.1:0", Default::default())
+            .unwrap()
+            .spawn()
+            .unwrap();
+        let request = network_only(Some(server.addr.port()), Duration::from_millis(300), 2);
         let report = run(&request, &mut |_| {}).unwrap();
         assert_eq!(report.config.workloads, ["network"]);
         let ops: Vec<&str> = report.results.iter().map(|r| r.op.as_str()).collect();
@@ -419,6 +425,48 @@ mod tests {
             .fold(f64::INFINITY, f64::min);
         assert_eq!(report.network_mb_per_s, Some(slower));
         server.stop().unwrap();
+    }
+
+    #[test]
+    fn without_a_netserve_an_iperf3_on_its_default_port_is_used() {
+        use std::process::{Command, Stdio};
+        let _port = crate::workloads::test_support::iperf3_default_port();
+        let port = network::IPERF3_DEFAULT_PORT;
+        if Command::new("iperf3").arg("--version").output().is_err() {
+            eprintln!("skipped: iperf3 is not installed");
+            return;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+            eprintln!("skipped: port {port} is taken");
+            return;
+        }
+        let mut server = Command::new("iperf3")
+            .args(["-s", "--bind", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let up = (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(50));
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        // No netserve answers, and no --iperf-port is given.
+        let request = network_only(Some(closed_port()), Duration::from_secs(1), 1);
+        let mut notes = Vec::new();
+        let report = run(&request, &mut |n| notes.push(n.to_string()));
+        let _ = server.kill();
+        let _ = server.wait();
+        assert!(up, "iperf3 -s did not come up");
+        let report = report.unwrap();
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains(&format!("measured with iperf3 at 127.0.0.1:{port}"))),
+            "{notes:?}"
+        );
+        let ops: Vec<&str> = report.results.iter().map(|r| r.op.as_str()).collect();
+        assert_eq!(ops, ["send", "receive"]);
+        assert!(report.results.iter().all(|r| r.mb_per_s > 0.0));
     }
 
     #[test]

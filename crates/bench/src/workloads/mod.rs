@@ -267,6 +267,17 @@ pub(crate) mod test_support {
 
     use crate::config::BenchConfig;
 
+    /// Held by tests that look for an iperf3 on its default port of 127.0.0.1, and
+    /// by the one test that starts one there: the others would find it.
+    pub static IPERF3_DEFAULT_PORT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// Takes [`IPERF3_DEFAULT_PORT`], also after a test holding it failed.
+    pub fn iperf3_default_port() -> std::sync::MutexGuard<'static, ()> {
+        IPERF3_DEFAULT_PORT
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
     pub fn memory(size: u64) -> Device {
         Device::from_device(MemoryDevice::new(size))
     }

@@ -288,6 +288,7 @@ mod tests {
         assert!(err.contains("unable to connect"));
         assert!(parse_iperf3("not json", SEND).is_err());
 
+        let _port = crate::workloads::test_support::iperf3_default_port();
         let mut notes = Vec::new();
         let results = measure(&request(Some(closed_port()), None), &mut |n| {
             notes.push(n.to_string())
