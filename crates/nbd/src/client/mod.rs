@@ -29,6 +29,7 @@ mod error;
 #[cfg(test)]
 mod fake_server;
 mod handshake;
+mod poll_budget;
 mod queue;
 mod reader;
 pub mod reply;

@@ -37,6 +37,12 @@ unsafe impl Sync for ReadBuffer {}
 pub(crate) struct QueueShared {
     pub done: Mutex<Vec<(usize, Completion)>>,
     pub ready: Condvar,
+    /// The queue's thread sleeps on `ready` (set and read with `done` locked): only
+    /// then does a completion pay for a wake-up system call.
+    pub sleeping: std::sync::atomic::AtomicBool,
+    /// Completions delivered so far, for the queue's thread to watch without
+    /// taking the lock while it polls.
+    pub delivered: std::sync::atomic::AtomicU64,
 }
 
 /// Who learns a slot's result.
@@ -149,8 +155,14 @@ impl Slot {
                     buf,
                     result: outcome.map(drop),
                 };
-                lock(&queue.done).push((*connection, completion));
-                queue.ready.notify_one();
+                let mut done = lock(&queue.done);
+                done.push((*connection, completion));
+                queue
+                    .delivered
+                    .fetch_add(1, std::sync::atomic::Ordering::Release);
+                if queue.sleeping.load(std::sync::atomic::Ordering::Relaxed) {
+                    queue.ready.notify_one();
+                }
             }
         }
     }
