@@ -39,7 +39,8 @@ pub fn memory_bytes() -> u64 {
         .map_or(0, |kib| kib * 1024)
 }
 
-/// Bytes an unprivileged user may still write on the file system holding `path`.
+/// Bytes an unprivileged user may still write on the file system holding `path`
+/// (`u64::MAX` where the file system reports no size, as ramfs does).
 pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
@@ -51,7 +52,12 @@ pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(stat.f_bavail as u64 * stat.f_frsize as u64)
+    if stat.f_blocks == 0 {
+        // A file system that reports no size at all (ramfs, some pseudo file
+        // systems) has no limit to report either: it grows until memory runs out.
+        return Ok(u64::MAX);
+    }
+    Ok((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
 }
 
 #[cfg(test)]

@@ -316,8 +316,7 @@ fn a_file_system_without_direct_io_is_measured_buffered_unless_direct_is_require
     let Some(ramfs) = Ramfs::mount() else {
         return;
     };
-    // A file made beforehand: ramfs reports no free space, so the bench would not
-    // create one there.
+    // A file of the user's, made beforehand.
     let image = ramfs.0.path().join("bench.img");
     std::fs::write(&image, vec![0u8; 8 << 20]).unwrap();
     let image = image.display().to_string();
@@ -353,6 +352,19 @@ fn a_file_system_without_direct_io_is_measured_buffered_unless_direct_is_require
         &["bench", &image, "--size", "8M", "--direct"],
         "direct I/O (O_DIRECT) is not supported here; use --buffered",
     );
+    // ramfs reports no size at all, which is no limit: a test file is created
+    // there like anywhere else, and removed afterwards.
+    let created = ramfs.0.path().join("created.img");
+    let output = blockwire(&[
+        "bench",
+        &created.display().to_string(),
+        "--size",
+        "8M",
+        "--workload",
+        "sequential",
+    ]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(!created.exists(), "the test file was left behind");
 }
 
 #[test]
