@@ -81,22 +81,21 @@ m_blockwire=$(median "${t_blockwire[@]}")
 echo "image $size (half data), $rounds rounds, median seconds:"
 echo "  nbdcopy         $m_nbdcopy"
 echo "  blockwire copy  $m_blockwire"
-echo "  speed ratio blockwire / nbdcopy: $(echo "scale=2; $m_nbdcopy / $m_blockwire" | bc)x"
+ratio=$(awk -v a="$m_nbdcopy" -v b="$m_blockwire" 'BEGIN {printf "%.2f", a / b}')
+echo "  speed ratio blockwire / nbdcopy: ${ratio}x"
 if [ -n "$json" ]; then
-  # python3 writes the JSON: bc prints ".52" for 0.52, which is not a JSON number.
+  # The figures printed above, written as JSON numbers.
   mkdir -p "$(dirname "$json")"
-  python3 - "$json" "$size" "$rounds" "${t_nbdcopy[*]}" "${t_blockwire[*]}" <<'PY'
-import json, statistics, sys
-path, size, rounds, nbdcopy, blockwire = sys.argv[1:]
-nbdcopy = [float(t) for t in nbdcopy.split()]
-blockwire = [float(t) for t in blockwire.split()]
-# median_low is what the shell's median picks: the middle value (the lower of two), never an average.
-m_nbdcopy, m_blockwire = statistics.median_low(nbdcopy), statistics.median_low(blockwire)
+  python3 - "$json" "$size" "$rounds" "${t_nbdcopy[*]}" "${t_blockwire[*]}" \
+    "$m_nbdcopy" "$m_blockwire" "$ratio" <<'PY'
+import json, sys
+path, size, rounds, nbdcopy, blockwire, m_nbdcopy, m_blockwire, ratio = sys.argv[1:]
 with open(path, "w") as f:
     json.dump({"size": size, "rounds": int(rounds),
-               "nbdcopy_s": nbdcopy, "blockwire_s": blockwire,
-               "median_nbdcopy_s": m_nbdcopy, "median_blockwire_s": m_blockwire,
-               "speed_ratio_blockwire_over_nbdcopy": round(m_nbdcopy / m_blockwire, 2)}, f, indent=2)
+               "nbdcopy_s": [float(t) for t in nbdcopy.split()],
+               "blockwire_s": [float(t) for t in blockwire.split()],
+               "median_nbdcopy_s": float(m_nbdcopy), "median_blockwire_s": float(m_blockwire),
+               "speed_ratio_blockwire_over_nbdcopy": float(ratio)}, f, indent=2)
 PY
   echo "JSON written to $json"
 fi

@@ -5,7 +5,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use blockwire_tests::{blockwire_bin, run_bounded, text};
+use blockwire_tests::{assert_success, blockwire_bin, run_bounded, text};
 
 /// Generous: the demo with a tiny data set takes seconds; this only stops a hang
 /// from stalling the test run.
@@ -23,13 +23,8 @@ fn demo_prints_local_and_nbd_figures_with_the_efficiency() {
     // judged, only that every one of them was measured.
     command.args(["demo", "--size", "16M", "--time", "1"]);
     let output = run_bounded(command, LIMIT);
+    assert_success(&output);
     let stdout = text(&output.stdout);
-    assert!(
-        output.status.success(),
-        "exit {:?}\nstdout:\n{stdout}\nstderr:\n{}",
-        output.status,
-        text(&output.stderr)
-    );
     assert!(stdout.contains("served at nbd://127.0.0.1:"), "{stdout}");
 
     let header = stdout

@@ -175,6 +175,9 @@ pub fn run(request: &RunRequest, note: &mut dyn FnMut(&str)) -> Result<RunReport
                                 note(&line);
                                 config.target_cpu = Some(source);
                             }
+                            None if remote.scheme == "aoe" => note(
+                                "target CPU: not seen (give --target-pid on the target's host)",
+                            ),
                             None => note(
                                 "target CPU: not seen (give --target-pid on the target's \
                                  host, or serve with blockwire serve --netserve)",

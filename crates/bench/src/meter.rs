@@ -39,6 +39,13 @@ pub fn bucket_bound_us(k: i32) -> f64 {
     }
 }
 
+/// Lower bound in microseconds of the bucket whose upper bound is `le_us`: exactly
+/// the bound of the bucket below, listed or not (the rounding of the bounds makes
+/// `le_us` / 2^(1/4) miss it by up to 0.6%).
+pub fn bucket_low_us(le_us: f64) -> f64 {
+    bucket_bound_us(bucket_of(le_us) - 1)
+}
+
 /// The bucket [`bucket_bound_us`] whose range (the bound below, this bound] holds
 /// `us` microseconds. Zero counts as a nanosecond, the clock's resolution.
 fn bucket_of(us: f64) -> i32 {
@@ -199,9 +206,12 @@ pub struct Meter {
 
 impl Meter {
     pub fn start(target: Option<&TargetCpu>) -> Meter {
+        // The target first: sampling it through a netserve is a round trip, whose
+        // CPU must not count as the phase's.
+        let target = target.map(|source| (source.clone(), source.sample()));
         Meter {
             own: own_cpu_time(),
-            target: target.map(|source| (source.clone(), source.sample())),
+            target,
             started: Instant::now(),
         }
     }
@@ -259,21 +269,22 @@ pub fn own_cpu_time() -> Option<Duration> {
     if rc == 0 {
         Some(Duration::new(now.tv_sec as u64, now.tv_nsec as u32))
     } else {
-        cpu_ticks("self")
-            .map(|ticks| Duration::from_secs_f64(ticks as f64 / clock_ticks_per_second()))
+        proc_cpu_time("self")
     }
 }
 
 /// User + system CPU time of process `pid` (all threads), from /proc.
 pub fn process_cpu_time(pid: u32) -> Option<Duration> {
-    cpu_ticks(&pid.to_string())
-        .map(|ticks| Duration::from_secs_f64(ticks as f64 / clock_ticks_per_second()))
+    proc_cpu_time(&pid.to_string())
 }
 
-/// utime + stime of a process in clock ticks, from /proc/`who`/stat.
-pub fn cpu_ticks(who: &str) -> Option<u64> {
+/// utime + stime of a process, from /proc/`who`/stat (10 ms clock ticks).
+fn proc_cpu_time(who: &str) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{who}/stat")).ok()?;
-    parse_stat_ticks(&stat)
+    let ticks = parse_stat_ticks(&stat)?;
+    Some(Duration::from_secs_f64(
+        ticks as f64 / clock_ticks_per_second(),
+    ))
 }
 
 /// utime + stime from the text of a /proc/PID/stat file. The command name (field 2)
@@ -296,7 +307,7 @@ mod tests {
         let line = "1234 (a (b) c) S 1 2 3 4 5 6 7 8 9 10 250 37 0 0 20 0 1 0 100";
         assert_eq!(parse_stat_ticks(line), Some(287));
         assert_eq!(parse_stat_ticks("garbage"), None);
-        assert!(cpu_ticks("self").is_some());
+        assert!(proc_cpu_time("self").is_some());
     }
 
     #[test]
@@ -310,6 +321,14 @@ mod tests {
         assert!((latency.p99 - 990.0).abs() < 2.0, "{latency:?}");
         assert!((latency.max - 1000.0).abs() < 2.0, "{latency:?}");
         assert_eq!(Recorder::new().latency(), Latency::default());
+    }
+
+    #[test]
+    fn a_buckets_lower_bound_is_the_bound_below() {
+        for k in -12..100 {
+            assert_eq!(bucket_low_us(bucket_bound_us(k)), bucket_bound_us(k - 1));
+        }
+        assert_eq!(bucket_low_us(1220.0), 1020.0);
     }
 
     #[test]

@@ -87,8 +87,9 @@ pub struct Latency {
 /// One bucket of a latency histogram: the operations whose latency was above the
 /// bucket below's bound and at most `le_us`. Bounds are 2^(k/4) µs for whole k,
 /// rounded to three significant figures (…, 1, 1.19, 1.41, 1.68, 2, 2.38, …), so a
-/// bucket's lower bound is its `le_us` / 2^(1/4) even when the bucket below it was
-/// empty and is not listed. Counts are per bucket, not cumulative.
+/// bucket's lower bound is the bound of the bucket below
+/// ([`crate::meter::bucket_low_us`]) even when that one was empty and is not listed.
+/// Counts are per bucket, not cumulative.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
 pub struct HistogramBucket {
     /// Upper bound of the bucket in microseconds (inclusive).

@@ -17,35 +17,38 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// A file of `len` bytes (a hole) named `name` in `dir`.
+fn sparse_file(dir: &Path, name: &str, len: u64) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::File::create(&path).unwrap().set_len(len).unwrap();
+    path
+}
+
 /// Runs a quick bench of `dir` (direct I/O where the file system has it: the bench
 /// falls back to buffered by itself where it has not).
 fn quick_bench(dir: &Path, out: &Path) -> Output {
     let path = |name: &str| out.join(name).display().to_string();
     let pid = std::process::id().to_string();
-    let args = vec![
-        "bench".to_string(),
-        dir.display().to_string(),
-        "--size".into(),
-        "8M".into(),
-        "--time".into(),
-        "0.1".into(),
-        "--files".into(),
-        "1".into(),
-        "--label".into(),
-        "tiny run".into(),
-        "--target-pid".into(),
-        pid,
-        "--json".into(),
-        path("run.json"),
-        "--csv".into(),
-        path("run.csv"),
-        "--html".into(),
-        path("run.html"),
-    ];
-    fn as_str(args: &[String]) -> Vec<&str> {
-        args.iter().map(String::as_str).collect()
-    }
-    blockwire(&as_str(&args))
+    blockwire(&[
+        "bench",
+        &dir.display().to_string(),
+        "--size",
+        "8M",
+        "--time",
+        "0.1",
+        "--files",
+        "1",
+        "--label",
+        "tiny run",
+        "--target-pid",
+        &pid,
+        "--json",
+        &path("run.json"),
+        "--csv",
+        &path("run.csv"),
+        "--html",
+        &path("run.html"),
+    ])
 }
 
 #[test]
@@ -135,10 +138,48 @@ fn bench_a_directory_and_write_every_report() {
     );
     check_with_bonnie_tools(&csv);
 
-    // HTML: self-contained, with charts.
+    // The sweep: every power of two from 4 KiB up to the 8 MiB data set (16 MiB
+    // does not fit).
+    let mut records: Vec<u64> = results
+        .iter()
+        .filter(|r| r["workload"] == "sweep")
+        .map(|r| r["block_size"].as_u64().unwrap())
+        .collect();
+    records.dedup();
+    let expected: Vec<u64> = (12..=23).map(|shift| 1u64 << shift).collect();
+    assert_eq!(records, expected);
+    // Per-request latency histograms: bounds increasing, counts adding up to the
+    // phase's operations.
+    for result in results
+        .iter()
+        .filter(|r| r["workload"] == "sweep" || r["workload"] == "random")
+    {
+        let buckets = result["latency_histogram"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no latency_histogram in {result}"));
+        let bounds: Vec<f64> = buckets
+            .iter()
+            .map(|b| b["le_us"].as_f64().unwrap())
+            .collect();
+        assert!(bounds.windows(2).all(|w| w[0] < w[1]), "{result}");
+        let counted: u64 = buckets.iter().map(|b| b["count"].as_u64().unwrap()).sum();
+        assert_eq!(counted, result["ops"].as_u64().unwrap(), "{result}");
+    }
+
+    // HTML: self-contained, with charts, latency distributions among them.
     let html = std::fs::read_to_string(out.path().join("run.html")).unwrap();
     assert!(html.starts_with("<!DOCTYPE html>") && html.contains("<svg"));
     assert!(html.contains("Record-size sweep"));
+    assert!(html.contains("<h2>Latency distribution</h2>"));
+    for title in [
+        "random",
+        "sweep write, by record size",
+        "sweep read, by record size",
+    ] {
+        let title = format!("<title>Latency distribution: {title}</title>");
+        assert!(html.contains(&title), "{title}");
+    }
+    assert!(!html.contains("NaN") && !html.contains(">inf<"));
 
     // --compare reads the JSON back and lines the runs up.
     let json_path = out.path().join("run.json").display().to_string();
@@ -235,11 +276,7 @@ fn bad_targets_are_refused_with_one_line() {
 #[test]
 fn a_read_only_file_is_refused_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("ro.img");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(16 << 20)
-        .unwrap();
+    let image = sparse_file(dir.path(), "ro.img", 16 << 20);
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&image, std::fs::Permissions::from_mode(0o444)).unwrap();
     // SAFETY: geteuid(2) has no preconditions and cannot fail.
@@ -317,9 +354,9 @@ fn a_file_system_without_direct_io_is_measured_buffered_unless_direct_is_require
         return;
     };
     // A file of the user's, made beforehand.
-    let image = ramfs.0.path().join("bench.img");
-    std::fs::write(&image, vec![0u8; 8 << 20]).unwrap();
-    let image = image.display().to_string();
+    let image = sparse_file(ramfs.0.path(), "bench.img", 8 << 20)
+        .display()
+        .to_string();
     let json = ramfs.0.path().join("run.json");
     let output = blockwire(&[
         "bench",
@@ -370,11 +407,7 @@ fn a_file_system_without_direct_io_is_measured_buffered_unless_direct_is_require
 #[test]
 fn a_file_system_image_needs_force() {
     let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("ext4.img");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(8 << 20)
-        .unwrap();
+    let image = sparse_file(dir.path(), "ext4.img", 8 << 20);
     let made = Command::new("mkfs.ext4")
         .args(["-q", "-F"])
         .arg(&image)

@@ -9,7 +9,7 @@ use blockwire_blockdev::size::format_size;
 use super::svg::{escape, grouped_bars, histogram, line_chart, Bins, Series};
 use super::{figure_cells, network_summary};
 use crate::error::{Error, Result};
-use crate::meter::BUCKETS_PER_OCTAVE;
+use crate::meter::bucket_low_us;
 use crate::results::{PhaseResult, RunReport};
 use crate::workloads::sweep;
 
@@ -157,11 +157,7 @@ fn latency_tick(us: f64) -> String {
     };
     // Powers of ten come out whole; round off what dividing left behind.
     let rounded = (value * 1000.0).round() / 1000.0;
-    if rounded.fract() == 0.0 {
-        format!("{rounded:.0} {unit}")
-    } else {
-        format!("{} {unit}", super::number(rounded))
-    }
+    format!("{} {unit}", super::svg::tick(rounded))
 }
 
 /// A phase's histogram as chart bins: each bucket from its lower bound to `le_us`,
@@ -171,12 +167,11 @@ fn bins(r: &PhaseResult) -> Vec<(f64, f64, f64)> {
     if total == 0 {
         return Vec::new();
     }
-    let width = 2f64.powf(1.0 / f64::from(BUCKETS_PER_OCTAVE));
     r.latency_histogram
         .iter()
         .map(|b| {
             (
-                b.le_us / width,
+                bucket_low_us(b.le_us),
                 b.le_us,
                 100.0 * b.count as f64 / total as f64,
             )
@@ -403,6 +398,20 @@ mod tests {
                 &page[at..at + end]
             })
             .collect()
+    }
+
+    #[test]
+    fn neighbouring_buckets_touch_in_the_chart() {
+        let mut phase = sample::report("bins", 1.0).results.remove(0);
+        // 1220's bucket starts at 1020 exactly, though 1220 / 2^(1/4) is 1025.9.
+        phase.latency_histogram = [1020.0, 1220.0, 1450.0]
+            .into_iter()
+            .map(|le_us| crate::results::HistogramBucket { le_us, count: 1 })
+            .collect();
+        let bins = bins(&phase);
+        for pair in bins.windows(2) {
+            assert_eq!(pair[0].1, pair[1].0, "{bins:?}");
+        }
     }
 
     #[test]

@@ -75,6 +75,24 @@ mod tests {
     }
 
     #[test]
+    fn keys_come_out_in_the_order_of_the_fields() {
+        let value: serde_json::Value =
+            serde_json::from_str(&to_string(&sample::report("local", 1.0))).unwrap();
+        let keys = |v: &serde_json::Value| -> Vec<String> {
+            v.as_object().unwrap().keys().cloned().collect()
+        };
+        assert_eq!(keys(&value)[..3], ["target", "label", "config"]);
+        let result = keys(&value["results"][0]);
+        assert_eq!(result[..3], ["workload", "op", "block_size"]);
+        // The derived figure comes last.
+        assert_eq!(result.last().unwrap(), "link_percent");
+        assert_eq!(
+            keys(&value["results"][0]["latency_us"]),
+            ["p50", "p99", "p999", "max"]
+        );
+    }
+
+    #[test]
     fn results_carry_their_share_of_the_link() {
         let mut report = sample::report("nfs", 1.0);
         report.network_mb_per_s = Some(200.0);

@@ -90,7 +90,7 @@ fn linear_axis(out: &mut String, max: f64) {
 }
 
 /// An axis label: whole numbers without decimals.
-fn tick(value: f64) -> String {
+pub(super) fn tick(value: f64) -> String {
     if value.fract() == 0.0 {
         format!("{value:.0}")
     } else {
@@ -98,17 +98,38 @@ fn tick(value: f64) -> String {
     }
 }
 
-fn legend(out: &mut String, names: &[String]) {
+/// How a legend entry shows its series' colour.
+#[derive(Clone, Copy)]
+enum Swatch {
+    /// A filled square (bars, and line charts' markers).
+    Square,
+    /// A stroke, dashed like the series it names (histogram outlines).
+    Stroke,
+}
+
+fn legend(out: &mut String, names: &[String], swatch: Swatch) {
     for (index, name) in names.iter().enumerate() {
         let y = TOP + 8.0 + index as f64 * 18.0;
         let x = WIDTH - RIGHT + 16.0;
+        let c = COLOURS[index % COLOURS.len()];
+        let _ = match swatch {
+            Swatch::Square => write!(
+                out,
+                r#"<rect x="{x}" y="{ry}" width="12" height="12" fill="{c}"/>"#,
+                ry = y - 10.0,
+            ),
+            Swatch::Stroke => write!(
+                out,
+                r#"<line x1="{x}" y1="{ly}" x2="{x2}" y2="{ly}" stroke="{c}" stroke-width="2"{d}/>"#,
+                ly = y - 4.0,
+                x2 = x + 14.0,
+                d = dash(index),
+            ),
+        };
         let _ = write!(
             out,
-            r#"<rect x="{x}" y="{ry}" width="12" height="12" fill="{c}"/><text x="{tx}" y="{ty}">{n}</text>"#,
-            ry = y - 10.0,
-            c = COLOURS[index % COLOURS.len()],
+            r#"<text x="{tx}" y="{y}">{n}</text>"#,
             tx = x + 18.0,
-            ty = y,
             n = escape(name),
         );
     }
@@ -198,6 +219,7 @@ pub fn line_chart(
     legend(
         &mut out,
         &series.iter().map(|s| s.name.clone()).collect::<Vec<_>>(),
+        Swatch::Square,
     );
     out.push_str("</svg>");
     out
@@ -264,7 +286,7 @@ pub fn grouped_bars(
     }
     axes(&mut out);
     if series.len() > 1 {
-        legend(&mut out, series);
+        legend(&mut out, series, Swatch::Square);
     }
     out.push_str("</svg>");
     out
@@ -364,20 +386,8 @@ pub fn histogram(
         }
     }
     axes(&mut out);
-    for (index, line) in series.iter().enumerate() {
-        let y = TOP + 8.0 + index as f64 * 18.0;
-        let x = WIDTH - RIGHT + 16.0;
-        let _ = write!(
-            out,
-            r#"<line x1="{x}" y1="{ly}" x2="{x2}" y2="{ly}" stroke="{c}" stroke-width="2"{d}/><text x="{tx}" y="{y}">{n}</text>"#,
-            ly = y - 4.0,
-            x2 = x + 14.0,
-            c = COLOURS[index % COLOURS.len()],
-            d = dash(index),
-            tx = x + 20.0,
-            n = escape(&line.name),
-        );
-    }
+    let names: Vec<String> = series.iter().map(|line| line.name.clone()).collect();
+    legend(&mut out, &names, Swatch::Stroke);
     out.push_str("</svg>");
     out
 }
