@@ -1,30 +1,33 @@
 //! One connection in transmission: a writer shared by every calling thread and a
-//! reader thread that completes requests as their replies arrive, in any order.
+//! read side that completes requests as their replies arrive, in any order (read by
+//! the connection's reader thread, or by a request queue's thread: reader.rs).
 //!
 //! A caller registers its request (a [`Slot`]) under a fresh cookie, writes header
 //! and payload in one vectored write while holding the writer lock, and blocks until
-//! the reader thread completes the slot. A request queue instead registers several
-//! requests and writes them together ([`Connection::enqueue`],
-//! [`Connection::send_unsent`]). When the connection ends — the server
-//! closes it, a write fails, a reply breaks the protocol — the reader thread fails
-//! every request still in flight with [`ErrorKind::Disconnected`], and requests made
-//! afterwards fail at once the same way: nothing waits for a server that is gone.
+//! the slot is completed. A request queue instead registers several requests and
+//! writes them together ([`Connection::enqueue`], [`Connection::send_unsent`]),
+//! reading replies whenever the socket is too full to take more. When the
+//! connection ends — the server closes it, a write fails, a reply breaks the
+//! protocol — the read side fails every request still in flight with
+//! [`ErrorKind::Disconnected`], and requests made afterwards fail at once the same
+//! way: nothing waits for a server that is gone.
 
 use std::collections::HashMap;
 use std::io::{self, IoSlice};
 use std::net::Shutdown;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use blockwire_blockdev::{Error, ErrorKind, IoBuf, Op};
 
 use super::details::ExportDetails;
-use super::reader;
+use super::reader::{self, ReadSide};
 use super::reply::{Expect, Outcome};
 use super::slot::{QueueShared, Slot};
-use super::socket::Socket;
+use super::socket::{poll, wait_readable, Socket};
 use crate::wire::*;
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -66,17 +69,26 @@ impl Unsent {
 // stay put until those complete (see `Connection::enqueue`).
 unsafe impl Send for Unsent {}
 
-/// Requests registered but not yet taken up by the reader thread.
+/// Requests registered but not yet taken up by the read side.
 #[derive(Default)]
 pub(crate) struct Table {
     pub pending: HashMap<u64, Arc<Slot>>,
     pub closed: Option<Closed>,
 }
 
-/// State the callers and the reader thread share.
+/// How often a caller waiting for its reply checks whether a request queue has
+/// parked the reader thread (and it must read for itself).
+const PARK_CHECK: Duration = Duration::from_millis(10);
+/// How long a caller reading for itself waits for the socket at a time, so that a
+/// request queue's thread gets the reader lock in between.
+const SELF_READ_WAIT: Duration = Duration::from_millis(1);
+
+/// State the callers and the read side share.
 pub(crate) struct Shared {
     /// The write side: one request (header and payload) at a time.
     pub writer: Mutex<Socket>,
+    /// The read side.
+    pub read_side: ReadSide,
     /// A handle to shut the socket down without waiting for the writer lock.
     control: Socket,
     pub table: Mutex<Table>,
@@ -99,7 +111,7 @@ impl Shared {
         true
     }
 
-    /// Hard disconnect: the reader thread wakes up, fails what is in flight and ends.
+    /// Hard disconnect: the read side sees the end and fails what is in flight.
     pub fn kill(&self, reason: String) {
         self.close(ErrorKind::Disconnected, reason);
         self.shutdown();
@@ -151,6 +163,7 @@ impl Connection {
         let control = socket.try_clone()?;
         let shared = Arc::new(Shared {
             writer: Mutex::new(socket),
+            read_side: ReadSide::new(reader_socket),
             control,
             table: Mutex::new(Table::default()),
             dead: AtomicBool::new(false),
@@ -161,7 +174,7 @@ impl Connection {
             .name(format!("nbd-initiator-{index}"))
             .spawn({
                 let shared = shared.clone();
-                move || reader::run(shared, reader_socket)
+                move || reader::run(shared)
             })?;
         Ok(Connection {
             shared,
@@ -171,6 +184,16 @@ impl Connection {
             structured: details.structured,
             context: details.base_allocation_id,
         })
+    }
+
+    /// The read side, for a request queue that reads its replies itself.
+    pub fn read_side(&self) -> &ReadSide {
+        &self.shared.read_side
+    }
+
+    /// The state shared with the read side.
+    pub fn shared(&self) -> &Shared {
+        &self.shared
     }
 
     /// Whether the connection still takes requests.
@@ -210,27 +233,50 @@ impl Connection {
             context: self.context,
         };
         // `read_into` stays borrowed until this function returns, which is after
-        // the reader thread has completed the slot (slot.rs, ownership rule).
+        // the slot has been completed (slot.rs, ownership rule).
         let slot = Arc::new(Slot::new(expect, op, read_into));
         self.send(&slot, flags, payload)?;
-        let result = match self.request_timeout {
-            None => slot.wait(),
-            Some(limit) => match slot.wait_timeout(limit) {
-                Some(result) => result,
-                None => {
-                    // The caller's buffer is lent to the reader thread: closing the
+        let result = self.wait(&slot, op, offset);
+        self.finished();
+        result
+    }
+
+    /// Waits for `slot`'s reply: from the reader thread, or, while a request queue
+    /// has parked it, read by this thread itself. Closes the connection when the
+    /// request timeout passes, which fails the request.
+    fn wait(&self, slot: &Slot, op: Op, offset: u64) -> Result<Outcome, Error> {
+        let side = &self.shared.read_side;
+        let since = Instant::now();
+        let mut timed_out = false;
+        loop {
+            let result = if side.parked() && !side.ended() {
+                match slot.try_take() {
+                    Some(result) => Some(result),
+                    None => {
+                        let _ = wait_readable(side.fd(), Some(SELF_READ_WAIT));
+                        side.pump(&self.shared, true);
+                        slot.try_take()
+                    }
+                }
+            } else {
+                slot.wait_timeout(PARK_CHECK)
+            };
+            if let Some(result) = result {
+                return result;
+            }
+            if let Some(limit) = self.request_timeout {
+                if !timed_out && since.elapsed() >= limit {
+                    // The caller's buffer is lent to the read side: closing the
                     // connection makes it hand every request back, this one with the
                     // timeout as its error.
                     self.time_out(format!(
                         "{}: no reply to {op} at {offset} within {limit:?}; connection closed",
                         self.shared.name
                     ));
-                    slot.wait()
+                    timed_out = true;
                 }
-            },
-        };
-        self.finished();
-        result
+            }
+        }
     }
 
     /// Registers a queued request and adds it to `unsent` without writing it: the
@@ -282,8 +328,11 @@ impl Connection {
         }
     }
 
-    /// Writes every request in `unsent` (headers and payloads) in one vectored write
-    /// and empties it.
+    /// Writes every request in `unsent` (headers and payloads), in as few system
+    /// calls as the socket allows, and empties it. While the socket is too full to
+    /// take more, reads replies instead of blocking: the server may be waiting for
+    /// room to send them before it reads more requests (the read side is parked
+    /// while a queue uses the connection, so nobody else would read them).
     pub fn send_unsent(&self, unsent: &mut Unsent) {
         if unsent.requests.is_empty() {
             return;
@@ -301,10 +350,10 @@ impl Connection {
             }
             head_start = head_end;
         }
-        let sent = lock(&self.shared.writer).write_all_slices(&mut slices);
+        let sent = self.send_draining(&mut slices);
         drop(slices);
         if let Err(e) = sent {
-            // The reader thread fails these requests along with the others.
+            // The read side fails these requests along with the others.
             self.shared.kill(format!(
                 "{}: sending requests failed: {e}",
                 self.shared.name
@@ -313,6 +362,37 @@ impl Connection {
         unsent.heads.clear();
         unsent.requests.clear();
         unsent.bytes = 0;
+    }
+
+    fn send_draining(&self, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+        let side = &self.shared.read_side;
+        // Held throughout: requests must not interleave in the stream. Reading
+        // replies meanwhile cannot need it: the requests being sent are in flight,
+        // so the read side never finds the connection idle and disconnects.
+        let writer = lock(&self.shared.writer);
+        while !slices.is_empty() {
+            match writer.send_now(slices) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => IoSlice::advance_slices(&mut slices, n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let mut fds = [libc::pollfd {
+                        fd: writer.as_raw_fd(),
+                        events: libc::POLLOUT | libc::POLLIN,
+                        revents: 0,
+                    }];
+                    poll(&mut fds, None)?;
+                    if fds[0].revents & libc::POLLIN != 0
+                        && side.pump(&self.shared, false) == reader::Pumped::Busy
+                    {
+                        // Someone else reads; let them, and wait for room only.
+                        fds[0].events = libc::POLLOUT;
+                        poll(&mut fds, Some(SELF_READ_WAIT))?;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Registers `slot` under a fresh cookie and appends its request header to
@@ -346,7 +426,7 @@ impl Connection {
         self.register(slot, flags, &mut head)?;
         let sent = lock(&self.shared.writer).write_all_vectored(&head, payload);
         if let Err(e) = sent {
-            // The reader thread fails this request along with the others.
+            // The read side fails this request along with the others.
             self.shared.kill(format!(
                 "{}: sending a request failed: {e}",
                 self.shared.name

@@ -385,7 +385,7 @@ impl BlockDevice for NbdClient {
     }
 
     fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
-        Some(Box::new(NbdQueue::new(self)))
+        NbdQueue::new(self).map(|queue| Box::new(queue) as Box<dyn RequestQueue + '_>)
     }
 
     fn cache(&self, offset: u64, len: u64) -> Result<()> {

@@ -6,7 +6,8 @@
 //!   fallback to NBD_OPT_EXPORT_NAME, and NBD_OPT_LIST;
 //! - [`reply`]: reply parsing without I/O, checking every chunk against its request;
 //! - `connection` and `reader`: one socket per connection, a shared writer and a
-//!   reader thread completing requests out of order by cookie;
+//!   read side completing requests out of order by cookie (a reader thread, or a
+//!   request queue's own thread while it exists: `queue`);
 //! - [`NbdClient`]: the device, spreading requests over one or more connections.
 //!
 //! ```no_run
@@ -31,6 +32,8 @@ mod fake_server;
 mod handshake;
 mod poll_budget;
 mod queue;
+#[cfg(test)]
+mod queue_reading_tests;
 mod reader;
 pub mod reply;
 mod slot;

@@ -1,12 +1,12 @@
 //! How long the queue's thread polls for completions before it sleeps.
 //!
-//! Each reply first wakes the connection's reader thread, which then wakes the
-//! queue's thread: two wake-ups per round trip, and on a VM each costs an
-//! inter-processor interrupt. With small requests at a moderate queue depth that
-//! is most of the latency (measured at 4 KiB random reads, queue depth 16, target
-//! in memory on loopback: the initiator at 50% of a core, the target at 54%, a
-//! quarter of the two cores idle). Polling for the next completion spares the
-//! second wake-up when completions come close together, as fio does with libnbd.
+//! A queue's thread that sleeps until a reply arrives pays a wake-up per round
+//! trip, and on a VM that costs an inter-processor interrupt. With small requests
+//! at a moderate queue depth that is most of the latency (measured at 4 KiB random
+//! reads, queue depth 16, target in memory on loopback, when each reply still woke
+//! a reader thread and then the queue's: the initiator at 50% of a core, the target
+//! at 54%, a quarter of the two cores idle). Polling the sockets for the next reply
+//! spares the wake-up when replies come close together, as fio does with libnbd.
 //!
 //! Polling pays only while completions come within the poll, so the queue keeps
 //! score: each window of [`WINDOW`] polls that saw fewer than a quarter of them

@@ -6,24 +6,30 @@
 //! write when the queue's thread asks for completions, or as soon as a connection's
 //! gathered requests reach [`SEND_BYTES`] (so large writes stream without waiting).
 //! A burst of small requests then costs one system call here and arrives at the
-//! server in one read. The connections' reader threads put completions in one list,
-//! and the queue's thread takes every completion there is whenever it asks, sleeping
-//! only while none is ready. So a reader thread that takes several replies from one
-//! socket read wakes the queue's thread at most once for all of them. Before it
-//! sleeps, the queue's thread polls a moment for the completion it waits for, while
-//! the requests are small and polling keeps paying ([`PollBudget`]): that spares
-//! the wake-up, which at small requests is much of the round trip.
+//! server in one read.
+//!
+//! For as long as it exists, the queue reads its connections' replies on its own
+//! thread and their reader threads stay parked (reader.rs): when it asks for
+//! completions, it reads every reply that has arrived, and sleeps only in `poll` on
+//! the sockets themselves, so a reply wakes it directly instead of through a reader
+//! thread. Its sends never block: while a socket is full they read replies instead.
+//! Before sleeping it polls the sockets a moment for the completion it waits for,
+//! while the requests are small and polling keeps paying ([`PollBudget`]): that
+//! spares the wake-up, which at small requests is much of the round trip.
 
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use blockwire_blockdev::{Completion, Op, QueuedOp, RequestQueue, Submission};
 
 use super::connection::Unsent;
 use super::device::{fua, NbdClient};
 use super::poll_budget::PollBudget;
+use super::reader::Pumped;
 use super::slot::QueueShared;
+use super::socket::poll;
 use crate::wire::{NBD_CMD_READ, NBD_CMD_WRITE};
 
 /// Gathered requests for one connection are sent once they hold this many bytes...
@@ -35,6 +41,9 @@ const SEND_REQUESTS: usize = 4;
 /// The queue's thread polls for completions (see `poll_budget.rs`) only while the
 /// requests in flight average at most this many bytes.
 const POLL_REQUEST_BYTES: usize = 64 * 1024;
+/// Longest sleep while another thread holds a connection's reader lock (a caller
+/// reading its own reply): then the socket's readiness says nothing to us.
+const BUSY_WAIT: Duration = Duration::from_millis(1);
 
 /// A request queue on an [`NbdClient`]'s connections.
 pub(crate) struct NbdQueue<'a> {
@@ -50,17 +59,29 @@ pub(crate) struct NbdQueue<'a> {
 }
 
 impl<'a> NbdQueue<'a> {
-    pub fn new(client: &'a NbdClient) -> NbdQueue<'a> {
-        NbdQueue {
+    /// A queue on `client`'s connections; `None` if the kernel refuses the eventfd
+    /// it needs (the caller then falls back to one thread per request).
+    pub fn new(client: &'a NbdClient) -> Option<NbdQueue<'a>> {
+        let shared = match QueueShared::new() {
+            Ok(shared) => Arc::new(shared),
+            Err(e) => {
+                tracing::warn!("NBD request queue unavailable: eventfd: {e}");
+                return None;
+            }
+        };
+        for index in 0..client.connections() {
+            client.connection(index).read_side().park();
+        }
+        Some(NbdQueue {
             client,
-            shared: Arc::new(QueueShared::default()),
+            shared,
             in_flight: 0,
             unsent: (0..client.connections())
                 .map(|_| Unsent::default())
                 .collect(),
             in_flight_bytes: 0,
             poll: PollBudget::default(),
-        }
+        })
     }
 
     /// Writes every gathered request.
@@ -72,6 +93,64 @@ impl<'a> NbdQueue<'a> {
 
     fn done(&self) -> MutexGuard<'_, Vec<(usize, Completion)>> {
         self.shared.done.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn done_count(&self) -> usize {
+        self.done().len()
+    }
+
+    /// Reads every reply that has arrived on any live connection; returns whether
+    /// another thread held a connection's reader lock.
+    fn read_replies(&self) -> bool {
+        let mut busy = false;
+        for index in 0..self.client.connections() {
+            let connection = self.client.connection(index);
+            let side = connection.read_side();
+            if !side.ended() {
+                busy |= side.pump(connection.shared(), false) == Pumped::Busy;
+            }
+        }
+        busy
+    }
+
+    /// Sleeps until a live connection has something to read, another thread hands
+    /// this queue a completion, or `limit` passes. With `busy` (another thread
+    /// holds a reader lock), the sockets are left out: their data may be that
+    /// thread's to read, and waiting on them would spin.
+    fn sleep(&self, limit: Option<Duration>, busy: bool) {
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.client.connections() + 1);
+        if !busy {
+            for index in 0..self.client.connections() {
+                let side = self.client.connection(index).read_side();
+                if !side.ended() {
+                    fds.push(libc::pollfd {
+                        fd: side.fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    });
+                }
+            }
+        }
+        fds.push(libc::pollfd {
+            fd: self.shared.wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        let limit = if busy {
+            Some(limit.map_or(BUSY_WAIT, |limit| limit.min(BUSY_WAIT)))
+        } else {
+            limit
+        };
+        self.shared.sleeping.store(true, Ordering::SeqCst);
+        // A completion delivered before `sleeping` was seen set is in the list.
+        if self.done_count() == 0 {
+            if let Err(e) = poll(&mut fds, limit) {
+                tracing::debug!("NBD request queue: poll: {e}");
+                std::thread::sleep(BUSY_WAIT);
+            }
+        }
+        self.shared.sleeping.store(false, Ordering::SeqCst);
+        self.shared.clear_wake();
     }
 }
 
@@ -126,71 +205,58 @@ impl RequestQueue for NbdQueue<'_> {
         let want = min.min(self.in_flight);
         let timeout = self.client.connection(0).request_timeout();
         let mut waited_since = Instant::now();
-        // A handle of our own: the lock guard must not borrow `self`.
-        let shared = Arc::clone(&self.shared);
-        let done_list = || shared.done.lock().unwrap_or_else(|e| e.into_inner());
-        let mut done = done_list();
+        let mut had = self.done_count();
         // Only small requests: a large one's transfer dwarfs a wake-up, and a
         // polling thread would take CPU from the transfer (and, on loopback, from
         // the server) instead.
         let small = self.in_flight_bytes <= self.in_flight * POLL_REQUEST_BYTES;
-        if done.len() < want && small {
-            let budget = self.poll.next();
-            if !budget.is_zero() {
-                // Poll without the lock, which the reader threads take to deliver.
-                let until = shared.delivered.load(Ordering::Acquire) + (want - done.len()) as u64;
-                drop(done);
-                let polled = Instant::now();
-                while shared.delivered.load(Ordering::Acquire) < until && polled.elapsed() < budget
-                {
-                    std::hint::spin_loop();
-                }
-                done = done_list();
-                self.poll.record(done.len() >= want);
+        let mut polled = false;
+        loop {
+            let busy = self.read_replies();
+            let count = self.done_count();
+            if count >= want {
+                break;
             }
-        }
-        while done.len() < want {
-            shared.sleeping.store(true, Ordering::Relaxed);
-            match timeout {
-                None => {
-                    done = self
-                        .shared
-                        .ready
-                        .wait(done)
-                        .unwrap_or_else(|e| e.into_inner());
-                    shared.sleeping.store(false, Ordering::Relaxed);
-                }
-                Some(limit) => {
-                    let before = done.len();
-                    done = self
-                        .shared
-                        .ready
-                        .wait_timeout(done, limit)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
-                    shared.sleeping.store(false, Ordering::Relaxed);
-                    if done.len() > before {
-                        waited_since = Instant::now();
-                    } else if waited_since.elapsed() >= limit {
-                        // Nothing came back for a whole timeout: close every
-                        // connection, so that the reader threads fail what is in
-                        // flight and hand it back.
-                        drop(done);
-                        for index in 0..self.client.connections() {
-                            let connection = self.client.connection(index);
-                            connection.time_out(format!(
-                                "no reply to any of {} queued requests within {limit:?}; \
-                                 connection closed",
-                                self.in_flight
-                            ));
-                        }
-                        waited_since = Instant::now();
-                        done = done_list();
+            if count > had {
+                had = count;
+                waited_since = Instant::now();
+            }
+            if small && !polled {
+                polled = true;
+                let budget = self.poll.next();
+                if !budget.is_zero() {
+                    let started = Instant::now();
+                    while self.done_count() < want && started.elapsed() < budget {
+                        self.read_replies();
+                        std::hint::spin_loop();
                     }
+                    self.poll.record(self.done_count() >= want);
+                    continue;
                 }
+            }
+            let left = timeout.map(|limit| limit.saturating_sub(waited_since.elapsed()));
+            match left {
+                Some(left) if left.is_zero() => {
+                    // Nothing came back for a whole timeout: close every
+                    // connection, so that reading fails what is in flight and hands
+                    // it back.
+                    for index in 0..self.client.connections() {
+                        let connection = self.client.connection(index);
+                        connection.time_out(format!(
+                            "no reply to any of {} queued requests within {:?}; \
+                             connection closed",
+                            self.in_flight,
+                            timeout.unwrap_or_default()
+                        ));
+                    }
+                    waited_since = Instant::now();
+                }
+                _ => self.sleep(left, busy),
             }
         }
         let client = self.client;
+        let shared = Arc::clone(&self.shared);
+        let mut done = shared.done.lock().unwrap_or_else(|e| e.into_inner());
         let taken = done.len();
         for (index, completion) in done.drain(..) {
             client.connection(index).finished();
@@ -208,7 +274,11 @@ impl RequestQueue for NbdQueue<'_> {
 
 impl Drop for NbdQueue<'_> {
     fn drop(&mut self) {
-        // Requests submitted and never waited for still reach the server.
+        // Requests submitted and never waited for still reach the server; their
+        // replies are the reader threads' again.
         self.send_all();
+        for index in 0..self.client.connections() {
+            self.client.connection(index).read_side().unpark();
+        }
     }
 }

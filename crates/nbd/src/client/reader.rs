@@ -1,20 +1,31 @@
-//! The reader thread of one connection: reads reply headers and payloads, lets the
+//! The read half of one connection: reads reply headers and payloads, lets the
 //! reply state of each request decide what they mean, puts read data straight into
 //! the caller's buffer and completes requests by cookie. When the stream ends or
-//! breaks the protocol it fails everything in flight; it is the only thread that
-//! completes requests (slot.rs).
+//! breaks the protocol it fails everything in flight.
+//!
+//! Who reads: the connection's reader thread, except while a request queue uses the
+//! connection. A queue reads its replies on its own thread, as libnbd's event loop
+//! does, and the reader thread stays away from the socket meanwhile ("parked").
+//! Each reply then costs one wake-up (the queue's thread, if it sleeps at all)
+//! instead of two, and the queue's sends no longer contend for the socket with a
+//! second thread reading it. Whoever reads holds [`ReadSide`]'s lock, so readers
+//! never interleave within the stream; a caller that waits for its own reply while
+//! the reader thread is parked reads for itself (`Connection::request`).
 
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read};
-use std::sync::Arc;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
+use std::time::Duration;
 
 use blockwire_blockdev::{Error, ErrorKind};
 
-use super::connection::Shared;
+use super::connection::{Closed, Shared};
 use super::error::error_name;
 use super::reply::{Completion, Next, Outcome, ReplyState, Violation};
 use super::slot::Slot;
-use super::socket::Socket;
+use super::socket::{wait_readable, Socket};
 use crate::errors::error_kind;
 use crate::wire::*;
 
@@ -23,7 +34,11 @@ const READ_BUFFER: usize = 64 * 1024;
 /// A payload scratch buffer larger than this is freed after use.
 const KEEP_SCRATCH: usize = 1 << 20;
 
-/// Why the reader stopped.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Why reading stopped.
 enum End {
     /// The server closed the connection between replies.
     Closed,
@@ -31,8 +46,20 @@ enum End {
     Violation(String),
 }
 
+/// What a call to [`ReadSide::pump`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pumped {
+    /// Read this many reply messages (maybe none) and stopped where no more had
+    /// arrived.
+    Read(usize),
+    /// Another thread is reading (only when asked not to wait for the lock).
+    Busy,
+    /// The connection has ended; every request on it has been failed.
+    Ended,
+}
+
+/// The state of reading one connection's stream.
 struct Reader {
-    shared: Arc<Shared>,
     input: BufReader<Socket>,
     /// Requests whose structured reply has begun but not ended.
     active: HashMap<u64, (Arc<Slot>, ReplyState)>,
@@ -41,48 +68,194 @@ struct Reader {
     server_shutting_down: bool,
 }
 
-/// Runs the reader until the connection ends.
-pub(crate) fn run(shared: Arc<Shared>, socket: Socket) {
-    let mut reader = Reader {
-        shared,
-        input: BufReader::with_capacity(READ_BUFFER, socket),
-        active: HashMap::new(),
-        scratch: Vec::new(),
-        server_shutting_down: false,
-    };
-    let reason = match reader.serve() {
-        End::Closed => "the server closed the connection".to_string(),
-        End::Failed(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-            "the server closed the connection in the middle of a reply".to_string()
-        }
-        End::Failed(e) => format!("connection failed: {e}"),
-        End::Violation(reason) => format!("protocol violation by the server: {reason}"),
-    };
-    let reason = format!("{}: {reason}", reader.shared.name);
-    if reader.shared.close(ErrorKind::Disconnected, reason.clone()) {
-        tracing::warn!("{reason}");
-    }
-    // Dropping the reader fails what is left.
+/// The read half of a connection and who may read it.
+pub(crate) struct ReadSide {
+    /// `None` once the connection has ended.
+    reader: Mutex<Option<Reader>>,
+    fd: RawFd,
+    ended: AtomicBool,
+    /// Request queues reading this connection themselves.
+    queues: Mutex<usize>,
+    unparked: Condvar,
 }
 
-impl Drop for Reader {
-    /// Fails every request still in flight, also if the thread panicked.
-    fn drop(&mut self) {
-        let closed = {
-            let mut table = self.shared.table.lock().unwrap_or_else(|e| e.into_inner());
-            let closed = table
-                .closed
-                .get_or_insert_with(|| super::connection::Closed {
-                    kind: ErrorKind::Disconnected,
-                    reason: format!("{}: the reader thread stopped", self.shared.name),
-                })
-                .clone();
-            let pending: Vec<_> = table.pending.drain().map(|(_, slot)| slot).collect();
-            (closed, pending)
+impl ReadSide {
+    pub fn new(socket: Socket) -> ReadSide {
+        ReadSide {
+            fd: socket.as_raw_fd(),
+            reader: Mutex::new(Some(Reader {
+                input: BufReader::with_capacity(READ_BUFFER, socket),
+                active: HashMap::new(),
+                scratch: Vec::new(),
+                server_shutting_down: false,
+            })),
+            ended: AtomicBool::new(false),
+            queues: Mutex::new(0),
+            unparked: Condvar::new(),
+        }
+    }
+
+    /// The socket, to wait on for replies.
+    pub fn fd(&self) -> RawFd {
+        self.fd
+    }
+
+    /// Whether the connection has ended (and everything on it has been failed).
+    pub fn ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    /// A request queue starts reading this connection itself.
+    pub fn park(&self) {
+        *lock(&self.queues) += 1;
+    }
+
+    /// A request queue stops reading this connection.
+    pub fn unpark(&self) {
+        let mut queues = lock(&self.queues);
+        *queues -= 1;
+        if *queues == 0 {
+            self.unparked.notify_all();
+        }
+    }
+
+    /// Whether a request queue reads this connection (so the reader thread does not).
+    pub fn parked(&self) -> bool {
+        *lock(&self.queues) > 0
+    }
+
+    fn wait_unparked(&self) {
+        let mut queues = lock(&self.queues);
+        while *queues > 0 {
+            queues = self
+                .unparked
+                .wait(queues)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Reads and acts on every reply message that has begun to arrive, and returns
+    /// when none has; a message that has begun is read to its end, waiting for it.
+    /// With `wait_for_lock` false, returns [`Pumped::Busy`] instead of waiting for
+    /// another thread that reads.
+    pub fn pump(&self, shared: &Shared, wait_for_lock: bool) -> Pumped {
+        let mut guard = if wait_for_lock {
+            lock(&self.reader)
+        } else {
+            match self.reader.try_lock() {
+                Ok(guard) => guard,
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(TryLockError::WouldBlock) => return Pumped::Busy,
+            }
         };
+        let Some(reader) = guard.as_mut() else {
+            return Pumped::Ended;
+        };
+        let mut read = 0;
+        loop {
+            if reader.input.buffer().is_empty() && !readable_now(self.fd) {
+                return Pumped::Read(read);
+            }
+            let step = match reader.input.fill_buf() {
+                // End of stream between replies is a close, not a failure.
+                Ok([]) => Err(End::Closed),
+                Ok(_) => reader.message(shared),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+                Err(e) => Err(End::Failed(e)),
+            };
+            if let Err(end) = step {
+                let reader = guard.take().expect("checked above");
+                self.ended.store(true, Ordering::Release);
+                reader.finish(shared, end);
+                return Pumped::Ended;
+            }
+            read += 1;
+            if reader.server_shutting_down && reader.idle(shared) {
+                tracing::info!("{}: server is shutting down; disconnecting", shared.name);
+                shared.disconnect();
+            }
+        }
+    }
+}
+
+/// Whether the socket has data (or its end, or an error) to read now.
+fn readable_now(fd: RawFd) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: a one-byte buffer of ours; MSG_PEEK leaves the data in the socket.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock
+}
+
+/// The reader thread: reads replies until the connection ends, staying away from
+/// the socket while a request queue reads it.
+pub(crate) fn run(shared: Arc<Shared>) {
+    let side = &shared.read_side;
+    let _fail_on_panic = FailOnPanic(&shared);
+    loop {
+        side.wait_unparked();
+        // Wait without the reader lock, which a queue may take meanwhile.
+        if let Err(e) = wait_readable(side.fd(), None) {
+            tracing::debug!("{}: waiting for replies: {e}", shared.name);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if side.parked() {
+            continue;
+        }
+        if side.pump(&shared, true) == Pumped::Ended {
+            return;
+        }
+    }
+}
+
+/// Fails everything in flight if the reader thread panics, so no caller waits for
+/// a reply nobody will read.
+struct FailOnPanic<'a>(&'a Shared);
+
+impl Drop for FailOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let side = &self.0.read_side;
+            if let Some(reader) = lock(&side.reader).take() {
+                side.ended.store(true, Ordering::Release);
+                let panicked = io::Error::other("the reader thread stopped");
+                reader.finish(self.0, End::Failed(panicked));
+            }
+        }
+    }
+}
+
+impl Reader {
+    /// Closes the connection for `end` and fails every request still in flight.
+    fn finish(mut self, shared: &Shared, end: End) {
+        let reason = match end {
+            End::Closed => "the server closed the connection".to_string(),
+            End::Failed(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                "the server closed the connection in the middle of a reply".to_string()
+            }
+            End::Failed(e) => format!("connection failed: {e}"),
+            End::Violation(reason) => format!("protocol violation by the server: {reason}"),
+        };
+        let reason = format!("{}: {reason}", shared.name);
+        if shared.close(ErrorKind::Disconnected, reason.clone()) {
+            tracing::warn!("{reason}");
+        }
         // A hard disconnect if the server is still there (a protocol violation).
-        self.shared.shutdown();
-        let (closed, pending) = closed;
+        shared.shutdown();
+        let (closed, pending): (Closed, Vec<_>) = {
+            let mut table = lock(&shared.table);
+            let closed = table.closed.clone().expect("closed above");
+            (
+                closed,
+                table.pending.drain().map(|(_, slot)| slot).collect(),
+            )
+        };
         let active = self.active.drain().map(|(_, (slot, _))| slot);
         for slot in pending.into_iter().chain(active) {
             let expect = slot.expect;
@@ -111,38 +284,8 @@ fn server_error(slot: &Slot, error: super::reply::ServerError) -> Error {
 }
 
 impl Reader {
-    fn serve(&mut self) -> End {
-        loop {
-            // End of stream between replies is a close, not a failure.
-            match self.input.fill_buf() {
-                Ok([]) => return End::Closed,
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return End::Failed(e),
-            }
-            match self.message() {
-                Ok(()) => {}
-                Err(end) => return end,
-            }
-            if self.server_shutting_down && self.idle() {
-                tracing::info!(
-                    "{}: server is shutting down; disconnecting",
-                    self.shared.name
-                );
-                self.shared.disconnect();
-            }
-        }
-    }
-
-    fn idle(&self) -> bool {
-        self.active.is_empty()
-            && self
-                .shared
-                .table
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pending
-                .is_empty()
+    fn idle(&self, shared: &Shared) -> bool {
+        self.active.is_empty() && lock(&shared.table).pending.is_empty()
     }
 
     fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), End> {
@@ -150,7 +293,7 @@ impl Reader {
     }
 
     /// Reads one reply message (a simple reply or one chunk) and acts on it.
-    fn message(&mut self) -> Result<(), End> {
+    fn message(&mut self, shared: &Shared) -> Result<(), End> {
         let mut bytes = [0u8; CHUNK_HEADER_LEN];
         self.read_exact(&mut bytes[..SIMPLE_REPLY_LEN])?;
         let header = match ReplyHeader::decode(&bytes[..SIMPLE_REPLY_LEN]) {
@@ -170,13 +313,7 @@ impl Reader {
         let (slot, mut state) = match self.active.remove(&cookie) {
             Some(entry) => entry,
             None => {
-                let taken = self
-                    .shared
-                    .table
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .pending
-                    .remove(&cookie);
+                let taken = lock(&shared.table).pending.remove(&cookie);
                 match taken {
                     Some(slot) => {
                         let state = ReplyState::new(slot.expect);
@@ -195,7 +332,7 @@ impl Reader {
         let result = self.drive(&slot, &mut state, header);
         match result {
             Ok(Some(completion)) => {
-                self.complete(&slot, completion);
+                self.complete(shared, &slot, completion);
                 Ok(())
             }
             Ok(None) => {
@@ -238,7 +375,7 @@ impl Reader {
                     next?
                 }
                 Next::Data { at, len } => {
-                    // SAFETY: this is the reader thread and the slot is not completed;
+                    // SAFETY: this thread holds the reader lock and the slot is not completed;
                     // the reply state checked `at + len` against the request's length.
                     let buf = unsafe { slot.data(at, len) };
                     self.read_exact(buf)?;
@@ -255,14 +392,14 @@ impl Reader {
         }
     }
 
-    fn complete(&mut self, slot: &Slot, completion: Completion) {
+    fn complete(&mut self, shared: &Shared, slot: &Slot, completion: Completion) {
         let result: Result<Outcome, Error> = completion.map_err(|error| {
             if error.error == NBD_ESHUTDOWN && !self.server_shutting_down {
                 // proto.md: a client receiving NBD_ESHUTDOWN must disconnect softly.
                 self.server_shutting_down = true;
-                self.shared.close(
+                shared.close(
                     ErrorKind::ShuttingDown,
-                    format!("{}: the server is shutting down", self.shared.name),
+                    format!("{}: the server is shutting down", shared.name),
                 );
             }
             server_error(slot, error)

@@ -1,13 +1,17 @@
 //! One request in flight: what it expects, where read data goes, and who learns the
 //! result — a caller blocked in [`Slot::wait`], or a request queue.
 //!
-//! Ownership rule: a slot is completed exactly once, and only by the connection's
-//! reader thread (a reply, or the connection's end). So the read buffer a slot points
-//! into is written only by that thread, and only before it completes the slot. A
+//! Ownership rule: a slot is completed exactly once, and only by a thread holding
+//! the connection's reader lock (for a reply, or the connection's end: reader.rs).
+//! So the read buffer a slot points into is written only by that thread, and only
+//! before it completes the slot. A
 //! waiting caller lent the buffer and touches it again only after completion; a
 //! queued request's buffer is owned by the slot and handed to the queue on
 //! completion.
 
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -25,24 +29,58 @@ struct ReadBuffer {
     len: usize,
 }
 
-// SAFETY: the pointer is dereferenced only by the reader thread, before completion,
+// SAFETY: the pointer is dereferenced only under the reader lock, before completion,
 // while its memory is lent or owned by the slot (see the module comment).
 unsafe impl Send for ReadBuffer {}
 // SAFETY: as above; no two threads access the buffer at once.
 unsafe impl Sync for ReadBuffer {}
 
 /// Completions of one request queue's requests, with the index of the connection
-/// each ran on, as the reader threads deliver them.
-#[derive(Default)]
+/// each ran on, as the read sides deliver them.
 pub(crate) struct QueueShared {
     pub done: Mutex<Vec<(usize, Completion)>>,
-    pub ready: Condvar,
-    /// The queue's thread sleeps on `ready` (set and read with `done` locked): only
-    /// then does a completion pay for a wake-up system call.
-    pub sleeping: std::sync::atomic::AtomicBool,
-    /// Completions delivered so far, for the queue's thread to watch without
-    /// taking the lock while it polls.
-    pub delivered: std::sync::atomic::AtomicU64,
+    /// The queue's thread is waiting on its sockets (set and read in sequentially
+    /// consistent order around `done`): a completion another thread delivers must
+    /// then wake it through `wake`.
+    pub sleeping: AtomicBool,
+    /// An eventfd the queue's thread waits on beside its sockets.
+    pub wake: OwnedFd,
+}
+
+impl QueueShared {
+    pub fn new() -> io::Result<QueueShared> {
+        // SAFETY: eventfd has no memory arguments; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(QueueShared {
+            done: Mutex::new(Vec::new()),
+            sleeping: AtomicBool::new(false),
+            // SAFETY: a fresh descriptor that nothing else owns.
+            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    fn wake_up(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live array. A full counter (EAGAIN) still
+        // leaves the eventfd readable, which is all the waiter needs.
+        unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+    }
+
+    /// Resets the wake-up after the queue's thread woke.
+    pub fn clear_wake(&self) {
+        let mut count = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into a live array; non-blocking.
+        unsafe {
+            libc::read(
+                self.wake.as_raw_fd(),
+                count.as_mut_ptr().cast(),
+                count.len(),
+            )
+        };
+    }
 }
 
 /// Who learns a slot's result.
@@ -118,7 +156,8 @@ impl Slot {
     ///
     /// # Safety
     ///
-    /// Only the reader thread may call this, and only before it completes the slot;
+    /// Only the thread holding the reader lock may call this, and only before it
+    /// completes the slot;
     /// the range must lie within the buffer (the reply state checked it against
     /// the request, whose length is the buffer's).
     #[allow(clippy::mut_from_ref)]
@@ -155,13 +194,9 @@ impl Slot {
                     buf,
                     result: outcome.map(drop),
                 };
-                let mut done = lock(&queue.done);
-                done.push((*connection, completion));
-                queue
-                    .delivered
-                    .fetch_add(1, std::sync::atomic::Ordering::Release);
-                if queue.sleeping.load(std::sync::atomic::Ordering::Relaxed) {
-                    queue.ready.notify_one();
+                lock(&queue.done).push((*connection, completion));
+                if queue.sleeping.load(Ordering::SeqCst) {
+                    queue.wake_up();
                 }
             }
         }
@@ -174,20 +209,13 @@ impl Slot {
         }
     }
 
-    /// Blocks until the reader thread completes this slot (not for queued slots).
-    pub fn wait(&self) -> Result<Outcome, Error> {
-        let (result, ready) = self.thread_waiter();
-        let mut slot = lock(result);
-        loop {
-            if let Some(result) = slot.take() {
-                return result;
-            }
-            slot = ready.wait(slot).unwrap_or_else(|e| e.into_inner());
-        }
+    /// The result, if the slot has been completed (not for queued slots).
+    pub fn try_take(&self) -> Option<Result<Outcome, Error>> {
+        lock(self.thread_waiter().0).take()
     }
 
-    /// Like [`wait`](Self::wait), but gives up after `limit` and returns `None`
-    /// (the slot is then still lent to the reader thread).
+    /// Blocks until the slot is completed or `limit` passes, and returns `None` then
+    /// (the slot is then still lent to the read side). Not for queued slots.
     pub fn wait_timeout(&self, limit: Duration) -> Option<Result<Outcome, Error>> {
         let (result, ready) = self.thread_waiter();
         let deadline = Instant::now() + limit;

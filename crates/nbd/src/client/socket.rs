@@ -2,6 +2,7 @@
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
@@ -79,21 +80,31 @@ impl Socket {
         }
     }
 
-    /// Writes every byte of `slices`, in order, with as few system calls as the
-    /// kernel allows.
-    pub(crate) fn write_all_slices(&mut self, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
-        // IOV_MAX on Linux.
-        const MAX_SLICES: usize = 1024;
-        while !slices.is_empty() {
-            let take = slices.len().min(MAX_SLICES);
-            match self.write_vectored(&slices[..take]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => IoSlice::advance_slices(&mut slices, n),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+    /// Writes what the socket takes now of `slices`, without waiting; returns the
+    /// bytes written (an [`io::ErrorKind::WouldBlock`] error when none fit).
+    pub(crate) fn send_now(&self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+        // SAFETY: an all-zero msghdr is valid (no name, no control data).
+        let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+        // IoSlice is ABI-compatible with iovec.
+        message.msg_iov = slices.as_ptr() as *mut libc::iovec;
+        message.msg_iovlen = slices.len().min(1024) as _;
+        loop {
+            // SAFETY: the msghdr points at `slices`, which outlive the call.
+            let n = unsafe {
+                libc::sendmsg(
+                    self.as_raw_fd(),
+                    &message,
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
             }
         }
-        Ok(())
     }
 
     /// Writes every byte of `head` then `data` with as few system calls as the
@@ -116,6 +127,46 @@ impl Socket {
         }
         Ok(())
     }
+}
+
+impl AsRawFd for Socket {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Socket::Tcp(s) => s.as_raw_fd(),
+            Socket::Unix(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+/// Waits until one of `fds` is ready for its events or `timeout` passes (`None`:
+/// no limit); returns how many are ready. An interrupted wait counts as a timeout.
+pub(crate) fn poll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<usize> {
+    let millis = timeout.map_or(-1, |t| {
+        // Round up: a zero-millisecond wait for a sub-millisecond timeout would spin.
+        i32::try_from(t.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
+    });
+    // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` entries.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, millis) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(0)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(n as usize)
+}
+
+/// Waits until `fd` has something to read (data, its end or an error), or
+/// `timeout` passes; returns whether it has.
+pub(crate) fn wait_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
+    let mut fds = [libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    Ok(poll(&mut fds, timeout)? > 0)
 }
 
 impl Read for Socket {

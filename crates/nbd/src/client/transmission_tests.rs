@@ -15,18 +15,18 @@ use super::{ClientOptions, NbdClient};
 use crate::wire::*;
 
 const SIZE: u64 = 16 << 20;
-const LEN: usize = 4096;
+pub(super) const LEN: usize = 4096;
 /// Bounds every wait of the initiator: a broken one fails a test, never hangs it.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// What read buffers hold before a read, so that bytes a read misses show.
-const GARBAGE: u8 = 0xa5;
+pub(super) const GARBAGE: u8 = 0xa5;
 /// How long one test may take: the request timeout cannot help when a broken
 /// initiator loses requests altogether.
 const TEST_LIMIT: Duration = Duration::from_secs(30);
 
 /// Runs a test's body in its own thread and fails the test if it hangs (the
 /// thread is then left behind; the test binary ends anyway).
-fn bounded(body: impl FnOnce() + Send + 'static) {
+pub(super) fn bounded(body: impl FnOnce() + Send + 'static) {
     let (done, finished) = mpsc::channel();
     let test = thread::spawn(move || {
         body();
@@ -42,11 +42,11 @@ fn bounded(body: impl FnOnce() + Send + 'static) {
     }
 }
 
-fn export(flags: u16) -> FakeExport {
+pub(super) fn export(flags: u16) -> FakeExport {
     FakeExport { size: SIZE, flags }
 }
 
-fn connect(uri: &super::NbdUri, connections: usize, structured: bool) -> NbdClient {
+pub(super) fn connect(uri: &super::NbdUri, connections: usize, structured: bool) -> NbdClient {
     let options = ClientOptions {
         connections,
         structured,
@@ -58,12 +58,12 @@ fn connect(uri: &super::NbdUri, connections: usize, structured: bool) -> NbdClie
 }
 
 /// What the fake export holds at `offset`: different bytes at every offset.
-fn data_at(offset: u64, len: usize) -> Vec<u8> {
+pub(super) fn data_at(offset: u64, len: usize) -> Vec<u8> {
     pattern(0x0b5e, offset, len)
 }
 
 /// The whole reply to a read of the export, simple or as one data chunk.
-fn read_reply(out: &mut Vec<u8>, request: &Request, structured: bool) {
+pub(super) fn read_reply(out: &mut Vec<u8>, request: &Request, structured: bool) {
     assert_eq!(request.command, NBD_CMD_READ, "{request:?}");
     if structured {
         encode_offset_data_header(out, request.cookie, request.offset, request.len, true);
