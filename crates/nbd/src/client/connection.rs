@@ -160,6 +160,10 @@ impl Connection {
         request_timeout: Option<Duration>,
     ) -> io::Result<Connection> {
         let reader_socket = socket.try_clone()?;
+        // Replies are read only once the socket has data, so a read that waits this
+        // long is a server stuck in the middle of a reply. Whoever reads — a queue's
+        // thread included — must not wait past the request timeout there.
+        reader_socket.set_read_timeout(request_timeout)?;
         let control = socket.try_clone()?;
         let shared = Arc::new(Shared {
             writer: Mutex::new(socket),

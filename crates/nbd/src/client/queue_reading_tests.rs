@@ -3,12 +3,15 @@
 //! queue's sends must read replies while the socket is full, or a server that
 //! answers before it reads on would deadlock with it.
 
-use blockwire_blockdev::{BlockDevice, IoBuf, QueuedOp, Submission};
+use std::time::{Duration, Instant};
+
+use blockwire_blockdev::{BlockDevice, ErrorKind, IoBuf, QueuedOp, Submission};
 
 use super::fake_server::{self, Peer};
 use super::transmission_tests::{
     bounded, connect, data_at, export, read_reply, GARBAGE, LEN, REQUEST_TIMEOUT,
 };
+use super::{ClientOptions, NbdClient};
 use crate::wire::*;
 
 /// Answers every request in arrival order until the initiator disconnects: reads
@@ -137,5 +140,45 @@ fn a_queue_reads_replies_while_its_writes_wait_for_room() {
         drop(queue);
         drop(client);
         assert_eq!(server.join(), READS + WRITES);
+    });
+}
+
+#[test]
+fn a_reply_that_stops_halfway_fails_the_queued_read_after_the_request_timeout() {
+    bounded(|| {
+        let server = fake_server::start(export(0), 1, |mut peers, _| {
+            let mut peer = peers.pop().unwrap();
+            let request = peer.requests(1).remove(0);
+            let mut out = Vec::new();
+            read_reply(&mut out, &request, peer.structured);
+            out.truncate(out.len() - LEN / 2);
+            peer.send(&out);
+            // Sit on the rest until the initiator gives up and hangs up.
+            peer.until_disconnect();
+        });
+        let limit = Duration::from_millis(300);
+        let options = ClientOptions {
+            request_timeout: Some(limit),
+            ..ClientOptions::default()
+        };
+        let client = NbdClient::connect(&server.uri, options).unwrap();
+        let mut queue = client.queue().unwrap();
+        queue.submit(read_at(7, 0, LEN));
+        let started = Instant::now();
+        let mut done = Vec::new();
+        // This thread reads the reply itself: a wait in the middle of it must not
+        // outlast the request timeout.
+        queue.complete(1, &mut done);
+        assert!(
+            started.elapsed() < REQUEST_TIMEOUT,
+            "waited {:?}",
+            started.elapsed()
+        );
+        let error = done.remove(0).result.unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::TimedOut, "{error}");
+        assert!(error.to_string().contains("middle of a reply"), "{error}");
+        drop(queue);
+        drop(client);
+        server.join();
     });
 }

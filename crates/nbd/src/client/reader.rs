@@ -234,8 +234,20 @@ impl Drop for FailOnPanic<'_> {
 impl Reader {
     /// Closes the connection for `end` and fails every request still in flight.
     fn finish(mut self, shared: &Shared, end: End) {
+        let mut kind = ErrorKind::Disconnected;
         let reason = match end {
             End::Closed => "the server closed the connection".to_string(),
+            End::Failed(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                kind = ErrorKind::TimedOut;
+                "the server stopped in the middle of a reply for longer than the request \
+                 timeout; connection closed"
+                    .to_string()
+            }
             End::Failed(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 "the server closed the connection in the middle of a reply".to_string()
             }
@@ -243,7 +255,7 @@ impl Reader {
             End::Violation(reason) => format!("protocol violation by the server: {reason}"),
         };
         let reason = format!("{}: {reason}", shared.name);
-        if shared.close(ErrorKind::Disconnected, reason.clone()) {
+        if shared.close(kind, reason.clone()) {
             tracing::warn!("{reason}");
         }
         // A hard disconnect if the server is still there (a protocol violation).
