@@ -114,10 +114,11 @@ impl<'a> NbdQueue<'a> {
     }
 
     /// Sleeps until a live connection has something to read, another thread hands
-    /// this queue a completion, or `limit` passes. With `busy` (another thread
-    /// holds a reader lock), the sockets are left out: their data may be that
-    /// thread's to read, and waiting on them would spin.
-    fn sleep(&self, limit: Option<Duration>, busy: bool) {
+    /// this queue a completion (beyond the `seen` it already has), or `limit`
+    /// passes. With `busy` (another thread holds a reader lock), the sockets are
+    /// left out: their data may be that thread's to read, and waiting on them would
+    /// spin.
+    fn sleep(&self, limit: Option<Duration>, busy: bool, seen: usize) {
         let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.client.connections() + 1);
         if !busy {
             for index in 0..self.client.connections() {
@@ -143,7 +144,7 @@ impl<'a> NbdQueue<'a> {
         };
         self.shared.sleeping.store(true, Ordering::SeqCst);
         // A completion delivered before `sleeping` was seen set is in the list.
-        if self.done_count() == 0 {
+        if self.done_count() == seen {
             if let Err(e) = poll(&mut fds, limit) {
                 tracing::debug!("NBD request queue: poll: {e}");
                 std::thread::sleep(BUSY_WAIT);
@@ -251,7 +252,7 @@ impl RequestQueue for NbdQueue<'_> {
                     }
                     waited_since = Instant::now();
                 }
-                _ => self.sleep(left, busy),
+                _ => self.sleep(left, busy, count),
             }
         }
         let client = self.client;

@@ -182,3 +182,51 @@ fn a_reply_that_stops_halfway_fails_the_queued_read_after_the_request_timeout() 
         server.join();
     });
 }
+
+/// CPU time this thread has used.
+fn thread_cpu() -> Duration {
+    // SAFETY: an all-zero rusage is valid, and getrusage fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a live, exclusively borrowed rusage.
+    assert_eq!(
+        unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) },
+        0
+    );
+    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+#[test]
+fn a_queue_waiting_for_more_completions_than_it_has_sleeps() {
+    bounded(|| {
+        const PAUSE: Duration = Duration::from_millis(400);
+        let server = fake_server::start(export(0), 1, |mut peers, _| {
+            let mut peer = peers.pop().unwrap();
+            let requests = peer.requests(2);
+            let mut out = Vec::new();
+            read_reply(&mut out, &requests[0], peer.structured);
+            peer.send(&out);
+            std::thread::sleep(PAUSE);
+            out.clear();
+            read_reply(&mut out, &requests[1], peer.structured);
+            peer.send(&out);
+            answer_in_order(peer)
+        });
+        let client = connect(&server.uri, 1, true);
+        let mut queue = client.queue().unwrap();
+        queue.submit(read_at(0, 0, LEN));
+        queue.submit(read_at(1, LEN as u64, LEN));
+        let (wall, cpu) = (Instant::now(), thread_cpu());
+        let mut done = Vec::new();
+        queue.complete(2, &mut done);
+        let (wall, cpu) = (wall.elapsed(), thread_cpu() - cpu);
+        assert_eq!(done.len(), 2);
+        assert!(wall >= PAUSE / 2, "completed after {wall:?}");
+        // The first completion in hand must not turn the wait for the second into
+        // a busy loop: a sleeping thread uses next to no CPU.
+        assert!(cpu < wall / 4, "{cpu:?} of CPU in {wall:?} of waiting");
+        drop(queue);
+        drop(client);
+        assert_eq!(server.join(), 0);
+    });
+}
