@@ -105,8 +105,9 @@ pub fn sweep_records() -> Vec<u64> {
 /// 112 s, what it came to when it stepped through 7 record sizes (powers of 4) × 8
 /// operations × 2 s. A measurement ends at its cap at the latest, so the
 /// measurements together take at most this long (the work between them, such as
-/// opening the test file, comes on top). Every power of two makes 13 × 8 = 104 measurements; at 2 s each the sweep
-/// would nearly double, so by default the budget is shared out instead
+/// opening the test file, comes on top). Every power of two makes 13 × 8 = 104
+/// measurements; at 2 s each the sweep would nearly double, so by default the
+/// budget is shared out instead
 /// ([`default_sweep_time`]) and each measurement is capped at about 1.08 s. Small
 /// records on slow storage are what hit the cap, and iozone's point is the shape of
 /// the curve over record sizes, which a second per point still draws; a run that
