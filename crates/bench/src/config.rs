@@ -107,11 +107,11 @@ pub fn sweep_records() -> Vec<u64> {
 /// measurements together take at most this long (the work between them, such as
 /// opening the test file, comes on top). Every power of two makes 13 × 8 = 104
 /// measurements; at 2 s each the sweep would nearly double, so by default the
-/// budget is shared out instead
-/// ([`default_sweep_time`]) and each measurement is capped at about 1.08 s. Small
-/// records on slow storage are what hit the cap, and iozone's point is the shape of
-/// the curve over record sizes, which a second per point still draws; a run that
-/// wants longer points passes `--time`, which caps each measurement as given.
+/// budget is shared out instead ([`default_sweep_time`]) and each measurement is
+/// capped at about 1.08 s. Small records on slow storage are what hit the cap, and
+/// iozone's point is the shape of the curve over record sizes, which a second per
+/// point still draws; a run that wants longer points passes `--time`, which caps
+/// each measurement as given.
 pub const SWEEP_BUDGET: Duration = Duration::from_secs(112);
 
 /// The cap of each sweep measurement that keeps a sweep over `records` record sizes

@@ -300,7 +300,7 @@ fn names(workloads: &[Workload]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workloads::test_support::{memory, tiny_config};
+    use crate::workloads::test_support::{closed_port, memory, tiny_config};
 
     #[test]
     fn every_workload_runs_on_a_memory_device() {
@@ -380,14 +380,6 @@ mod tests {
             notes.iter().any(|n| n.contains("--iperf-port")),
             "{notes:?}"
         );
-    }
-
-    /// A loopback port nothing listens on (it was free a moment ago).
-    fn closed_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .unwrap()
-            .port()
     }
 
     /// A run of the network workload alone against 127.0.0.1.

@@ -183,6 +183,7 @@ fn process_with_socket(inode: u64) -> Option<u32> {
 mod tests {
     use super::*;
     use crate::target::TargetSpec;
+    use crate::workloads::test_support::closed_port;
 
     fn remote(uri: &str) -> RemoteTarget {
         match TargetSpec::parse(uri) {
@@ -251,11 +252,7 @@ mod tests {
         .unwrap();
         let port: u16 = line.trim().parse().unwrap();
         // A netserve port with nothing on it: discovery falls back to /proc.
-        let closed = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let closed = closed_port();
         let found = discover(&remote(&format!("nbd://127.0.0.1:{port}/x")), Some(closed));
         let sampled = found.as_ref().and_then(|(source, _)| source.sample());
         let _ = child.kill();
@@ -268,11 +265,7 @@ mod tests {
 
     #[test]
     fn nothing_listening_and_aoe_give_no_source() {
-        let closed = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let closed = closed_port();
         assert_eq!(
             discover(
                 &remote(&format!("nbd://127.0.0.1:{closed}/x")),

@@ -255,32 +255,44 @@ fn many_threads_many_requests_out_of_order() {
     let threads: Vec<_> = (0..16u64)
         .map(|t| {
             let device = device.clone();
-            thread::spawn(move || {
-                // Each thread owns 1 MiB; sizes vary so replies overtake each other.
-                let base = t << 20;
-                for round in 0..40u64 {
-                    let len = [512usize, 4096, 65536, 200_704][(round % 4) as usize];
-                    let offset = base + (round * 4096) % ((1 << 20) - len as u64);
-                    let data = pattern(t * 1000 + round, offset, len);
-                    let fua = WriteFlags {
-                        fua: round % 7 == 0,
-                    };
-                    device.write(&data, offset, fua).unwrap();
-                    let mut back = vec![0u8; len];
-                    device.read(&mut back, offset).unwrap();
-                    assert!(back == data, "thread {t} round {round}: data differs");
-                }
-            })
+            // Sizes vary so that replies overtake each other.
+            thread::spawn(move || write_and_read_back(&device, t, 40, &[512, 4096, 65536, 200_704]))
         })
         .collect();
     for thread in threads {
         thread.join().unwrap();
     }
-    // What the initiator wrote is what the target's memory holds.
-    let mut through_nbd = vec![0u8; 1 << 20];
-    let mut direct = vec![0u8; 1 << 20];
-    device.read(&mut through_nbd, 5 << 20).unwrap();
-    memory.read(&mut direct, 5 << 20).unwrap();
+    assert_same_as_memory(&device, &memory, 5 << 20, 1 << 20);
+}
+
+/// Thread `t`'s share of a concurrency test: `rounds` writes into its own MiB at
+/// `t` MiB, sizes taken in turn from `lens`, FUA on every seventh and a flush after
+/// every fiftieth, each read back at once and checked.
+fn write_and_read_back(device: &Device, t: u64, rounds: u64, lens: &[usize]) {
+    let base = t << 20;
+    for round in 0..rounds {
+        let len = lens[round as usize % lens.len()];
+        let offset = base + (round * 4096) % ((1 << 20) - len as u64);
+        let data = pattern(t * 1000 + round, offset, len);
+        let fua = WriteFlags {
+            fua: round % 7 == 0,
+        };
+        device.write(&data, offset, fua).unwrap();
+        let mut back = vec![0u8; len];
+        device.read(&mut back, offset).unwrap();
+        assert!(back == data, "thread {t} round {round}: data differs");
+        if round % 50 == 49 {
+            device.flush().unwrap();
+        }
+    }
+}
+
+/// What the initiator reads at `offset` is what the target's memory holds.
+fn assert_same_as_memory(device: &Device, memory: &Device, offset: u64, len: usize) {
+    let mut through_nbd = vec![0u8; len];
+    let mut direct = vec![0u8; len];
+    device.read(&mut through_nbd, offset).unwrap();
+    memory.read(&mut direct, offset).unwrap();
     assert!(through_nbd == direct);
 }
 
@@ -565,29 +577,11 @@ fn blocking_callers_and_busy_queues_share_connections() {
     let blocking: Vec<_> = (8..12u64)
         .map(|t| {
             let device = device.clone();
-            thread::spawn(move || {
-                let base = t << 20;
-                for round in 0..150u64 {
-                    let len = [512usize, 4096, 65536][(round % 3) as usize];
-                    let offset = base + (round * 4096) % ((1 << 20) - len as u64);
-                    let data = pattern(t * 1000 + round, offset, len);
-                    device.write(&data, offset, WriteFlags::NONE).unwrap();
-                    let mut back = vec![0u8; len];
-                    device.read(&mut back, offset).unwrap();
-                    assert!(back == data, "thread {t} round {round}: data differs");
-                    if round % 50 == 0 {
-                        device.flush().unwrap();
-                    }
-                }
-            })
+            thread::spawn(move || write_and_read_back(&device, t, 150, &[512, 4096, 65536]))
         })
         .collect();
     for thread in queues.into_iter().chain(blocking) {
         thread.join().unwrap();
     }
-    let mut through_nbd = vec![0u8; 12 << 20];
-    let mut direct = vec![0u8; 12 << 20];
-    device.read(&mut through_nbd, 0).unwrap();
-    memory.read(&mut direct, 0).unwrap();
-    assert!(through_nbd == direct);
+    assert_same_as_memory(&device, &memory, 0, 12 << 20);
 }

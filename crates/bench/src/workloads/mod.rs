@@ -267,6 +267,14 @@ pub(crate) mod test_support {
 
     use crate::config::BenchConfig;
 
+    /// A loopback port nothing listens on (it was free a moment ago).
+    pub fn closed_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port()
+    }
+
     /// Held by tests that look for an iperf3 on its default port of 127.0.0.1, and
     /// by the one test that starts one there: the others would find it.
     pub static IPERF3_DEFAULT_PORT: std::sync::Mutex<()> = std::sync::Mutex::new(());

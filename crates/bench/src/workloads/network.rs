@@ -237,14 +237,7 @@ pub fn parse_iperf3(json: &str, op: &str) -> Result<PhaseResult, String> {
 mod tests {
     use super::*;
     use crate::netperf::{NetServer, ServerConfig};
-
-    fn closed_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    }
+    use crate::workloads::test_support::closed_port;
 
     fn request(netserve_port: Option<u16>, iperf_port: Option<u16>) -> NetworkRequest {
         NetworkRequest {

@@ -195,9 +195,10 @@ impl Connection {
         &self.shared.read_side
     }
 
-    /// The state shared with the read side.
-    pub fn shared(&self) -> &Shared {
-        &self.shared
+    /// Reads the replies that have arrived (see [`reader::pump`]), for a request
+    /// queue that reads its replies itself.
+    pub fn read_replies(&self, wait_for_lock: bool) -> reader::Pumped {
+        reader::pump(&self.shared, wait_for_lock)
     }
 
     /// Whether the connection still takes requests.
@@ -258,7 +259,7 @@ impl Connection {
                     Some(result) => Some(result),
                     None => {
                         let _ = wait_readable(side.fd(), Some(SELF_READ_WAIT));
-                        side.pump(&self.shared, true);
+                        reader::pump(&self.shared, true);
                         slot.try_take()
                     }
                 }
@@ -369,7 +370,6 @@ impl Connection {
     }
 
     fn send_draining(&self, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
-        let side = &self.shared.read_side;
         // Held throughout: requests must not interleave in the stream. Reading
         // replies meanwhile cannot need it: the requests being sent are in flight,
         // so the read side never finds the connection idle and disconnects.
@@ -386,7 +386,7 @@ impl Connection {
                     }];
                     poll(&mut fds, None)?;
                     if fds[0].revents & libc::POLLIN != 0
-                        && side.pump(&self.shared, false) == reader::Pumped::Busy
+                        && reader::pump(&self.shared, false) == reader::Pumped::Busy
                     {
                         // Someone else reads; let them, and wait for room only.
                         fds[0].events = libc::POLLOUT;

@@ -56,6 +56,8 @@ pub(crate) struct NbdQueue<'a> {
     in_flight_bytes: usize,
     /// How long to poll for completions before sleeping.
     poll: PollBudget,
+    /// What [`sleep`](Self::sleep) waits on, kept between sleeps.
+    pollfds: Vec<libc::pollfd>,
 }
 
 impl<'a> NbdQueue<'a> {
@@ -81,6 +83,7 @@ impl<'a> NbdQueue<'a> {
                 .collect(),
             in_flight_bytes: 0,
             poll: PollBudget::default(),
+            pollfds: Vec::with_capacity(client.connections() + 1),
         })
     }
 
@@ -105,9 +108,8 @@ impl<'a> NbdQueue<'a> {
         let mut busy = false;
         for index in 0..self.client.connections() {
             let connection = self.client.connection(index);
-            let side = connection.read_side();
-            if !side.ended() {
-                busy |= side.pump(connection.shared(), false) == Pumped::Busy;
+            if !connection.read_side().ended() {
+                busy |= connection.read_replies(false) == Pumped::Busy;
             }
         }
         busy
@@ -118,8 +120,9 @@ impl<'a> NbdQueue<'a> {
     /// passes. With `busy` (another thread holds a reader lock), the sockets are
     /// left out: their data may be that thread's to read, and waiting on them would
     /// spin.
-    fn sleep(&self, limit: Option<Duration>, busy: bool, seen: usize) {
-        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.client.connections() + 1);
+    fn sleep(&mut self, limit: Option<Duration>, busy: bool, seen: usize) {
+        let mut fds = std::mem::take(&mut self.pollfds);
+        fds.clear();
         if !busy {
             for index in 0..self.client.connections() {
                 let side = self.client.connection(index).read_side();
@@ -152,6 +155,7 @@ impl<'a> NbdQueue<'a> {
         }
         self.shared.sleeping.store(false, Ordering::SeqCst);
         self.shared.clear_wake();
+        self.pollfds = fds;
     }
 }
 

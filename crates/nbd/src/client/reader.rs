@@ -134,46 +134,53 @@ impl ReadSide {
         }
     }
 
-    /// Reads and acts on every reply message that has begun to arrive, and returns
-    /// when none has; a message that has begun is read to its end, waiting for it.
-    /// With `wait_for_lock` false, returns [`Pumped::Busy`] instead of waiting for
-    /// another thread that reads.
-    pub fn pump(&self, shared: &Shared, wait_for_lock: bool) -> Pumped {
-        let mut guard = if wait_for_lock {
-            lock(&self.reader)
-        } else {
-            match self.reader.try_lock() {
-                Ok(guard) => guard,
-                Err(TryLockError::Poisoned(e)) => e.into_inner(),
-                Err(TryLockError::WouldBlock) => return Pumped::Busy,
-            }
-        };
+    /// Takes the reader out for good and fails everything in flight for `end`.
+    fn end(&self, reader: &mut Option<Reader>, shared: &Shared, end: End) {
+        if let Some(reader) = reader.take() {
+            self.ended.store(true, Ordering::Release);
+            reader.finish(shared, end);
+        }
+    }
+}
+
+/// Reads and acts on every reply message of `shared`'s connection that has begun to
+/// arrive, and returns when none has; a message that has begun is read to its end,
+/// waiting for it. With `wait_for_lock` false, returns [`Pumped::Busy`] instead of
+/// waiting for another thread that reads.
+pub(crate) fn pump(shared: &Shared, wait_for_lock: bool) -> Pumped {
+    let side = &shared.read_side;
+    let mut guard = if wait_for_lock {
+        lock(&side.reader)
+    } else {
+        match side.reader.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return Pumped::Busy,
+        }
+    };
+    let mut read = 0;
+    loop {
         let Some(reader) = guard.as_mut() else {
             return Pumped::Ended;
         };
-        let mut read = 0;
-        loop {
-            if reader.input.buffer().is_empty() && !readable_now(self.fd) {
-                return Pumped::Read(read);
-            }
-            let step = match reader.input.fill_buf() {
-                // End of stream between replies is a close, not a failure.
-                Ok([]) => Err(End::Closed),
-                Ok(_) => reader.message(shared),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
-                Err(e) => Err(End::Failed(e)),
-            };
-            if let Err(end) = step {
-                let reader = guard.take().expect("checked above");
-                self.ended.store(true, Ordering::Release);
-                reader.finish(shared, end);
-                return Pumped::Ended;
-            }
-            read += 1;
-            if reader.server_shutting_down && reader.idle(shared) {
-                tracing::info!("{}: server is shutting down; disconnecting", shared.name);
-                shared.disconnect();
-            }
+        if reader.input.buffer().is_empty() && !readable_now(side.fd) {
+            return Pumped::Read(read);
+        }
+        let step = match reader.input.fill_buf() {
+            // End of stream between replies is a close, not a failure.
+            Ok([]) => Err(End::Closed),
+            Ok(_) => reader.message(shared),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+            Err(e) => Err(End::Failed(e)),
+        };
+        if let Err(end) = step {
+            side.end(&mut guard, shared, end);
+            return Pumped::Ended;
+        }
+        read += 1;
+        if reader.server_shutting_down && reader.idle(shared) {
+            tracing::info!("{}: server is shutting down; disconnecting", shared.name);
+            shared.disconnect();
         }
     }
 }
@@ -208,7 +215,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
         if side.parked() {
             continue;
         }
-        if side.pump(&shared, true) == Pumped::Ended {
+        if pump(&shared, true) == Pumped::Ended {
             return;
         }
     }
@@ -222,11 +229,8 @@ impl Drop for FailOnPanic<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
             let side = &self.0.read_side;
-            if let Some(reader) = lock(&side.reader).take() {
-                side.ended.store(true, Ordering::Release);
-                let panicked = io::Error::other("the reader thread stopped");
-                reader.finish(self.0, End::Failed(panicked));
-            }
+            let stopped = io::Error::other("the reader thread stopped");
+            side.end(&mut lock(&side.reader), self.0, End::Failed(stopped));
         }
     }
 }

@@ -1,13 +1,12 @@
 //! One request in flight: what it expects, where read data goes, and who learns the
-//! result — a caller blocked in [`Slot::wait`], or a request queue.
+//! result — a caller waiting in `Connection::request`, or a request queue.
 //!
 //! Ownership rule: a slot is completed exactly once, and only by a thread holding
 //! the connection's reader lock (for a reply, or the connection's end: reader.rs).
 //! So the read buffer a slot points into is written only by that thread, and only
-//! before it completes the slot. A
-//! waiting caller lent the buffer and touches it again only after completion; a
-//! queued request's buffer is owned by the slot and handed to the queue on
-//! completion.
+//! before it completes the slot. A waiting caller lent the buffer and touches it
+//! again only after completion; a queued request's buffer is owned by the slot and
+//! handed to the queue on completion.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -157,9 +156,8 @@ impl Slot {
     /// # Safety
     ///
     /// Only the thread holding the reader lock may call this, and only before it
-    /// completes the slot;
-    /// the range must lie within the buffer (the reply state checked it against
-    /// the request, whose length is the buffer's).
+    /// completes the slot; the range must lie within the buffer (the reply state
+    /// checked it against the request, whose length is the buffer's).
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn data(&self, at: usize, len: usize) -> &mut [u8] {
         let buffer = self.buffer.as_ref().expect("a read has a buffer");

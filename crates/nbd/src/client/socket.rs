@@ -16,6 +16,9 @@ pub(crate) enum Socket {
     Unix(UnixStream),
 }
 
+/// The most slices one `sendmsg` takes on Linux; the rest go in the next call.
+const IOV_MAX: usize = 1024;
+
 /// How long a TCP connect may take per address before the next one is tried.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -87,7 +90,7 @@ impl Socket {
         let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
         // IoSlice is ABI-compatible with iovec.
         message.msg_iov = slices.as_ptr() as *mut libc::iovec;
-        message.msg_iovlen = slices.len().min(1024) as _;
+        message.msg_iovlen = slices.len().min(IOV_MAX) as _;
         loop {
             // SAFETY: the msghdr points at `slices`, which outlive the call.
             let n = unsafe {
