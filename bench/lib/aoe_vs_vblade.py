@@ -101,13 +101,14 @@ def stop(proc):
         proc.wait()
 
 
-def measure(server, setting, image, size, seconds, blockwire):
+def measure(server, setting, image, size, seconds, blockwire,
+            workloads="sequential,random"):
     proc = start(server, setting, image, blockwire)
     try:
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             before = cpu_seconds(proc.pid)
             sh(*in_ns(INITIATOR_NS, *PIN_INITIATOR, blockwire, "bench", URI,
-                      "--workload", "sequential,random", "--random-depths", "16",
+                      "--workload", workloads, "--random-depths", "16",
                       "--size", size, "--time", str(seconds),
                       "--target-pid", str(proc.pid), "--json", out.name),
                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

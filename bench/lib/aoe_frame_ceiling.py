@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Measures the raw frame path's ceiling at MTU 1500 (frame_pingpong, through
+AF_PACKET and AF_XDP) beside blockwire's AoE sequential write at MTU 1500 and 9000,
+in the same namespaces and the same rounds; see aoe-frame-ceiling.sh."""
+
+import argparse
+import json
+import os
+import signal
+import select
+import subprocess
+import sys
+
+from aoe_vs_vblade import (INITIATOR_NS, PIN_INITIATOR, PIN_TARGET, TARGET_NS, Lab,
+                           fmt, in_ns, measure, median, sh)
+
+MODES = ["packet", "xdp", "xdp-generic"]
+LABELS = {
+    "packet": "frame path, AF_PACKET ring + sendmmsg",
+    "xdp": "frame path, AF_XDP copy, driver hook",
+    "xdp-generic": "frame path, AF_XDP copy, generic hook",
+    "aoe-1500": "blockwire AoE write, MTU 1500",
+    "aoe-9000": "blockwire AoE write, MTU 9000",
+}
+
+
+def pingpong(tool, mode, seconds):
+    """MB/s of 1 KiB payloads the bare reflector answered, or None if the mode
+    cannot run here (no AF_XDP, no XDP on the interface)."""
+    reflector = subprocess.Popen(in_ns(TARGET_NS, *PIN_TARGET, tool, "reflect", mode, "eth0"),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([reflector.stdout], [], [], 30)
+        if not ready or reflector.stdout.readline().strip() != "ready":
+            if reflector.poll() is None:
+                reflector.kill()
+            reflector.wait()
+            print(f"  {mode}: reflector failed: {reflector.stderr.read().strip()}",
+                  file=sys.stderr)
+            return None
+        blast = subprocess.run(
+            in_ns(INITIATOR_NS, *PIN_INITIATOR, tool, "blast", mode, "eth0", str(seconds)),
+            capture_output=True, text=True, timeout=seconds + 60)
+    finally:
+        if reflector.poll() is None:
+            reflector.send_signal(signal.SIGINT)
+            try:
+                reflector.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                reflector.kill()
+                reflector.wait()
+    if blast.returncode != 0:
+        print(f"  {mode}: blaster failed: {blast.stderr.strip()}", file=sys.stderr)
+        return None
+    fields = blast.stdout.split()
+    return float(fields[fields.index("MB/s") + 1])
+
+
+def aoe_write(lab, mtu, image, size, blockwire):
+    lab.mtu(mtu)
+    rows, _ = measure("blockwire", "buffered", image, size, 3, blockwire,
+                      workloads="sequential")
+    return rows.get("seq-write-1M", {}).get("mb_per_s")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=int, default=4, help="per frame-path run")
+    parser.add_argument("--size", default="1G", help="blockwire's write")
+    parser.add_argument("--dir", default="/var/tmp")
+    parser.add_argument("--json")
+    parser.add_argument("--blockwire", required=True)
+    parser.add_argument("--pingpong", required=True)
+    args = parser.parse_args()
+
+    image = os.path.join(args.dir, "aoe-frame-ceiling.img")
+    runs = {key: [] for key in LABELS}
+    with Lab() as lab:
+        try:
+            sh("fallocate", "-l", args.size, image)
+            for round_ in range(args.rounds):
+                print(f"round {round_ + 1}", file=sys.stderr)
+                lab.mtu(1500)
+                for mode in (MODES if round_ % 2 == 0 else MODES[::-1]):
+                    runs[mode].append(pingpong(args.pingpong, mode, args.seconds))
+                for mtu in ((1500, 9000) if round_ % 2 == 0 else (9000, 1500)):
+                    runs[f"aoe-{mtu}"].append(aoe_write(lab, mtu, image, args.size,
+                                                        args.blockwire))
+        finally:
+            sh("rm", "-f", image)
+
+    reference = median(runs["aoe-9000"])
+    header = f"{'path (MTU 1500 unless said)':42} {'MB/s':>7}  {'% of our MTU 9000 write':>23}  runs"
+    print(header)
+    print("-" * len(header))
+    table = []
+    for key, label in LABELS.items():
+        value = median(runs[key])
+        share = 100 * value / reference if value and reference else None
+        shown = " ".join(fmt(v, 0) for v in runs[key])
+        print(f"{label:42} {fmt(value, 0):>7}  {fmt(share, 0):>23}  {shown}")
+        table.append({"path": key, "label": label, "mb_per_s": value,
+                      "percent_of_mtu9000_write": share, "runs": runs[key]})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rounds": args.rounds, "seconds": args.seconds, "size": args.size,
+                       "results": table}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
