@@ -6,13 +6,12 @@ in the same namespaces and the same rounds; see aoe-frame-ceiling.sh."""
 import argparse
 import json
 import os
-import signal
 import select
 import subprocess
 import sys
 
 from aoe_vs_vblade import (INITIATOR_NS, PIN_INITIATOR, PIN_TARGET, TARGET_NS, Lab,
-                           fmt, in_ns, measure, median, sh)
+                           fmt, in_ns, measure, median, sh, stop)
 
 MODES = ["packet", "xdp", "xdp-generic"]
 LABELS = {
@@ -43,12 +42,7 @@ def pingpong(tool, mode, seconds):
             capture_output=True, text=True, timeout=seconds + 60)
     finally:
         if reflector.poll() is None:
-            reflector.send_signal(signal.SIGINT)
-            try:
-                reflector.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                reflector.kill()
-                reflector.wait()
+            stop(reflector)  # SIGTERM: the reflector detaches what it attached
     if blast.returncode != 0:
         print(f"  {mode}: blaster failed: {blast.stderr.strip()}", file=sys.stderr)
         return None
