@@ -4,8 +4,7 @@
 //! server goes away or breaks the protocol, and blocking callers beside busy request
 //! queues on the same connections.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -15,6 +14,7 @@ use blockwire_blockdev::{
     BlockDevice, Device, DeviceInfo, ErrorKind, Extent, IoBuf, MemoryDevice, QueuedOp,
     Result as DevResult, Submission, WriteFlags, ZeroFlags,
 };
+use blockwire_nbd::client::fake_server::{self, FakeExport, FakeServer, Peer};
 use blockwire_nbd::client::{list_exports, ClientOptions, NbdClient, NbdUri};
 use blockwire_nbd::server::ShutdownHandle;
 use blockwire_nbd::wire::*;
@@ -362,41 +362,30 @@ fn target_shutdown_fails_later_requests_with_disconnected() {
     assert!(started.elapsed() < Duration::from_secs(1));
 }
 
-/// A server that negotiates properly (our target's handshake), then hands the
-/// socket to `transmission`.
-fn fake_server(transmission: impl FnOnce(TcpStream) + Send + 'static) -> (NbdUri, JoinHandle<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let thread = thread::spawn(move || {
-        let (mut stream, _) = listener.accept().unwrap();
-        let mut exports = ExportSet::new();
-        let device = Device::from_device(MemoryDevice::new(SIZE));
-        exports.add(Export::new("fake", "", device)).unwrap();
-        let session = blockwire_nbd::server::negotiate(&mut stream, Arc::new(exports), "fake")
-            .unwrap()
-            .expect("the client entered transmission");
-        assert!(session.structured());
-        transmission(stream);
-    });
-    (NbdUri::tcp("127.0.0.1", port, "fake"), thread)
-}
-
-fn read_request(stream: &mut TcpStream) -> Request {
-    let mut header = [0u8; REQUEST_LEN];
-    stream.read_exact(&mut header).unwrap();
-    Request::decode(&header).unwrap()
+/// The crate's scripted server (`client::fake_server`) for one connection, which
+/// must have negotiated structured replies, handed to `transmission`.
+fn fake_server(transmission: impl FnOnce(Peer) + Send + 'static) -> FakeServer<()> {
+    let export = FakeExport {
+        size: SIZE,
+        flags: 0,
+    };
+    fake_server::start(export, 1, |mut peers, _| {
+        let peer = peers.pop().expect("one connection");
+        assert!(peer.structured);
+        transmission(peer);
+    })
 }
 
 #[test]
 fn dropped_connection_fails_requests_in_flight_promptly() {
-    let (uri, server) = fake_server(|mut stream| {
+    let server = fake_server(|mut peer| {
         // Take four reads and answer none of them, then hang up.
         for _ in 0..4 {
-            read_request(&mut stream);
+            peer.request();
         }
         thread::sleep(Duration::from_millis(200));
     });
-    let device = Device::new(Arc::new(connect(&uri, 1, true)));
+    let device = Device::new(Arc::new(connect(&server.uri, 1, true)));
     let started = Instant::now();
     let readers: Vec<_> = (0..4u64)
         .map(|i| {
@@ -413,7 +402,7 @@ fn dropped_connection_fails_requests_in_flight_promptly() {
         assert!(err.to_string().contains("closed the connection"), "{err}");
     }
     assert!(started.elapsed() < Duration::from_secs(5));
-    server.join().unwrap();
+    server.join();
     let mut buf = vec![0u8; 512];
     let err = device.read(&mut buf, 0).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Disconnected, "{err}");
@@ -422,13 +411,12 @@ fn dropped_connection_fails_requests_in_flight_promptly() {
 /// Runs one read against a server that answers it with `reply(request)`; returns
 /// the error the read failed with.
 fn read_answered_by(reply: fn(&Request) -> Vec<u8>) -> blockwire_blockdev::Error {
-    let (uri, server) = fake_server(move |mut stream| {
-        let request = read_request(&mut stream);
-        let _ = stream.write_all(&reply(&request));
-        // Wait for the client to hang up.
-        let _ = stream.read(&mut [0u8; 64]);
+    let server = fake_server(move |mut peer| {
+        let request = peer.request();
+        peer.send(&reply(&request));
+        peer.until_closed();
     });
-    let device = Device::new(Arc::new(connect(&uri, 1, true)));
+    let device = Device::new(Arc::new(connect(&server.uri, 1, true)));
     let mut buf = vec![0u8; 4096];
     let err = device.read(&mut buf, 8192).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Disconnected, "{err}");
@@ -437,7 +425,7 @@ fn read_answered_by(reply: fn(&Request) -> Vec<u8>) -> blockwire_blockdev::Error
     let again = device.read(&mut buf, 0).unwrap_err();
     assert_eq!(again.kind(), ErrorKind::Disconnected, "{again}");
     drop(device);
-    server.join().unwrap();
+    server.join();
     err
 }
 
@@ -482,21 +470,21 @@ fn simple_reply_to_a_structured_read_drops_the_connection() {
 
 #[test]
 fn eshutdown_ends_the_connection_softly() {
-    let (uri, server) = fake_server(|mut stream| {
-        let request = read_request(&mut stream);
+    let server = fake_server(|mut peer| {
+        let request = peer.request();
         let mut out = Vec::new();
         encode_error_chunk(&mut out, request.cookie, NBD_ESHUTDOWN, "going down");
-        stream.write_all(&out).unwrap();
+        peer.send(&out);
         // proto.md: the client must answer NBD_ESHUTDOWN with a soft disconnect.
-        let next = read_request(&mut stream);
+        let next = peer.request();
         assert_eq!(next.command, NBD_CMD_DISC);
     });
-    let device = Device::new(Arc::new(connect(&uri, 1, true)));
+    let device = Device::new(Arc::new(connect(&server.uri, 1, true)));
     let mut buf = vec![0u8; 4096];
     let err = device.read(&mut buf, 0).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::ShuttingDown, "{err}");
     assert!(err.to_string().contains("going down"), "{err}");
-    server.join().unwrap();
+    server.join();
     let err = device.read(&mut buf, 0).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::ShuttingDown, "{err}");
 }

@@ -3,34 +3,54 @@
 //! then hands every connection, in transmission, to the test's script. Every read
 //! times out, and so does waiting for the initiator to connect, so a broken initiator
 //! fails a test instead of hanging it.
+//!
+//! Built for this crate's unit tests and, with the `test-support` feature, for its
+//! integration tests (`tests/`), so both script the same server; never part of a
+//! release build.
+//!
+//! ```no_run
+//! use blockwire_nbd::client::fake_server::{self, FakeExport};
+//!
+//! let export = FakeExport { size: 1 << 20, flags: 0 };
+//! let server = fake_server::start(export, 1, |mut peers, _listener| {
+//!     let mut peer = peers.pop().unwrap();
+//!     let request = peer.request();
+//!     // ... answer it with peer.send(&reply_bytes) ...
+//!     peer.until_disconnect();
+//!     request
+//! });
+//! // Connect an initiator to `server.uri` and send one request, then:
+//! let request = server.join();
+//! ```
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use super::uri::NbdUri;
+use super::NbdUri;
 use crate::wire::*;
 
 /// How long the fake server waits for the initiator's next bytes or connection.
-pub(super) const PATIENCE: Duration = Duration::from_secs(10);
+pub const PATIENCE: Duration = Duration::from_secs(10);
 
 /// The name the initiator's URI gives the export (the fake server takes any).
-pub(super) const EXPORT_NAME: &str = "fake";
+const EXPORT_NAME: &str = "fake";
 
 /// Option data larger than this is not a test's initiator.
 const MAX_OPTION: u32 = 64 * 1024;
 
 /// What the fake server exports.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct FakeExport {
+pub struct FakeExport {
+    /// The export's size in bytes.
     pub size: u64,
     /// Transmission flags; NBD_FLAG_HAS_FLAGS is added.
     pub flags: u16,
 }
 
 /// One negotiated connection in transmission, from the server's end.
-pub(super) struct Peer {
+pub struct Peer {
     stream: TcpStream,
     /// Structured replies were negotiated.
     pub structured: bool,
@@ -40,6 +60,20 @@ impl Peer {
     /// The next request (a write's payload is read and dropped); `None` when the
     /// initiator sent NBD_CMD_DISC or closed the connection. Panics on a timeout.
     pub fn next_request(&mut self) -> Option<Request> {
+        self.read_request()
+            .filter(|request| request.command != NBD_CMD_DISC)
+    }
+
+    /// The next request as sent, NBD_CMD_DISC included (for a test that checks how
+    /// the initiator disconnects); a write's payload is read and dropped. Panics if
+    /// the initiator closed the connection instead, or on a timeout.
+    pub fn request(&mut self) -> Request {
+        self.read_request()
+            .expect("fake server: the initiator closed the connection")
+    }
+
+    /// The next request, NBD_CMD_DISC included; `None` at the end of the stream.
+    fn read_request(&mut self) -> Option<Request> {
         let mut header = [0u8; REQUEST_LEN];
         match self.stream.read_exact(&mut header) {
             Ok(()) => {}
@@ -47,9 +81,6 @@ impl Peer {
             Err(e) => panic!("fake server: reading a request: {e}"),
         }
         let request = Request::decode(&header).expect("fake server: request magic");
-        if request.command == NBD_CMD_DISC {
-            return None;
-        }
         if request.command == NBD_CMD_WRITE {
             let mut payload = vec![0u8; request.len as usize];
             self.stream
@@ -83,6 +114,29 @@ impl Peer {
         }
     }
 
+    /// Waits for the initiator to close its end, dropping whatever it still sends:
+    /// for a test whose initiator has given up on the connection (a protocol
+    /// violation), where NBD_CMD_DISC may come or not and a reset is as good as a
+    /// close. Panics if the initiator goes quiet for [`PATIENCE`] without closing.
+    pub fn until_closed(mut self) {
+        let mut scratch = [0u8; 4096];
+        loop {
+            match self.stream.read(&mut scratch) {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e) => match e.kind() {
+                    io::ErrorKind::Interrupted => {}
+                    // The read timeout (PATIENCE) is reported as either, by platform.
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                        panic!("fake server: the connection still open after {PATIENCE:?}")
+                    }
+                    // Reset or aborted: closed all the same.
+                    _ => return,
+                },
+            }
+        }
+    }
+
     /// Hangs up at once, whatever is in flight.
     pub fn hang_up(self) {
         let _ = self.stream.shutdown(Shutdown::Both);
@@ -90,7 +144,8 @@ impl Peer {
 }
 
 /// A running fake server.
-pub(super) struct FakeServer<T> {
+pub struct FakeServer<T> {
+    /// Where the initiator connects: 127.0.0.1, the listener's port, any export name.
     pub uri: NbdUri,
     thread: JoinHandle<T>,
 }
@@ -108,7 +163,7 @@ impl<T> FakeServer<T> {
 /// another (as the initiator opens them), then runs `script` on them, in accept
 /// order, with the listener (non-blocking by then, so a script can check that no
 /// further connection is waiting).
-pub(super) fn start<T, F>(export: FakeExport, connections: usize, script: F) -> FakeServer<T>
+pub fn start<T, F>(export: FakeExport, connections: usize, script: F) -> FakeServer<T>
 where
     T: Send + 'static,
     F: FnOnce(Vec<Peer>, TcpListener) -> T + Send + 'static,

@@ -8,7 +8,9 @@
 //! - `connection` and `reader`: one socket per connection, a shared writer and a
 //!   read side completing requests out of order by cookie (a reader thread, or a
 //!   request queue's own thread while it exists: `queue`);
-//! - [`NbdClient`]: the device, spreading requests over one or more connections.
+//! - [`NbdClient`]: the device, spreading requests over one or more connections;
+//! - `fake_server` (tests only, and with the `test-support` feature): a scripted
+//!   NBD server to test the initiator against.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -27,8 +29,11 @@ mod connection;
 mod details;
 mod device;
 mod error;
-#[cfg(test)]
-mod fake_server;
+// Public only for the crate's integration tests (the `test-support` feature, which
+// they turn on through a dev-dependency of the crate on itself): one scripted server
+// for unit and integration tests alike, and none in a release build.
+#[cfg(any(test, feature = "test-support"))]
+pub mod fake_server;
 mod handshake;
 mod poll_budget;
 mod queue;
