@@ -7,8 +7,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::wire::{
-    decode_chunk_header, Accept, Direction, Report, Request, Status, WireError, ACCEPT_LEN,
-    CHUNK_HEADER_LEN, MAX_DURATION_MS, REPORT_LEN, START,
+    decode_chunk_header, Accept, Direction, Report, Request, Status, TestRequest, WireError,
+    ACCEPT_LEN, CHUNK_HEADER_LEN, MAX_DURATION_MS, REPORT_LEN, START,
 };
 use super::{fill_pattern, process_cpu_ns};
 use crate::meter::MB;
@@ -134,7 +134,7 @@ pub fn measure(
     direction: Direction,
     config: &ClientConfig,
 ) -> Result<Measurement, ClientError> {
-    let request = Request {
+    let test = TestRequest {
         direction,
         duration_ms: u32::try_from(config.duration.as_millis())
             .unwrap_or(u32::MAX)
@@ -142,14 +142,8 @@ pub fn measure(
         byte_limit: config.byte_limit.unwrap_or(0),
         buffer_size: config.buffer_size,
     };
-    request
-        .validate()
+    test.validate()
         .map_err(|e| ClientError::Config(e.to_string()))?;
-    if direction == Direction::CpuSample {
-        return Err(ClientError::Config(
-            "a CPU sample is not a throughput test (see sample_cpu)".into(),
-        ));
-    }
     if !(1..=MAX_STREAMS).contains(&config.streams) {
         return Err(ClientError::Config(format!(
             "{} streams (1 to {MAX_STREAMS})",
@@ -157,6 +151,7 @@ pub fn measure(
         )));
     }
     let addr = format!("{host}:{port}");
+    let request = Request::Test(test);
     // Every stream is connected and accepted before any data flows, so that all
     // of them run over the same interval.
     let mut streams = Vec::new();
@@ -170,11 +165,10 @@ pub fn measure(
             .into_iter()
             .map(|stream| {
                 let addr = &addr;
-                let request = &request;
+                let test = &test;
                 scope.spawn(move || match direction {
-                    Direction::ClientSends => send(stream, addr, request, config),
-                    Direction::ClientReceives => receive(stream, addr, request, config, started),
-                    Direction::CpuSample => unreachable!("rejected before connecting"),
+                    Direction::ClientSends => send(stream, addr, test, config),
+                    Direction::ClientReceives => receive(stream, addr, test, config, started),
                 })
             })
             .collect();
@@ -224,14 +218,8 @@ pub fn sample_cpu(
     port: u16,
     config: &ClientConfig,
 ) -> Result<Option<Duration>, ClientError> {
-    let request = Request {
-        direction: Direction::CpuSample,
-        duration_ms: 1,
-        byte_limit: 0,
-        buffer_size: super::wire::MIN_BUFFER,
-    };
     let addr = format!("{host}:{port}");
-    let mut stream = open_stream(host, port, &addr, &request, config)?;
+    let mut stream = open_stream(host, port, &addr, &Request::CpuSample, config)?;
     let report = read_report(&mut stream, &addr)?;
     Ok(report.cpu_ns.map(Duration::from_nanos))
 }
@@ -301,7 +289,8 @@ fn open_stream(
         Status::Accepted => {}
         Status::UnsupportedVersion => {
             return Err(refused(format!(
-                "it speaks protocol version {}, this client {}",
+                "it speaks netperf protocol version {}, this client {} \
+                 (run the same blockwire release on both hosts)",
                 accept.version,
                 super::wire::VERSION
             )))
@@ -335,10 +324,10 @@ fn read_report(stream: &mut TcpStream, addr: &str) -> Result<Report, ClientError
 fn send(
     mut stream: TcpStream,
     addr: &str,
-    request: &Request,
+    test: &TestRequest,
     config: &ClientConfig,
 ) -> Result<StreamResult, ClientError> {
-    let mut buffer = vec![0u8; request.buffer_size as usize];
+    let mut buffer = vec![0u8; test.buffer_size as usize];
     fill_pattern(&mut buffer);
     let started = Instant::now();
     let limit = config.byte_limit.filter(|&limit| limit > 0);
@@ -380,7 +369,7 @@ fn send(
 fn receive(
     mut stream: TcpStream,
     addr: &str,
-    request: &Request,
+    test: &TestRequest,
     config: &ClientConfig,
     started: Instant,
 ) -> Result<StreamResult, ClientError> {
@@ -388,7 +377,7 @@ fn receive(
     stream
         .write_all(&[START])
         .map_err(io("starting the test"))?;
-    let mut buffer = vec![0u8; request.buffer_size as usize];
+    let mut buffer = vec![0u8; test.buffer_size as usize];
     // The server ends the data at the duration; past that plus a timeout's grace it
     // is not going to.
     let limit = config.duration + config.io_timeout;
@@ -398,7 +387,7 @@ fn receive(
         stream
             .read_exact(&mut header)
             .map_err(io("receiving data"))?;
-        let len = decode_chunk_header(header, request.buffer_size).map_err(|source| {
+        let len = decode_chunk_header(header, test.buffer_size).map_err(|source| {
             ClientError::Protocol {
                 addr: addr.to_string(),
                 source,
@@ -444,6 +433,7 @@ fn io_error<'a>(
 mod tests {
     use super::*;
     use crate::netperf::server::tests::server;
+    use crate::netperf::wire::REQUEST_LEN;
 
     fn quick(streams: u32) -> ClientConfig {
         ClientConfig {
@@ -493,9 +483,6 @@ mod tests {
             after >= before + Duration::from_millis(100),
             "{before:?} -> {after:?}"
         );
-        // A sample is not a throughput test.
-        let err = measure("127.0.0.1", port, Direction::CpuSample, &quick(1)).unwrap_err();
-        assert!(matches!(err, ClientError::Config(_)), "{err}");
         server.stop().unwrap();
     }
 
@@ -559,6 +546,37 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(3));
         assert!(matches!(err, ClientError::NotNetserve { .. }), "{err}");
         assert!(err.to_string().contains("no answer"), "{err}");
+    }
+
+    #[test]
+    fn a_server_of_another_version_is_reported_as_such() {
+        // What a version 1 server answers to any version 2 request: its magic, its
+        // version and "unsupported version", read from a fixed-size request.
+        let old = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = old.local_addr().unwrap().port();
+        let server = thread::spawn(move || {
+            for _ in 0..2 {
+                let (mut stream, _) = old.accept().unwrap();
+                let mut request = [0u8; REQUEST_LEN];
+                stream.read_exact(&mut request).unwrap();
+                let answer = Accept {
+                    version: 1,
+                    status: Status::UnsupportedVersion,
+                };
+                stream.write_all(&answer.encode()).unwrap();
+            }
+        });
+        let err = measure("127.0.0.1", port, Direction::ClientSends, &quick(1)).unwrap_err();
+        assert!(matches!(err, ClientError::Refused { .. }), "{err}");
+        assert!(!err.no_server(), "{err}");
+        assert!(
+            err.to_string()
+                .contains("protocol version 1, this client 2"),
+            "{err}"
+        );
+        let err = sample_cpu("127.0.0.1", port, &quick(1)).unwrap_err();
+        assert!(matches!(err, ClientError::Refused { .. }), "{err}");
+        server.join().unwrap();
     }
 
     #[test]

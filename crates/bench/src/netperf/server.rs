@@ -17,8 +17,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::wire::{
-    encode_chunk_header, Accept, Direction, Report, Request, Status, WireError, CHUNK_HEADER_LEN,
-    REQUEST_LEN, START,
+    encode_chunk_header, Accept, Direction, Report, Request, Status, TestRequest, WireError,
+    CHUNK_HEADER_LEN, REQUEST_LEN, START,
 };
 use super::{fill_pattern, process_cpu_ns};
 use crate::meter::MB;
@@ -190,19 +190,17 @@ impl NetServer {
             .name(format!("netserve-{id}"))
             .spawn(move || {
                 match serve_connection(stream, &config, &shared_for_thread.stopping) {
-                    Ok(done) if done.direction == Direction::CpuSample => {
-                        tracing::debug!(%peer, "netserve: CPU sample taken")
-                    }
-                    Ok(done) => tracing::info!(
+                    Ok(Done::CpuSample) => tracing::debug!(%peer, "netserve: CPU sample taken"),
+                    Ok(Done::Test { direction, report }) => tracing::info!(
                         %peer,
                         "netserve: {} {} bytes in {:.2} s ({:.1} MB/s)",
-                        match done.direction {
+                        match direction {
                             Direction::ClientSends => "received",
-                            Direction::ClientReceives | Direction::CpuSample => "sent",
+                            Direction::ClientReceives => "sent",
                         },
-                        done.report.bytes,
-                        done.report.elapsed_ns as f64 / 1e9,
-                        done.mb_per_s()
+                        report.bytes,
+                        report.elapsed_ns as f64 / 1e9,
+                        mb_per_s(&report)
                     ),
                     Err(e @ ConnectionError::ClosedEarly) => {
                         tracing::debug!(%peer, "netserve: {e}")
@@ -275,16 +273,18 @@ fn io_error(what: &'static str) -> impl FnOnce(io::Error) -> ConnectionError {
     move |source| ConnectionError::Io { what, source }
 }
 
-/// One finished test.
-struct Done {
-    direction: Direction,
-    report: Report,
+/// One request served.
+enum Done {
+    Test {
+        direction: Direction,
+        report: Report,
+    },
+    CpuSample,
 }
 
-impl Done {
-    fn mb_per_s(&self) -> f64 {
-        self.report.bytes as f64 / MB / (self.report.elapsed_ns as f64 / 1e9).max(1e-9)
-    }
+/// A test's throughput by the server's count and clock.
+fn mb_per_s(report: &Report) -> f64 {
+    report.bytes as f64 / MB / (report.elapsed_ns as f64 / 1e9).max(1e-9)
 }
 
 /// Serves one connection from request to report.
@@ -325,23 +325,32 @@ fn serve_connection(
     stream
         .write_all(&Accept::new(Status::Accepted).encode())
         .map_err(io_error("answering the request"))?;
-    let report = match request.direction {
-        Direction::ClientSends => receive(&mut stream, &request, config, stopping)?,
-        Direction::ClientReceives => send(&mut stream, &request, stopping)?,
-        Direction::CpuSample => Report {
-            bytes: 0,
-            elapsed_ns: 0,
-            cpu_ns: process_cpu_ns(),
-        },
+    let (report, done) = match request {
+        Request::Test(test) => {
+            let report = match test.direction {
+                Direction::ClientSends => receive(&mut stream, &test, config, stopping)?,
+                Direction::ClientReceives => send(&mut stream, &test, stopping)?,
+            };
+            let done = Done::Test {
+                direction: test.direction,
+                report,
+            };
+            (report, done)
+        }
+        Request::CpuSample => {
+            let report = Report {
+                bytes: 0,
+                elapsed_ns: 0,
+                cpu_ns: process_cpu_ns(),
+            };
+            (report, Done::CpuSample)
+        }
     };
     stream
         .write_all(&report.encode())
         .map_err(io_error("sending the report"))?;
     let _ = stream.shutdown(Shutdown::Write);
-    Ok(Done {
-        direction: request.direction,
-        report,
-    })
+    Ok(done)
 }
 
 /// The client sends: count and discard until it closes its side. The clock starts
@@ -349,15 +358,15 @@ fn serve_connection(
 /// is timed from when data flows.
 fn receive(
     stream: &mut TcpStream,
-    request: &Request,
+    test: &TestRequest,
     config: &ServerConfig,
     stopping: &AtomicBool,
 ) -> Result<Report, ConnectionError> {
     stream
         .set_read_timeout(Some(config.idle_timeout))
         .map_err(io_error("setting a timeout"))?;
-    let mut buffer = vec![0u8; request.buffer_size as usize];
-    let limit = Duration::from_millis(request.duration_ms.into()) + config.idle_timeout;
+    let mut buffer = vec![0u8; test.buffer_size as usize];
+    let limit = Duration::from_millis(test.duration_ms.into()) + config.idle_timeout;
     let mut started: Option<(Instant, Option<u64>)> = None;
     let mut received = 0u64;
     loop {
@@ -394,7 +403,7 @@ fn receive(
 /// within the idle timeout), then the end-of-data chunk.
 fn send(
     stream: &mut TcpStream,
-    request: &Request,
+    test: &TestRequest,
     stopping: &AtomicBool,
 ) -> Result<Report, ConnectionError> {
     let mut start_byte = [0u8; 1];
@@ -405,12 +414,12 @@ fn send(
         return Err(ConnectionError::NoStart(start_byte[0]));
     }
     // Header and payload in one buffer: one write per chunk.
-    let buffer_size = request.buffer_size as usize;
+    let buffer_size = test.buffer_size as usize;
     let mut chunk = vec![0u8; CHUNK_HEADER_LEN + buffer_size];
     fill_pattern(&mut chunk[CHUNK_HEADER_LEN..]);
-    chunk[..CHUNK_HEADER_LEN].copy_from_slice(&encode_chunk_header(request.buffer_size));
-    let duration = Duration::from_millis(request.duration_ms.into());
-    let limit = (request.byte_limit > 0).then_some(request.byte_limit);
+    chunk[..CHUNK_HEADER_LEN].copy_from_slice(&encode_chunk_header(test.buffer_size));
+    let duration = Duration::from_millis(test.duration_ms.into());
+    let limit = (test.byte_limit > 0).then_some(test.byte_limit);
     let started = (Instant::now(), process_cpu_ns());
     let mut sent = 0u64;
     while started.0.elapsed() < duration && !stopping.load(Ordering::Relaxed) {
@@ -456,7 +465,7 @@ fn finish(bytes: u64, started: Option<(Instant, Option<u64>)>) -> Report {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::netperf::wire::{ACCEPT_LEN, REPORT_LEN};
+    use crate::netperf::wire::{ACCEPT_LEN, REPORT_LEN, VERSION};
 
     /// A server on a free loopback port, running on its own thread.
     pub(crate) fn server() -> RunningServer {
@@ -491,12 +500,12 @@ pub(crate) mod tests {
 
         // A proper client is still served.
         let mut client = connect(&server);
-        let request = Request {
+        let request = Request::Test(TestRequest {
             direction: Direction::ClientSends,
             duration_ms: 1000,
             byte_limit: 0,
             buffer_size: 4096,
-        };
+        });
         client.write_all(&request.encode()).unwrap();
         let mut accept = [0u8; ACCEPT_LEN];
         client.read_exact(&mut accept).unwrap();
@@ -512,25 +521,32 @@ pub(crate) mod tests {
     #[test]
     fn other_versions_and_bad_requests_are_answered_then_closed() {
         let server = server();
-        let request = Request {
+        let test = TestRequest {
             direction: Direction::ClientReceives,
             duration_ms: 1000,
             byte_limit: 0,
             buffer_size: 4096,
         };
-        let mut newer = request.encode();
-        newer[9] = 2;
-        let mut huge = request;
-        huge.buffer_size = 1 << 30;
+        let mut newer = Request::Test(test).encode();
+        newer[9] = 3;
+        // A version 1 client's CPU sample: direction 2 where kind and direction are now.
+        let mut older = Request::CpuSample.encode();
+        older[8..12].copy_from_slice(&[0, 1, 2, 0]);
+        let huge = TestRequest {
+            buffer_size: 1 << 30,
+            ..test
+        };
         for (bytes, status) in [
             (newer, Status::UnsupportedVersion),
-            (huge.encode(), Status::InvalidRequest),
+            (older, Status::UnsupportedVersion),
+            (Request::Test(huge).encode(), Status::InvalidRequest),
         ] {
             let mut client = connect(&server);
             client.write_all(&bytes).unwrap();
             let mut answer = Vec::new();
             client.read_to_end(&mut answer).unwrap();
-            assert_eq!(Accept::decode(&answer).unwrap().status, status);
+            let accept = Accept::decode(&answer).unwrap();
+            assert_eq!((accept.version, accept.status), (VERSION, status));
         }
         server.stop().unwrap();
     }
@@ -578,12 +594,12 @@ pub(crate) mod tests {
     fn stop_closes_a_test_in_progress() {
         let server = server();
         let mut client = connect(&server);
-        let request = Request {
+        let request = Request::Test(TestRequest {
             direction: Direction::ClientReceives,
             duration_ms: 60_000,
             byte_limit: 0,
             buffer_size: 65536,
-        };
+        });
         client.write_all(&request.encode()).unwrap();
         let mut accept = [0u8; ACCEPT_LEN];
         client.read_exact(&mut accept).unwrap();

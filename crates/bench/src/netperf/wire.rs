@@ -1,17 +1,18 @@
 //! The netperf protocol's messages, sans-IO: fixed-size records in, typed values out,
 //! and back. No sockets, no clocks.
 //!
-//! One TCP connection carries one stream of one test:
+//! One TCP connection carries one request: a test (one stream of data in one
+//! [`Direction`]) or a CPU sample (no data).
 //!
 //! ```text
 //! client                                        server
 //!   Request (28 bytes)            ------------>
 //!                                 <------------ Accept (12 bytes)
-//! ClientSends:
+//! Test, ClientSends:
 //!   data ... (any bytes)          ------------>   counted, discarded
 //!   shutdown(write) = end         ------------>
 //!                                 <------------ Report (32 bytes)
-//! ClientReceives:
+//! Test, ClientReceives:
 //!   START (1 byte)                ------------>
 //!                                 <------------ chunk: u32 length + payload, ...
 //!                                 <------------ chunk of length 0 = end
@@ -19,6 +20,22 @@
 //! CpuSample (no data):
 //!                                 <------------ Report (32 bytes), cpu_ns = the
 //!                                               process's CPU time so far
+//! ```
+//!
+//! A request is 28 bytes whatever its kind, so that a server of any version reads
+//! the same number of bytes before it checks the version: a peer of another
+//! version is answered "unsupported version", never left waiting for more bytes
+//! or misread.
+//!
+//! ```text
+//! bytes  0..8   magic "BWNETPRF"
+//!        8..10  version (2)
+//!       10      kind: 0 = test, 1 = CPU sample
+//!       11      test: direction (0 = client sends, 1 = client receives)
+//!       12..16  test: duration_ms
+//!       16..24  test: byte_limit
+//!       24..28  test: buffer_size
+//!               (a CPU sample's bytes 11..28 are all 0)
 //! ```
 //!
 //! A CPU sample is how `blockwire serve --netserve` tells a bench on another host
@@ -30,17 +47,24 @@
 //! client sends, closing its write half marks the end, as it does for any TCP
 //! stream. The START byte lets a client with several streams open them all before
 //! any of them starts, so every server clock starts together.
+//!
+//! Version 2 made the request kind its own byte; version 1 coded the CPU sample as
+//! a third direction.
 
 /// First bytes of a request and an accept: "blockwire netperf".
 pub const MAGIC: [u8; 8] = *b"BWNETPRF";
 /// The protocol version this code speaks.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Bytes in an encoded [`Request`].
 pub const REQUEST_LEN: usize = 28;
 /// Bytes in an encoded [`Accept`].
 pub const ACCEPT_LEN: usize = 12;
 /// Bytes in an encoded [`Report`].
 pub const REPORT_LEN: usize = 32;
+/// The request kind byte of a test.
+const KIND_TEST: u8 = 0;
+/// The request kind byte of a CPU sample.
+const KIND_CPU_SAMPLE: u8 = 1;
 /// Bytes in a chunk header (the payload length) when the server sends.
 pub const CHUNK_HEADER_LEN: usize = 4;
 /// The byte a receiving client sends when it is ready for data.
@@ -58,18 +82,13 @@ pub const MAX_DURATION_MS: u32 = 3_600_000;
 /// a process CPU clock).
 const UNKNOWN: u64 = u64::MAX;
 
-/// Which way the data flows, named from the client's side, or none at all for a
-/// CPU sample.
+/// Which way a test's data flows, named from the client's side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
     /// Client to server: an upload to the target host, what storage writes need.
     ClientSends,
     /// Server to client: a download from the target host, what storage reads need.
     ClientReceives,
-    /// No data: the server answers at once with a report whose `cpu_ns` is its
-    /// process's whole CPU time so far. Two samples around a storage phase give
-    /// the target's CPU use over it, from a host the bench cannot see into.
-    CpuSample,
 }
 
 impl Direction {
@@ -77,7 +96,6 @@ impl Direction {
         match self {
             Direction::ClientSends => 0,
             Direction::ClientReceives => 1,
-            Direction::CpuSample => 2,
         }
     }
 
@@ -85,7 +103,6 @@ impl Direction {
         match code {
             0 => Some(Direction::ClientSends),
             1 => Some(Direction::ClientReceives),
-            2 => Some(Direction::CpuSample),
             _ => None,
         }
     }
@@ -135,34 +152,41 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
     u64::from_be_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
 }
 
-/// What a client asks of the server for one stream.
+/// What a client asks of the server on one connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Request {
-    pub direction: Direction,
-    /// How long the stream runs, in milliseconds (1 ..= [`MAX_DURATION_MS`]).
-    pub duration_ms: u32,
-    /// Stop after this many bytes, if sooner than the duration (0: no limit).
-    pub byte_limit: u64,
-    /// Bytes per write of the sending side ([`MIN_BUFFER`] ..= [`MAX_BUFFER`]).
-    pub buffer_size: u32,
+pub enum Request {
+    /// A throughput test: one stream of data in one direction.
+    Test(TestRequest),
+    /// No data: the server answers at once with a report whose `cpu_ns` is its
+    /// process's whole CPU time so far. Two samples around a storage phase give
+    /// the target's CPU use over it, from a host the bench cannot see into.
+    CpuSample,
 }
 
 impl Request {
-    /// magic(8) version(2) direction(1) reserved(1) duration_ms(4) byte_limit(8)
-    /// buffer_size(4).
+    /// magic(8) version(2) kind(1), then for a test direction(1) duration_ms(4)
+    /// byte_limit(8) buffer_size(4); for a CPU sample 17 zero bytes.
     pub fn encode(&self) -> [u8; REQUEST_LEN] {
         let mut out = [0u8; REQUEST_LEN];
         out[..8].copy_from_slice(&MAGIC);
         out[8..10].copy_from_slice(&VERSION.to_be_bytes());
-        out[10] = self.direction.code();
-        out[12..16].copy_from_slice(&self.duration_ms.to_be_bytes());
-        out[16..24].copy_from_slice(&self.byte_limit.to_be_bytes());
-        out[24..28].copy_from_slice(&self.buffer_size.to_be_bytes());
+        match self {
+            Request::Test(test) => {
+                out[10] = KIND_TEST;
+                out[11] = test.direction.code();
+                out[12..16].copy_from_slice(&test.duration_ms.to_be_bytes());
+                out[16..24].copy_from_slice(&test.byte_limit.to_be_bytes());
+                out[24..28].copy_from_slice(&test.buffer_size.to_be_bytes());
+            }
+            Request::CpuSample => out[10] = KIND_CPU_SAMPLE,
+        }
         out
     }
 
     /// Decodes and validates a request. The magic is checked first, so anything
-    /// that is not our protocol is [`WireError::BadMagic`] whatever else it holds.
+    /// that is not our protocol is [`WireError::BadMagic`] whatever else it holds;
+    /// then the version, so a peer of another version is
+    /// [`WireError::UnsupportedVersion`] whatever its other fields mean to it.
     pub fn decode(bytes: &[u8]) -> Result<Request, WireError> {
         let bytes = exact::<REQUEST_LEN>("request", bytes)?;
         if bytes[..8] != MAGIC {
@@ -172,23 +196,47 @@ impl Request {
         if version != VERSION {
             return Err(WireError::UnsupportedVersion(version));
         }
-        let direction = Direction::from_code(bytes[10])
-            .ok_or_else(|| WireError::Invalid(format!("direction {}", bytes[10])))?;
-        if bytes[11] != 0 {
-            return Err(WireError::Invalid(format!("reserved byte {}", bytes[11])));
+        match bytes[10] {
+            KIND_TEST => {
+                let direction = Direction::from_code(bytes[11])
+                    .ok_or_else(|| WireError::Invalid(format!("direction {}", bytes[11])))?;
+                let test = TestRequest {
+                    direction,
+                    duration_ms: u32_at(bytes, 12),
+                    byte_limit: u64_at(bytes, 16),
+                    buffer_size: u32_at(bytes, 24),
+                };
+                test.validate()?;
+                Ok(Request::Test(test))
+            }
+            KIND_CPU_SAMPLE => match bytes[11..].iter().position(|&b| b != 0) {
+                None => Ok(Request::CpuSample),
+                Some(at) => Err(WireError::Invalid(format!(
+                    "CPU sample: byte {} is {}, not 0",
+                    11 + at,
+                    bytes[11 + at]
+                ))),
+            },
+            kind => Err(WireError::Invalid(format!("request kind {kind}"))),
         }
-        let request = Request {
-            direction,
-            duration_ms: u32_at(bytes, 12),
-            byte_limit: u64_at(bytes, 16),
-            buffer_size: u32_at(bytes, 24),
-        };
-        request.validate()?;
-        Ok(request)
     }
+}
 
-    /// Checks the ranges; the client calls it before sending, the server after
-    /// decoding.
+/// What a client asks of the server for one stream of a test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TestRequest {
+    pub direction: Direction,
+    /// How long the stream runs, in milliseconds (1 ..= [`MAX_DURATION_MS`]).
+    pub duration_ms: u32,
+    /// Stop after this many bytes, if sooner than the duration (0: no limit).
+    pub byte_limit: u64,
+    /// Bytes per write of the sending side ([`MIN_BUFFER`] ..= [`MAX_BUFFER`]).
+    pub buffer_size: u32,
+}
+
+impl TestRequest {
+    /// Checks the ranges; the client calls it before sending, the server's decode
+    /// after reading.
     pub fn validate(&self) -> Result<(), WireError> {
         if !(1..=MAX_DURATION_MS).contains(&self.duration_ms) {
             return Err(WireError::Invalid(format!(
@@ -344,8 +392,8 @@ pub fn decode_chunk_header(
 mod tests {
     use super::*;
 
-    fn request() -> Request {
-        Request {
+    fn test() -> TestRequest {
+        TestRequest {
             direction: Direction::ClientReceives,
             duration_ms: 3000,
             byte_limit: 0x0102_0304_0506_0708,
@@ -353,31 +401,35 @@ mod tests {
         }
     }
 
+    fn request() -> Request {
+        Request::Test(test())
+    }
+
     #[test]
-    fn request_vector() {
+    fn request_vectors() {
         let bytes = request().encode();
         let expected: [u8; REQUEST_LEN] = [
             b'B', b'W', b'N', b'E', b'T', b'P', b'R', b'F', // magic
-            0, 1, // version
-            1, 0, // direction: client receives; reserved
+            0, 2, // version
+            0, 1, // kind: test; direction: client receives
             0, 0, 0x0b, 0xb8, // 3000 ms
             1, 2, 3, 4, 5, 6, 7, 8, // byte limit
             0, 0x10, 0, 0, // 1 MiB
         ];
         assert_eq!(bytes, expected);
         assert_eq!(Request::decode(&bytes), Ok(request()));
-        let sends = Request {
+        let sends = Request::Test(TestRequest {
             direction: Direction::ClientSends,
-            ..request()
-        };
-        assert_eq!(sends.encode()[10], 0);
+            ..test()
+        });
+        assert_eq!(sends.encode()[10..12], [0, 0]);
         assert_eq!(Request::decode(&sends.encode()), Ok(sends));
-        let sample = Request {
-            direction: Direction::CpuSample,
-            ..request()
-        };
-        assert_eq!(sample.encode()[10], 2);
-        assert_eq!(Request::decode(&sample.encode()), Ok(sample));
+
+        let sample = Request::CpuSample.encode();
+        let mut expected = [0u8; REQUEST_LEN];
+        expected[..12].copy_from_slice(b"BWNETPRF\x00\x02\x01\x00"); // kind: CPU sample
+        assert_eq!(sample, expected);
+        assert_eq!(Request::decode(&sample), Ok(Request::CpuSample));
     }
 
     #[test]
@@ -392,48 +444,77 @@ mod tests {
     }
 
     #[test]
+    fn version_1_requests_are_an_unsupported_version_not_a_misread() {
+        // Version 1 coded direction(1) reserved(1) where version 2 has kind(1)
+        // direction(1): its "client receives" would read as a test with a bad
+        // direction, its CPU sample (direction 2) as an unknown kind.
+        let mut receives = request().encode();
+        receives[8..12].copy_from_slice(&[0, 1, 1, 0]);
+        let mut sample = request().encode();
+        sample[8..12].copy_from_slice(&[0, 1, 2, 0]);
+        for bytes in [receives, sample] {
+            assert_eq!(
+                Request::decode(&bytes),
+                Err(WireError::UnsupportedVersion(1))
+            );
+        }
+        assert_eq!(
+            WireError::UnsupportedVersion(1).to_string(),
+            "protocol version 1 is not supported (this side speaks 2)"
+        );
+    }
+
+    #[test]
     fn other_versions_and_bad_fields_are_rejected() {
         let mut bytes = request().encode();
-        bytes[8..10].copy_from_slice(&2u16.to_be_bytes());
+        bytes[8..10].copy_from_slice(&3u16.to_be_bytes());
         assert_eq!(
             Request::decode(&bytes),
-            Err(WireError::UnsupportedVersion(2))
+            Err(WireError::UnsupportedVersion(3))
         );
 
-        let mut bytes = request().encode();
-        bytes[10] = 7;
-        assert!(matches!(
-            Request::decode(&bytes),
-            Err(WireError::Invalid(_))
-        ));
-        let mut bytes = request().encode();
-        bytes[11] = 1;
-        assert!(matches!(
-            Request::decode(&bytes),
-            Err(WireError::Invalid(_))
-        ));
+        for (at, value) in [(10, 2), (10, 0xff), (11, 2)] {
+            let mut bytes = request().encode();
+            bytes[at] = value;
+            assert!(
+                matches!(Request::decode(&bytes), Err(WireError::Invalid(_))),
+                "byte {at} = {value}"
+            );
+        }
+        // A CPU sample carries nothing: a direction or test fields make it invalid.
+        for at in [11, 12, 27] {
+            let mut bytes = Request::CpuSample.encode();
+            bytes[at] = 1;
+            assert!(
+                matches!(Request::decode(&bytes), Err(WireError::Invalid(_))),
+                "byte {at}"
+            );
+        }
 
         for bad in [
-            Request {
+            TestRequest {
                 duration_ms: 0,
-                ..request()
+                ..test()
             },
-            Request {
+            TestRequest {
                 duration_ms: MAX_DURATION_MS + 1,
-                ..request()
+                ..test()
             },
-            Request {
+            TestRequest {
                 buffer_size: MIN_BUFFER - 1,
-                ..request()
+                ..test()
             },
-            Request {
+            TestRequest {
                 buffer_size: MAX_BUFFER + 1,
-                ..request()
+                ..test()
             },
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
             assert!(
-                matches!(Request::decode(&bad.encode()), Err(WireError::Invalid(_))),
+                matches!(
+                    Request::decode(&Request::Test(bad).encode()),
+                    Err(WireError::Invalid(_))
+                ),
                 "{bad:?}"
             );
         }
@@ -447,7 +528,7 @@ mod tests {
     fn accept_vector() {
         let accept = Accept::new(Status::Busy);
         let bytes = accept.encode();
-        assert_eq!(bytes, *b"BWNETPRF\x00\x01\x03\x00");
+        assert_eq!(bytes, *b"BWNETPRF\x00\x02\x03\x00");
         assert_eq!(Accept::decode(&bytes), Ok(accept));
         // A newer server's answer still decodes: the client reports its version.
         let mut newer = Accept::new(Status::UnsupportedVersion).encode();

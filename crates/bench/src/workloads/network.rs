@@ -115,7 +115,6 @@ fn op_of(direction: Direction) -> &'static str {
     match direction {
         Direction::ClientSends => SEND,
         Direction::ClientReceives => RECEIVE,
-        Direction::CpuSample => "cpu-sample",
     }
 }
 
