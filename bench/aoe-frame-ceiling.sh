@@ -4,8 +4,9 @@
 # namespaces on a veth pair with a bare C program that does nothing else
 # (bench/lib/frame_pingpong.c), through AF_PACKET as blockwire does and through
 # AF_XDP, and measures blockwire's AoE sequential write (buffered) at MTU 1500 and
-# 9000 in the same rounds. Prints each as MB/s and as a share of blockwire's MTU
-# 9000 write. Needs root. Shared machines are noisy: use --rounds.
+# 9000, and at MTU 1500 over its opt-in AF_XDP path (serve --aoe-xdp, aoe://...?xdp),
+# in the same rounds. Prints each as MB/s and as a share of blockwire's MTU 9000
+# write. Needs root. Shared machines are noisy: use --rounds.
 #
 # usage: bench/aoe-frame-ceiling.sh [--rounds 3] [--seconds 4] [--size 1G]
 #                                   [--dir /var/tmp] [--json FILE]

@@ -10,7 +10,7 @@ import select
 import subprocess
 import sys
 
-from aoe_vs_vblade import (INITIATOR_NS, PIN_INITIATOR, PIN_TARGET, TARGET_NS, Lab,
+from aoe_vs_vblade import (INITIATOR_NS, PIN_INITIATOR, PIN_TARGET, TARGET_NS, URI, Lab,
                            fmt, in_ns, measure, median, sh, stop)
 
 MODES = ["packet", "xdp", "xdp-generic"]
@@ -19,6 +19,7 @@ LABELS = {
     "xdp": "frame path, AF_XDP copy, driver hook",
     "xdp-generic": "frame path, AF_XDP copy, generic hook",
     "aoe-1500": "blockwire AoE write, MTU 1500",
+    "aoe-1500-xdp": "blockwire AoE write, MTU 1500, AF_XDP",
     "aoe-9000": "blockwire AoE write, MTU 9000",
 }
 
@@ -50,10 +51,13 @@ def pingpong(tool, mode, seconds):
     return float(fields[fields.index("MB/s") + 1])
 
 
-def aoe_write(lab, mtu, image, size, blockwire):
+def aoe_write(lab, mtu, image, size, blockwire, xdp=False):
+    """blockwire's buffered sequential write; with `xdp`, both ends over AF_XDP."""
     lab.mtu(mtu)
     rows, _ = measure("blockwire", "buffered", image, size, 3, blockwire,
-                      workloads="sequential")
+                      workloads="sequential",
+                      serve_args=["--aoe-xdp"] if xdp else [],
+                      uri=URI + "?xdp" if xdp else URI)
     return rows.get("seq-write-1M", {}).get("mb_per_s")
 
 
@@ -78,9 +82,11 @@ def main():
                 lab.mtu(1500)
                 for mode in (MODES if round_ % 2 == 0 else MODES[::-1]):
                     runs[mode].append(pingpong(args.pingpong, mode, args.seconds))
-                for mtu in ((1500, 9000) if round_ % 2 == 0 else (9000, 1500)):
-                    runs[f"aoe-{mtu}"].append(aoe_write(lab, mtu, image, args.size,
-                                                        args.blockwire))
+                ours = [("aoe-1500", 1500, False), ("aoe-1500-xdp", 1500, True),
+                        ("aoe-9000", 9000, False)]
+                for key, mtu, xdp in (ours if round_ % 2 == 0 else ours[::-1]):
+                    runs[key].append(aoe_write(lab, mtu, image, args.size, args.blockwire,
+                                               xdp))
         finally:
             sh("rm", "-f", image)
 

@@ -68,14 +68,14 @@ def cpu_seconds(pid):
     return sum(int(x) for x in fields[11:15]) / CLOCK_TICKS
 
 
-def start(server, setting, image, blockwire):
+def start(server, setting, image, blockwire, serve_args=()):
     if server == "vblade":
         cmd = ["vblade"] + (["-d"] if setting == "durable" else []) + [
             str(SHELF), str(SLOT), "eth0", image]
     else:
         cmd = [blockwire, "serve", image, "--aoe", "eth0", "--shelf", str(SHELF),
                "--slot", str(SLOT)] + (["--direct"] if setting == "durable" else []) + (
-                   os.environ.get("BLOCKWIRE_SERVE_ARGS", "").split())
+                   os.environ.get("BLOCKWIRE_SERVE_ARGS", "").split()) + list(serve_args)
     proc = subprocess.Popen(in_ns(TARGET_NS, *PIN_TARGET, *cmd), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.time() + 20
@@ -102,12 +102,12 @@ def stop(proc):
 
 
 def measure(server, setting, image, size, seconds, blockwire,
-            workloads="sequential,random"):
-    proc = start(server, setting, image, blockwire)
+            workloads="sequential,random", serve_args=(), uri=URI):
+    proc = start(server, setting, image, blockwire, serve_args)
     try:
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             before = cpu_seconds(proc.pid)
-            sh(*in_ns(INITIATOR_NS, *PIN_INITIATOR, blockwire, "bench", URI,
+            sh(*in_ns(INITIATOR_NS, *PIN_INITIATOR, blockwire, "bench", uri,
                       "--workload", workloads, "--random-depths", "16",
                       "--size", size, "--time", str(seconds),
                       "--target-pid", str(proc.pid), "--json", out.name),

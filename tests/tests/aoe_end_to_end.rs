@@ -24,13 +24,15 @@ fn uri() -> String {
     format!("aoe://eth0/e{SHELF}.{SLOT}")
 }
 
-fn conformance_through_aoe(short: &str, mtu: usize, extra: &[&str]) {
+/// The device conformance suite through our initiator against our target, which
+/// is served with `extra` arguments; `query` is added to the initiator's URI.
+fn conformance_through_aoe(short: &str, mtu: usize, extra: &[&str], query: &str) {
     let dir = tempfile::tempdir().unwrap();
     let file = backing_file(&dir, 64 * MIB);
     let mut args = vec![file.as_str()];
     args.extend_from_slice(extra);
     let lab = AoeLab::start(short, mtu, &args);
-    let uri: AoeUri = uri().parse().unwrap();
+    let uri: AoeUri = format!("{}{query}", uri()).parse().unwrap();
     let client = lab.lab.run_in(lab.lab.initiator_ns(), || {
         AoeClient::open(&uri, AoeOptions::default()).expect("open the AoE target")
     });
@@ -45,26 +47,32 @@ fn conformance_through_aoe(short: &str, mtu: usize, extra: &[&str]) {
 #[test]
 fn conformance_suite_through_aoe_at_mtu_1500() {
     require_root!();
-    conformance_through_aoe("cf", 1500, &[]);
+    conformance_through_aoe("cf", 1500, &[], "");
 }
 
 #[test]
 fn conformance_suite_through_aoe_at_mtu_9000() {
     require_root!();
-    conformance_through_aoe("cj", 9000, &[]);
+    conformance_through_aoe("cj", 9000, &[], "");
+}
+
+#[test]
+fn conformance_suite_through_aoe_over_af_xdp_at_both_ends() {
+    require_root!();
+    conformance_through_aoe("cx", 1500, &["--aoe-xdp"], "?xdp");
 }
 
 #[test]
 fn conformance_suite_through_aoe_to_a_direct_io_export() {
     require_root!();
-    conformance_through_aoe("cd", 1500, &["--direct"]);
+    conformance_through_aoe("cd", 1500, &["--direct"], "");
 }
 
 #[test]
 fn conformance_suite_through_aoe_to_a_direct_io_export_at_mtu_9000() {
     require_root!();
     // Full 17-sector frames: runs on workers grow across receive batches.
-    conformance_through_aoe("cg", 9000, &["--direct"]);
+    conformance_through_aoe("cg", 9000, &["--direct"], "");
 }
 
 #[test]
@@ -105,12 +113,14 @@ fn a_config_file_serves_one_export_over_aoe_and_nbd() {
         format!(
             "[server]\nsocket = [\"{}\"]\n\n[[export]]\nname = \"disk\"\npath = \"{file}\"\n\
              aoe = {{ interfaces = [\"eth0\"], shelf = {SHELF}, slot = {SLOT}, \
-             buffer_count = 32, config_string = \"rack-7\" }}\n",
+             buffer_count = 32, config_string = \"rack-7\", xdp = \"generic\" }}\n",
             path_str(&socket)
         ),
     )
     .unwrap();
-    let tag = format!("cg{}", std::process::id() % 100000);
+    // Not "cg": conformance_suite_through_aoe_to_a_direct_io_export_at_mtu_9000
+    // has that, and tests of one binary run at once.
+    let tag = format!("cn{}", std::process::id() % 100000);
     let lab = blockwire_tests::netns::VethLab::new(&tag, 1, 1500).unwrap();
     let mut command = lab.command_in(lab.target_ns(), blockwire_bin());
     command.arg("serve").arg("--config").arg(&config);

@@ -1,14 +1,16 @@
 //! The AoE raw socket layer over real veth links between two network namespaces:
 //! padding of short frames, batches of full-size frames at MTU 1500 and 9000, sends
 //! from several threads at once, the kernel filter, receive timeouts, interface
-//! lookup, and the receive ring (frames in order, slots reused, the filter and the
-//! timeout as without it). Needs root; skipped (saying so) otherwise.
+//! lookup, the receive ring (frames in order, slots reused, the filter and the
+//! timeout as without it), and the AF_XDP path (the same, plus its sends, its MTU
+//! limit, one program per interface, detached when the socket goes). Needs root;
+//! skipped (saying so) otherwise.
 
 use std::mem;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use blockwire_aoe::rawsock::{Interface, MacAddr, RawSocket, RecvBatch, AOE_ETHERTYPE};
+use blockwire_aoe::rawsock::{Interface, MacAddr, RawSocket, RecvBatch, XdpHook, AOE_ETHERTYPE};
 use blockwire_tests::netns::VethLab;
 use blockwire_tests::require_root;
 
@@ -24,29 +26,39 @@ struct Link {
 }
 
 fn link(short: &str, mtu: usize) -> Link {
-    link_with(short, mtu, false)
+    link_with(short, mtu, Receive::Recvmmsg)
 }
 
-/// As [`link`]; with `ring`, the target's socket receives through a receive ring.
-fn link_with(short: &str, mtu: usize, ring: bool) -> Link {
+/// How the target's socket receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Receive {
+    Recvmmsg,
+    Ring,
+    /// Through the AF_XDP path (which also sends), its program at the generic hook.
+    Xdp,
+}
+
+/// As [`link`]; the target's socket receives as `mode` says.
+fn link_with(short: &str, mtu: usize, mode: Receive) -> Link {
     let tag = format!("{short}{}", std::process::id() % 100000);
     let lab = VethLab::new(&tag, 1, mtu).expect("build the veth lab");
-    let open = |ns: &str, ring: bool| {
+    let open = |ns: &str, mode: Receive| {
         lab.run_in(ns, || {
             let eth0 = Interface::lookup("eth0").expect("eth0 in the lab namespace");
-            let socket = if ring {
-                RawSocket::open_with_ring(&eth0, BUFFER_BYTES)
-            } else {
-                RawSocket::open(&eth0, BUFFER_BYTES)
+            let socket = match mode {
+                Receive::Recvmmsg => RawSocket::open(&eth0, BUFFER_BYTES),
+                Receive::Ring => RawSocket::open_with_ring(&eth0, BUFFER_BYTES),
+                Receive::Xdp => RawSocket::open_with_xdp(&eth0, BUFFER_BYTES, XdpHook::Generic),
             };
             let socket = socket.expect("open the AoE socket");
-            assert_eq!(socket.has_ring(), ring);
+            assert_eq!(socket.has_ring(), mode != Receive::Recvmmsg);
+            assert_eq!(socket.uses_xdp(), mode == Receive::Xdp);
             socket
         })
     };
     Link {
-        target: open(lab.target_ns(), ring),
-        initiator: open(lab.initiator_ns(), false),
+        target: open(lab.target_ns(), mode),
+        initiator: open(lab.initiator_ns(), Receive::Recvmmsg),
         lab,
     }
 }
@@ -139,8 +151,8 @@ fn aoe_rawsock_gathered_frames_arrive_whole_and_padded() {
     assert!(link.initiator.send_gathered([short_head]).is_err());
 }
 
-fn full_size_batch(short: &str, mtu: usize, ring: bool) {
-    let link = link_with(short, mtu, ring);
+fn full_size_batch(short: &str, mtu: usize, mode: Receive) {
+    let link = link_with(short, mtu, mode);
     for (ns, socket) in [
         (link.lab.target_ns(), &link.target),
         (link.lab.initiator_ns(), &link.initiator),
@@ -171,19 +183,19 @@ fn full_size_batch(short: &str, mtu: usize, ring: bool) {
 #[test]
 fn aoe_rawsock_full_size_batch_mtu_1500() {
     require_root!();
-    full_size_batch("b15", 1500, false);
+    full_size_batch("b15", 1500, Receive::Recvmmsg);
 }
 
 #[test]
 fn aoe_rawsock_full_size_batch_through_a_ring_mtu_1500() {
     require_root!();
-    full_size_batch("r15", 1500, true);
+    full_size_batch("r15", 1500, Receive::Ring);
 }
 
 #[test]
 fn aoe_rawsock_full_size_batch_through_a_ring_mtu_9000() {
     require_root!();
-    full_size_batch("r90", 9000, true);
+    full_size_batch("r90", 9000, Receive::Ring);
 }
 
 /// Frames of a ring are given back: many times the ring's slots pass through it,
@@ -192,7 +204,19 @@ fn aoe_rawsock_full_size_batch_through_a_ring_mtu_9000() {
 #[test]
 fn aoe_rawsock_ring_slots_are_given_back_and_reused() {
     require_root!();
-    let link = link_with("rgr", 1500, true);
+    frames_are_given_back_and_reused("rgr", Receive::Ring);
+}
+
+/// The same for the AF_XDP socket, whose fill ring holds 2048 chunks: 8000 frames
+/// pass through them.
+#[test]
+fn aoe_rawsock_xdp_chunks_are_given_back_and_reused() {
+    require_root!();
+    frames_are_given_back_and_reused("xgr", Receive::Xdp);
+}
+
+fn frames_are_given_back_and_reused(short: &str, mode: Receive) {
+    let link = link_with(short, 1500, mode);
     let dst = link.target.interface().mac;
     let src = link.initiator.interface().mac;
     // A 4 MiB ring holds about 2500 frames at MTU 1500; 8 rounds of 1000 go round
@@ -235,7 +259,7 @@ fn aoe_rawsock_ring_slots_are_given_back_and_reused() {
 #[test]
 fn aoe_rawsock_full_size_batch_mtu_9000() {
     require_root!();
-    full_size_batch("b90", 9000, false);
+    full_size_batch("b90", 9000, Receive::Recvmmsg);
 }
 
 #[test]
@@ -278,17 +302,142 @@ fn aoe_rawsock_sends_from_many_threads_at_once() {
 #[test]
 fn aoe_rawsock_other_ethertypes_are_filtered_and_timeout_returns_zero() {
     require_root!();
-    filtered_and_timeout("flt", false);
+    filtered_and_timeout("flt", Receive::Recvmmsg);
 }
 
 #[test]
 fn aoe_rawsock_ring_filters_other_ethertypes_and_times_out() {
     require_root!();
-    filtered_and_timeout("rfl", true);
+    filtered_and_timeout("rfl", Receive::Ring);
 }
 
-fn filtered_and_timeout(short: &str, ring: bool) {
-    let link = link_with(short, 1500, ring);
+#[test]
+fn aoe_rawsock_xdp_passes_other_ethertypes_on_and_times_out() {
+    require_root!();
+    filtered_and_timeout("xfl", Receive::Xdp);
+}
+
+/// The AF_XDP socket receives full-size frames whole and in order, sends gathered
+/// frames whole and padded, sends thousands in one batch (more than its 1024 send
+/// chunks, so they are reclaimed as the kernel completes them), and refuses a frame
+/// over the MTU, as the packet socket does.
+#[test]
+fn aoe_rawsock_xdp_sends_and_receives_whole_frames() {
+    require_root!();
+    let link = link_with("xsr", 1500, Receive::Xdp);
+    let target = link.target.interface().mac;
+    let initiator = link.initiator.interface().mac;
+
+    let frames: Vec<Vec<u8>> = (0..64)
+        .map(|i| aoe_frame(target, initiator, 1514, i))
+        .collect();
+    let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+    link.initiator.send_batch(&refs).expect("send_batch");
+    let got = receive(&link.target, 64, 1600);
+    assert!(got == frames, "frames differ or arrived out of order");
+
+    let frames: Vec<Vec<u8>> = [1514, 1000, 60, 36, 20]
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| aoe_frame(initiator, target, len, 500 + i as u32))
+        .collect();
+    let parts: Vec<(&[u8], &[u8])> = frames
+        .iter()
+        .zip([36, 600, 14, 36, 20])
+        .map(|(frame, at)| frame.split_at(at))
+        .collect();
+    link.target
+        .send_gathered(parts.iter().copied())
+        .expect("send_gathered");
+    let got = receive(&link.initiator, frames.len(), 1600);
+    for (i, (got, sent)) in got.iter().zip(&frames).enumerate() {
+        assert_eq!(got.len(), sent.len().max(60), "frame {i} length");
+        assert!(got[..sent.len()] == sent[..], "frame {i} differs");
+        assert!(
+            got[sent.len()..].iter().all(|&b| b == 0),
+            "frame {i} padding"
+        );
+    }
+
+    let many: Vec<Vec<u8>> = (0..3000)
+        .map(|i| aoe_frame(initiator, target, 1514, 1000 + i))
+        .collect();
+    let refs: Vec<&[u8]> = many.iter().map(Vec::as_slice).collect();
+    for chunk in refs.chunks(500) {
+        link.target.send_batch(chunk).expect("send_batch of 500");
+        let got = receive(&link.initiator, chunk.len(), 1600);
+        assert!(
+            got.iter().zip(chunk).all(|(a, b)| a == b),
+            "a batch of 500 differs"
+        );
+    }
+    link.target.send_batch(&refs).expect("send_batch of 3000");
+    let got = receive(&link.initiator, refs.len(), 1600);
+    assert!(
+        got.iter().zip(&many).all(|(a, b)| a == b),
+        "3000 frames differ"
+    );
+
+    let oversize = aoe_frame(initiator, target, 1515, 99);
+    assert!(
+        link.target.send(&oversize).is_err(),
+        "a frame over the MTU was sent"
+    );
+    assert!(link
+        .target
+        .send_gathered([(&oversize[..36], &oversize[36..])])
+        .is_err());
+}
+
+/// Whether an XDP program is attached to `eth0` in `ns`.
+fn xdp_attached(lab: &VethLab, ns: &str) -> bool {
+    let out = lab
+        .command_in(ns, "ip")
+        .args(["-d", "link", "show", "eth0"])
+        .output()
+        .expect("run ip");
+    String::from_utf8_lossy(&out.stdout).contains("prog/xdp")
+}
+
+/// The AF_XDP path refuses jumbo frames and a second program on an interface, and
+/// leaves nothing attached when it fails or when its socket closes.
+#[test]
+fn aoe_rawsock_xdp_refuses_jumbo_frames_and_a_second_program_and_detaches() {
+    require_root!();
+    let tag = format!("xat{}", std::process::id() % 100000);
+    let lab = VethLab::new(&tag, 1, 9000).expect("build the veth lab");
+    let ns = lab.target_ns().to_string();
+    let open = || {
+        lab.run_in(&ns, || {
+            let eth0 = Interface::lookup("eth0").expect("eth0");
+            RawSocket::open_with_xdp(&eth0, BUFFER_BYTES, XdpHook::Generic)
+        })
+    };
+    let err = open().expect_err("AF_XDP at MTU 9000");
+    assert!(err.to_string().contains("MTU 9000"), "{err}");
+    assert!(
+        !xdp_attached(&lab, &ns),
+        "a failed open left a program attached"
+    );
+
+    let status = lab
+        .command_in(&ns, "ip")
+        .args(["link", "set", "eth0", "mtu", "1500"])
+        .status()
+        .expect("run ip");
+    assert!(status.success());
+    let first = open().expect("AF_XDP at MTU 1500");
+    assert!(xdp_attached(&lab, &ns));
+    let err = open().expect_err("a second program on the same interface");
+    assert!(err.to_string().contains("attaching"), "{err}");
+    drop(first);
+    assert!(!xdp_attached(&lab, &ns), "the program outlived its socket");
+    let again = open().expect("AF_XDP again after the first closed");
+    assert!(again.uses_xdp());
+}
+
+fn filtered_and_timeout(short: &str, mode: Receive) {
+    let link = link_with(short, 1500, mode);
     let dst = link.target.interface().mac;
     let src = link.initiator.interface().mac;
     let (lab, ns_t, ns_i) = (&link.lab, link.lab.target_ns(), link.lab.initiator_ns());

@@ -309,7 +309,9 @@ fn read_only_exports_abort_writes() {
     client.read(0, 1);
 }
 
-fn flushed_writes_survive_sigkill(short: &str, extra: &[&str]) {
+/// Writes, flushes, kills the target with SIGKILL and checks the file; returns the
+/// lab (its target gone) for further checks.
+fn flushed_writes_survive_sigkill(short: &str, extra: &[&str]) -> AoeLab {
     let dir = tempfile::tempdir().unwrap();
     let file = backing_file(&dir);
     let mut args = vec![file.as_str()];
@@ -331,6 +333,52 @@ fn flushed_writes_survive_sigkill(short: &str, extra: &[&str]) {
         3 * SECTOR_SIZE,
         &expected
     ));
+    lab
+}
+
+/// Over the AF_XDP path too; and the killed target's XDP program went with it
+/// (it hangs on a BPF link, which the kernel drops with the process).
+#[test]
+fn flushed_writes_survive_sigkill_over_af_xdp_and_leave_no_program() {
+    require_root!();
+    let lab = flushed_writes_survive_sigkill("af", &["--aoe-xdp"]);
+    let out = lab
+        .lab
+        .command_in(lab.lab.target_ns(), "ip")
+        .args(["-d", "link", "show", "eth0"])
+        .output()
+        .expect("run ip");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(!shown.contains("prog/xdp"), "left attached: {shown}");
+}
+
+/// `--aoe-xdp` on an interface whose frames do not fit the AF_XDP path: the
+/// target does not start, and says why.
+#[test]
+fn af_xdp_at_mtu_9000_is_refused_with_the_reason() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let file = backing_file(&dir);
+    let tag = format!("ay{}", std::process::id() % 100000);
+    let lab = blockwire_tests::netns::VethLab::new(&tag, 1, 9000).expect("build the veth lab");
+    let out = lab
+        .command_in(lab.target_ns(), blockwire_tests::blockwire_bin())
+        .args([
+            "serve",
+            file.as_str(),
+            "--aoe",
+            "eth0",
+            "--shelf",
+            "1",
+            "--slot",
+            "2",
+        ])
+        .arg("--aoe-xdp")
+        .output()
+        .expect("run blockwire");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "served at MTU 9000 over AF_XDP");
+    assert!(stderr.contains("MTU 9000"), "{stderr}");
 }
 
 #[test]

@@ -74,6 +74,27 @@ pub struct AoeSection {
     /// Initial config string.
     #[serde(default)]
     pub config_string: String,
+    /// `xdp = "generic"` or `"driver"`: the AF_XDP path (`serve --aoe-xdp`).
+    pub xdp: Option<XdpChoice>,
+}
+
+/// Where the AF_XDP path's program runs (`--aoe-xdp HOOK`, `xdp = "HOOK"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum XdpChoice {
+    /// The generic receive path: any interface.
+    Generic,
+    /// The driver's native XDP.
+    Driver,
+}
+
+impl XdpChoice {
+    pub fn hook(self) -> blockwire_aoe::rawsock::XdpHook {
+        match self {
+            XdpChoice::Generic => blockwire_aoe::rawsock::XdpHook::Generic,
+            XdpChoice::Driver => blockwire_aoe::rawsock::XdpHook::Driver,
+        }
+    }
 }
 
 impl Config {
@@ -152,6 +173,29 @@ mod tests {
         assert_eq!(aoe.interfaces, ["eth0", "eth1"]);
         assert_eq!((aoe.shelf, aoe.slot), (3, 4));
         assert!(!config.exports[0].nbd);
+    }
+
+    #[test]
+    fn parses_the_af_xdp_choice_of_an_aoe_export() {
+        let export = |xdp: &str| {
+            format!(
+                "[[export]]\nname = \"a\"\npath = \"/x\"\n\
+                 aoe = {{ interfaces = [\"eth0\"], shelf = 1, slot = 2{xdp} }}\n"
+            )
+        };
+        let aoe = |text: String| {
+            toml::from_str::<Config>(&text).map(|c| c.exports[0].aoe.as_ref().unwrap().xdp)
+        };
+        assert_eq!(aoe(export("")).unwrap(), None);
+        assert_eq!(
+            aoe(export(", xdp = \"generic\"")).unwrap(),
+            Some(XdpChoice::Generic)
+        );
+        assert_eq!(
+            aoe(export(", xdp = \"driver\"")).unwrap(),
+            Some(XdpChoice::Driver)
+        );
+        assert!(aoe(export(", xdp = \"fast\"")).is_err());
     }
 
     #[test]

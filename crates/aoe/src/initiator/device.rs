@@ -150,7 +150,11 @@ impl AoeClient {
             })?;
             // Room for a full window of jumbo frames both ways.
             let buffer = (DEFAULT_MAX_WINDOW * (interface.mtu + 64) * 2).max(1 << 20);
-            let socket = RawSocket::open_with_ring(&interface, buffer).map_err(|source| {
+            let socket = match uri.xdp {
+                Some(hook) => RawSocket::open_with_xdp(&interface, buffer, hook),
+                None => RawSocket::open_with_ring(&interface, buffer),
+            };
+            let socket = socket.map_err(|source| {
                 let hint = match source.kind() {
                     io::ErrorKind::PermissionDenied => {
                         " (raw Ethernet sockets need root or CAP_NET_RAW)"

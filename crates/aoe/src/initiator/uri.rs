@@ -9,6 +9,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::rawsock::XdpHook;
 use crate::wire::{BROADCAST_SHELF, BROADCAST_SLOT};
 
 /// Longest interface name Linux accepts (IFNAMSIZ − 1).
@@ -23,6 +24,9 @@ pub struct AoeUri {
     pub shelf: u16,
     /// The target's slot (AoE minor address).
     pub slot: u8,
+    /// `?xdp` (the generic hook) or `?xdp=driver`: send and receive through the
+    /// AF_XDP path ([`crate::rawsock::xdp`]) instead of packet sockets alone.
+    pub xdp: Option<XdpHook>,
 }
 
 /// Why a string is not a usable AoE URI.
@@ -52,6 +56,8 @@ pub enum UriError {
     Slot(String),
     #[error("AoE URIs take no {0} ('{1}')")]
     Extra(&'static str, String),
+    #[error("unknown AoE URI option '{0}' (the one there is: xdp, xdp=generic or xdp=driver)")]
+    Option(String),
 }
 
 impl AoeUri {
@@ -61,6 +67,7 @@ impl AoeUri {
             interfaces: vec![interface.into()],
             shelf,
             slot,
+            xdp: None,
         }
     }
 
@@ -114,6 +121,22 @@ pub(crate) fn parse_target(text: &str) -> Result<(u16, u8), UriError> {
     Ok((shelf_value as u16, slot_value as u8))
 }
 
+/// The query: `xdp`, `xdp=generic` or `xdp=driver`, or nothing.
+fn parse_query(query: &str) -> Result<Option<XdpHook>, UriError> {
+    let mut xdp = None;
+    for option in query.split('&').filter(|option| !option.is_empty()) {
+        let hook = match option {
+            "xdp" | "xdp=generic" => XdpHook::Generic,
+            "xdp=driver" => XdpHook::Driver,
+            _ => return Err(UriError::Option(option.to_string())),
+        };
+        if xdp.replace(hook).is_some() {
+            return Err(UriError::Option(format!("{option} (given twice)")));
+        }
+    }
+    Ok(xdp)
+}
+
 impl FromStr for AoeUri {
     type Err = UriError;
 
@@ -127,9 +150,10 @@ impl FromStr for AoeUri {
         if let Some(at) = rest.find('#') {
             return Err(UriError::Extra("fragment", rest[at..].to_string()));
         }
-        if let Some(at) = rest.find('?') {
-            return Err(UriError::Extra("query", rest[at..].to_string()));
-        }
+        let (rest, xdp) = match rest.split_once('?') {
+            Some((rest, query)) => (rest, parse_query(query)?),
+            None => (rest, None),
+        };
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
         if authority.is_empty() {
             return Err(UriError::MissingInterface);
@@ -158,6 +182,7 @@ impl FromStr for AoeUri {
                 interfaces,
                 shelf,
                 slot,
+                xdp,
             });
         }
         let (shelf, slot) = parse_target(path)?;
@@ -165,6 +190,7 @@ impl FromStr for AoeUri {
             interfaces,
             shelf,
             slot,
+            xdp,
         })
     }
 }
@@ -176,7 +202,12 @@ impl fmt::Display for AoeUri {
             "aoe://{}/{}",
             self.interfaces.join(","),
             self.target_name()
-        )
+        )?;
+        match self.xdp {
+            None => Ok(()),
+            Some(XdpHook::Generic) => f.write_str("?xdp"),
+            Some(XdpHook::Driver) => f.write_str("?xdp=driver"),
+        }
     }
 }
 
@@ -186,6 +217,33 @@ mod tests {
 
     fn parse(text: &str) -> Result<AoeUri, UriError> {
         text.parse()
+    }
+
+    #[test]
+    fn the_xdp_option_picks_the_hook_and_prints_back() {
+        for (text, hook, printed) in [
+            (
+                "aoe://eth0/e1.2?xdp",
+                XdpHook::Generic,
+                "aoe://eth0/e1.2?xdp",
+            ),
+            (
+                "aoe://eth0/e1.2?xdp=generic",
+                XdpHook::Generic,
+                "aoe://eth0/e1.2?xdp",
+            ),
+            (
+                "aoe://eth0,eth1/e1.2/?xdp=driver",
+                XdpHook::Driver,
+                "aoe://eth0,eth1/e1.2?xdp=driver",
+            ),
+        ] {
+            let uri = parse(text).unwrap();
+            assert_eq!(uri.xdp, Some(hook), "{text}");
+            assert_eq!(uri.to_string(), printed);
+            assert_eq!(parse(printed).unwrap(), uri);
+        }
+        assert_eq!(parse("aoe://eth0/e1.2").unwrap().xdp, None);
     }
 
     #[test]
@@ -255,9 +313,14 @@ mod tests {
                 "aoe://eth0/e1.2/x",
                 UriError::Extra("path after the target", "/x".into()),
             ),
+            ("aoe://eth0/e1.2?x=1", UriError::Option("x=1".into())),
             (
-                "aoe://eth0/e1.2?x=1",
-                UriError::Extra("query", "?x=1".into()),
+                "aoe://eth0/e1.2?xdp=fast",
+                UriError::Option("xdp=fast".into()),
+            ),
+            (
+                "aoe://eth0/e1.2?xdp&xdp=driver",
+                UriError::Option("xdp=driver (given twice)".into()),
             ),
             (
                 "aoe://eth0/e1.2#x",

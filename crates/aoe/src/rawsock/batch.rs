@@ -1,8 +1,19 @@
-//! Receive buffers for `recvmmsg`, or the frames taken from a receive ring.
+//! Receive buffers for `recvmmsg`, or the frames taken from a receive ring or an
+//! AF_XDP socket.
 
 use std::sync::Arc;
 
 use super::ring::{RingFrame, RxRing};
+use super::xdp::Xsk;
+
+/// Where a batch's frames lie when they are not in its own buffers: the kernel
+/// lent them, and they go back when the batch is done with them.
+pub(super) enum Lender {
+    /// Slots of a packet socket's receive ring.
+    Ring(Arc<RxRing>),
+    /// Chunks of an AF_XDP socket's UMEM (a frame's `slot` is its address there).
+    Xsk(Arc<Xsk>),
+}
 
 /// Reusable receive buffers for [`RawSocket::recv_batch`](super::RawSocket::recv_batch): `count` buffers of
 /// `frame_bytes` each. Size them for the interface: MTU + 14 bytes of Ethernet
@@ -24,8 +35,8 @@ pub struct RecvBatch {
     pub(super) lens: Vec<usize>,
     pub(super) truncated: Vec<bool>,
     pub(super) received: usize,
-    /// The ring the last `recv_batch` took its frames from, and those frames.
-    pub(super) ring: Option<Arc<RxRing>>,
+    /// What the last `recv_batch` took its frames from, and those frames.
+    pub(super) lender: Option<Lender>,
     pub(super) ring_frames: Vec<RingFrame>,
 }
 
@@ -82,37 +93,48 @@ impl RecvBatch {
             lens: vec![0; count],
             truncated: vec![false; count],
             received: 0,
-            ring: None,
+            lender: None,
             ring_frames: Vec::with_capacity(count),
         }
     }
 
-    /// Gives the ring slots of the last `recv_batch` back to the kernel.
+    /// Gives the frames the last `recv_batch` borrowed back to the kernel.
     pub(super) fn release_ring_slots(&mut self) {
-        if let Some(ring) = &self.ring {
-            for frame in self.ring_frames.drain(..) {
-                ring.release(frame.slot);
+        match &self.lender {
+            Some(Lender::Ring(ring)) => {
+                for frame in self.ring_frames.drain(..) {
+                    ring.release(frame.slot);
+                }
             }
+            Some(Lender::Xsk(xsk)) => {
+                xsk.give_back(self.ring_frames.drain(..).map(|frame| frame.slot as u64));
+            }
+            None => {}
         }
         self.received = 0;
     }
 
     /// Prepares to receive into the batch's own buffers, after giving back what a
-    /// ring had lent.
+    /// lender had lent.
     pub(super) fn use_buffers(&mut self) {
         self.release_ring_slots();
-        self.ring = None;
+        self.lender = None;
     }
 
     /// Prepares to take frames from `ring`, after giving back what was held.
     pub(super) fn use_ring(&mut self, ring: &Arc<RxRing>) {
         self.release_ring_slots();
-        if !self
-            .ring
-            .as_ref()
-            .is_some_and(|held| Arc::ptr_eq(held, ring))
-        {
-            self.ring = Some(ring.clone());
+        if !matches!(&self.lender, Some(Lender::Ring(held)) if Arc::ptr_eq(held, ring)) {
+            self.lender = Some(Lender::Ring(ring.clone()));
+        }
+    }
+
+    /// Prepares to take frames from the AF_XDP socket `xsk`, after giving back what
+    /// was held.
+    pub(super) fn use_xsk(&mut self, xsk: &Arc<Xsk>) {
+        self.release_ring_slots();
+        if !matches!(&self.lender, Some(Lender::Xsk(held)) if Arc::ptr_eq(held, xsk)) {
+            self.lender = Some(Lender::Xsk(xsk.clone()));
         }
     }
 
@@ -139,7 +161,7 @@ impl RecvBatch {
             "frame {i} asked of a batch holding {}",
             self.received
         );
-        if self.ring.is_some() {
+        if self.lender.is_some() {
             let frame = self.ring_frames[i];
             // SAFETY: the slot is held by this batch (taken from the ring it keeps
             // alive, not yet released), so the kernel does not write it; `len`
@@ -157,7 +179,7 @@ impl RecvBatch {
             "frame {i} asked of a batch holding {}",
             self.received
         );
-        if self.ring.is_some() {
+        if self.lender.is_some() {
             return self.ring_frames[i].truncated;
         }
         self.truncated[i]

@@ -7,7 +7,9 @@
 //! - `filter`: the BPF program admitting only ethertype 0x88A2;
 //! - [`RecvBatch`]: reusable buffers for batched receive;
 //! - `ring`: a receive ring (PACKET_RX_RING) that sockets on the data path use
-//!   instead of `recvmmsg` ([`RawSocket::open_with_ring`]).
+//!   instead of `recvmmsg` ([`RawSocket::open_with_ring`]);
+//! - [`xdp`]: an opt-in AF_XDP data path beside the packet socket
+//!   ([`RawSocket::open_with_xdp`]).
 
 use std::io;
 use std::mem;
@@ -31,9 +33,11 @@ mod batch;
 mod filter;
 mod interface;
 mod ring;
+pub mod xdp;
 
 pub use batch::RecvBatch;
 pub use interface::Interface;
+pub use xdp::Hook as XdpHook;
 
 /// One AF_PACKET SOCK_RAW socket bound to one interface, receiving only AoE frames.
 ///
@@ -44,6 +48,9 @@ pub struct RawSocket {
     interface: Interface,
     /// Where received frames land, when the socket has a receive ring.
     rx_ring: Option<Arc<ring::RxRing>>,
+    /// The AF_XDP path, when opted into: AoE frames on receive queue 0 arrive
+    /// there, and every frame is sent from there.
+    xdp: Option<xdp::XdpPath>,
 }
 
 impl RawSocket {
@@ -66,9 +73,36 @@ impl RawSocket {
         Self::open_inner(interface, buffer_bytes, true)
     }
 
+    /// Like [`open_with_ring`](Self::open_with_ring), plus an AF_XDP socket fed by
+    /// an XDP program attached at `hook` ([`xdp`] says what that costs): frames
+    /// are sent through it, and AoE frames arriving on the interface's receive
+    /// queue 0 are received through it. Fails with the reason when the kernel,
+    /// the interface (an MTU above [`xdp::MAX_MTU`], another XDP program) or the
+    /// privileges do not allow it; nothing is left attached then.
+    pub fn open_with_xdp(
+        interface: &Interface,
+        buffer_bytes: usize,
+        hook: XdpHook,
+    ) -> io::Result<RawSocket> {
+        let mut socket = Self::open_inner(interface, buffer_bytes, true)?;
+        let path = xdp::XdpPath::open(interface, hook).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("AoE AF_XDP path on {}: {e}", interface.name),
+            )
+        })?;
+        socket.xdp = Some(path);
+        Ok(socket)
+    }
+
     /// Whether frames arrive through a receive ring.
     pub fn has_ring(&self) -> bool {
         self.rx_ring.is_some()
+    }
+
+    /// Whether frames go through the AF_XDP path.
+    pub fn uses_xdp(&self) -> bool {
+        self.xdp.is_some()
     }
 
     fn open_inner(
@@ -164,6 +198,7 @@ impl RawSocket {
             fd,
             interface: interface.clone(),
             rx_ring,
+            xdp: None,
         })
     }
 
@@ -176,6 +211,10 @@ impl RawSocket {
     /// Frames shorter than 60 bytes are zero-padded to 60.
     pub fn send(&self, frame: &[u8]) -> io::Result<()> {
         check_frame(frame)?;
+        if let Some(path) = &self.xdp {
+            self.check_fits_mtu(frame.len())?;
+            return path.xsk.send([(frame, &[][..])]);
+        }
         let mut scratch = [0u8; MIN_FRAME_LEN];
         let bytes = padded(frame, &mut scratch);
         let mut stalled = None;
@@ -208,6 +247,14 @@ impl RawSocket {
         &self,
         frames: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
     ) -> io::Result<()> {
+        if let Some(path) = &self.xdp {
+            let frames: Vec<_> = frames.into_iter().collect();
+            for (head, body) in &frames {
+                check_frame(head)?;
+                self.check_fits_mtu(head.len() + body.len())?;
+            }
+            return path.xsk.send(frames);
+        }
         let frames = frames.into_iter();
         static ZEROES: [u8; MIN_FRAME_LEN] = [0; MIN_FRAME_LEN];
         let iovec = |part: &[u8]| libc::iovec {
@@ -260,6 +307,23 @@ impl RawSocket {
         Ok(())
     }
 
+    /// Refuses a frame longer than the interface's MTU plus the Ethernet header, as
+    /// a packet socket does (the AF_XDP path would hand it to the interface, which
+    /// drops it without a word).
+    fn check_fits_mtu(&self, len: usize) -> io::Result<()> {
+        let limit = self.interface.mtu + ETH_HEADER_LEN;
+        if len > limit {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "a {len}-byte frame is over the {limit} bytes MTU {} allows on {}",
+                    self.interface.mtu, self.interface.name
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Decides whether a failed send is retried: at once after EINTR, after a short
     /// wait on a full queue (ENOBUFS/EAGAIN) unless stalled too long; other errors
     /// are given back.
@@ -293,6 +357,9 @@ impl RawSocket {
         batch: &mut RecvBatch,
         timeout: Option<Duration>,
     ) -> io::Result<usize> {
+        if let Some(path) = &self.xdp {
+            return self.recv_from_xdp(&path.xsk, batch, timeout);
+        }
         if let Some(ring) = &self.rx_ring {
             return self.recv_from_ring(ring, batch, timeout);
         }
@@ -363,6 +430,44 @@ impl RawSocket {
         }
     }
 
+    /// `recv_batch` with the AF_XDP path: frames from the AF_XDP socket first, then
+    /// any the XDP program passed on to the packet socket (other receive queues);
+    /// sleeps in poll(2) on both while neither has any.
+    fn recv_from_xdp(
+        &self,
+        xsk: &Arc<xdp::Xsk>,
+        batch: &mut RecvBatch,
+        timeout: Option<Duration>,
+    ) -> io::Result<usize> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        loop {
+            batch.use_xsk(xsk);
+            let taken = xsk.take(batch.capacity(), &mut batch.ring_frames);
+            if taken > 0 {
+                batch.received = taken;
+                return Ok(taken);
+            }
+            if let Some(ring) = &self.rx_ring {
+                batch.use_ring(ring);
+                let taken = ring.take(batch.capacity(), &mut batch.ring_frames);
+                if taken > 0 {
+                    batch.received = taken;
+                    return Ok(taken);
+                }
+            }
+            if timeout == Some(Duration::ZERO)
+                || deadline.is_some_and(|deadline| Instant::now() >= deadline)
+            {
+                return Ok(0);
+            }
+            wait_for_any(
+                &[xsk.as_fd(), self.fd.as_fd()],
+                libc::POLLIN,
+                poll_ms(deadline),
+            )?;
+        }
+    }
+
     /// Waits in poll(2) for a frame until `deadline`; false when the time is up
     /// (at once for a zero timeout).
     fn wait_to_receive(
@@ -374,15 +479,7 @@ impl RawSocket {
             // A poll for nothing: spare the poll(2).
             return Ok(false);
         }
-        let wait_ms = match deadline {
-            None => -1,
-            Some(deadline) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                // Round up, so a sub-millisecond remainder still waits.
-                left.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int
-            }
-        };
-        wait_for(self.fd.as_fd(), libc::POLLIN, wait_ms)
+        wait_for(self.fd.as_fd(), libc::POLLIN, poll_ms(deadline))
     }
 }
 
@@ -466,6 +563,18 @@ fn set_option<T>(
     Ok(())
 }
 
+/// poll(2)'s timeout for `deadline`: -1 for none, else the milliseconds left,
+/// rounded up so that a sub-millisecond remainder still waits.
+fn poll_ms(deadline: Option<Instant>) -> libc::c_int {
+    match deadline {
+        None => -1,
+        Some(deadline) => {
+            let left = deadline.saturating_duration_since(Instant::now());
+            left.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int
+        }
+    }
+}
+
 /// Waits up to `timeout_ms` (-1: forever) for `events` on `fd`. Returns false on
 /// timeout; true when ready, on error conditions (the next call reports them) and
 /// after EINTR (the caller retries and recomputes its wait).
@@ -474,13 +583,30 @@ fn wait_for(
     events: libc::c_short,
     timeout_ms: libc::c_int,
 ) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
+    wait_for_any(&[fd], events, timeout_ms)
+}
+
+/// [`wait_for`] on one or two descriptors at once.
+fn wait_for_any(
+    fds: &[BorrowedFd<'_>],
+    events: libc::c_short,
+    timeout_ms: libc::c_int,
+) -> io::Result<bool> {
+    let mut pfds = [libc::pollfd {
+        fd: -1,
         events,
         revents: 0,
-    };
-    // SAFETY: `pfd` is one valid pollfd that lives for the call.
-    let rc = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+    }; 2];
+    assert!(
+        fds.len() <= pfds.len(),
+        "wait_for_any takes two descriptors at most"
+    );
+    for (pfd, fd) in pfds.iter_mut().zip(fds) {
+        pfd.fd = fd.as_raw_fd();
+    }
+    // SAFETY: the first `fds.len()` entries of `pfds` are valid pollfds, alive for
+    // the call.
+    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
     if rc < 0 {
         let err = io::Error::last_os_error();
         if err.raw_os_error() == Some(libc::EINTR) {

@@ -26,7 +26,7 @@ pub use ata::{ata_error, classify, response_args, AtaAction, AtaLimits};
 pub use harness::TargetHarness;
 
 use crate::identify::Identity;
-use crate::rawsock::{Interface, RawSocket};
+use crate::rawsock::{Interface, RawSocket, XdpHook};
 use crate::wire::{sectors_per_frame, BROADCAST_SHELF, BROADCAST_SLOT, SECTOR_SIZE};
 
 /// Frames a target says it can queue, by default (the initiator's window).
@@ -49,6 +49,9 @@ pub struct TargetConfig {
     pub workers: usize,
     /// The initial config string.
     pub config_string: Vec<u8>,
+    /// Send and receive through the AF_XDP path, its program at this hook
+    /// ([`crate::rawsock::xdp`]); None: packet sockets alone.
+    pub xdp: Option<XdpHook>,
 }
 
 impl TargetConfig {
@@ -61,6 +64,7 @@ impl TargetConfig {
             buffer_count: DEFAULT_BUFFER_COUNT,
             workers: 16,
             config_string: Vec::new(),
+            xdp: None,
         }
     }
 }
@@ -213,7 +217,10 @@ impl AoeTarget {
             // Room for every frame the initiators may send at once, several times over.
             let frame = interface.mtu + 64;
             let buffer = (usize::from(config.buffer_count) * frame * 4).max(16 << 20);
-            let socket = Arc::new(RawSocket::open_with_ring(&interface, buffer)?);
+            let socket = Arc::new(match config.xdp {
+                Some(hook) => RawSocket::open_with_xdp(&interface, buffer, hook)?,
+                None => RawSocket::open_with_ring(&interface, buffer)?,
+            });
             ports.push(Arc::new(Port::new(interface, socket.clone())?));
             sockets.push(socket);
         }
@@ -231,12 +238,16 @@ impl AoeTarget {
         for port in &ports {
             let interface = &port.interface;
             tracing::info!(
-                "AoE e{}.{} on {} (MTU {}, {} sectors per frame)",
+                "AoE e{}.{} on {} (MTU {}, {} sectors per frame{})",
                 config.shelf,
                 config.slot,
                 interface.name,
                 interface.mtu,
-                port.max_sectors
+                port.max_sectors,
+                match config.xdp {
+                    Some(hook) => format!(", AF_XDP at the {hook} hook"),
+                    None => String::new(),
+                }
             );
         }
         Ok(AoeTarget {
