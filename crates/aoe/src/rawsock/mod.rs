@@ -85,6 +85,15 @@ impl RawSocket {
         hook: XdpHook,
     ) -> io::Result<RawSocket> {
         let mut socket = Self::open_inner(interface, buffer_bytes, true)?;
+        // Frames the program passes on (other queues, the moment before the socket
+        // is in the map) are read from the packet socket's ring; the AF_XDP
+        // receive loop has no recvmmsg fallback.
+        if socket.rx_ring.is_none() {
+            return Err(io::Error::other(format!(
+                "AoE AF_XDP path on {}: the packet socket's receive ring was refused",
+                interface.name
+            )));
+        }
         let path = xdp::XdpPath::open(interface, hook).map_err(|e| {
             io::Error::new(
                 e.kind(),

@@ -126,9 +126,15 @@ struct Insn {
 }
 
 const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
+    // The kernel's `dst_reg:4, src_reg:4` bitfield: the low nibble first on a
+    // little-endian machine, the high one on a big-endian one.
+    #[cfg(target_endian = "little")]
+    let regs = (src << 4) | dst;
+    #[cfg(target_endian = "big")]
+    let regs = (dst << 4) | src;
     Insn {
         code,
-        regs: (src << 4) | dst,
+        regs,
         off,
         imm,
     }
@@ -149,8 +155,8 @@ const EXIT: u8 = 0x95; // BPF_JMP | BPF_EXIT
 /// The program, for the XSKMAP `map_fd`. Registers: r1 is the `xdp_md` context
 /// (data at +0, data_end at +4, rx_queue_index at +16).
 fn program(map_fd: i32) -> [Insn; 15] {
-    // The ethertype's bytes 0x88 0xA2 read as a little-endian u16.
-    let aoe = i32::from(u16::from_le_bytes(crate::wire::AOE_ETHERTYPE.to_be_bytes()));
+    // The ethertype's bytes 0x88 0xA2 as the program's native-endian load sees them.
+    let aoe = i32::from(u16::from_ne_bytes(crate::wire::AOE_ETHERTYPE.to_be_bytes()));
     [
         insn(LDX_W, 2, 1, 0, 0),                         // r2 = data
         insn(LDX_W, 3, 1, 4, 0),                         // r3 = data_end
@@ -181,7 +187,8 @@ pub struct Redirect {
 
 impl Redirect {
     /// Creates a map of `queues` entries, loads the program and attaches it to the
-    /// interface `ifindex` at `hook`. Fails (EBUSY) when another XDP program holds
+    /// interface `ifindex` at `hook`. Fails (EBUSY, or EEXIST for the other hook) when
+    /// another XDP program holds
     /// the interface.
     pub fn attach(ifindex: u32, queues: u32, hook: Hook) -> io::Result<Redirect> {
         let mut create = MapCreate {
@@ -194,29 +201,21 @@ impl Redirect {
         let map =
             bpf(BPF_MAP_CREATE, &mut create).map_err(|e| context(e, "creating the XSKMAP"))?;
         let instructions = program(map.as_raw_fd());
-        let license = c"Dual MIT/GPL";
-        let mut log = vec![0u8; 4096];
-        let mut name = [0u8; 16];
-        name[..9].copy_from_slice(b"blockwire");
-        let mut load = ProgLoad {
-            prog_type: BPF_PROG_TYPE_XDP,
-            insn_cnt: instructions.len() as u32,
-            insns: instructions.as_ptr() as u64,
-            license: license.as_ptr() as u64,
-            log_level: 1,
-            log_size: log.len() as u32,
-            log_buf: log.as_mut_ptr() as u64,
-            kern_version: 0,
-            prog_flags: 0,
-            prog_name: name,
-        };
-        let program = bpf(BPF_PROG_LOAD, &mut load).map_err(|e| {
-            let verifier = String::from_utf8_lossy(&log);
-            let verifier = verifier.trim_end_matches('\0').trim();
-            context(
-                e,
-                &format!("loading the XDP program (verifier: {verifier})"),
-            )
+        // Without a verifier log first (a log too small for some kernel's verbosity
+        // would fail a good program); with one only to say why it failed.
+        let program = load(&instructions, None).or_else(|e| {
+            let mut log = vec![0u8; 64 << 10];
+            match load(&instructions, Some(&mut log)) {
+                Ok(program) => Ok(program),
+                Err(_) => {
+                    let verifier = String::from_utf8_lossy(&log);
+                    let verifier = verifier.trim_end_matches('\0').trim();
+                    Err(context(
+                        e,
+                        &format!("loading the XDP program (verifier: {verifier})"),
+                    ))
+                }
+            }
         })?;
         let mut link = LinkCreate {
             prog_fd: program.as_raw_fd() as u32,
@@ -262,6 +261,30 @@ impl Redirect {
         }
         Ok(())
     }
+}
+
+/// Loads the XDP program; with `log`, the verifier writes its account there.
+fn load(instructions: &[Insn], log: Option<&mut [u8]>) -> io::Result<OwnedFd> {
+    let license = c"Dual MIT/GPL";
+    let mut name = [0u8; 16];
+    name[..9].copy_from_slice(b"blockwire");
+    let (log_level, log_size, log_buf) = match log {
+        Some(log) => (1, log.len() as u32, log.as_mut_ptr() as u64),
+        None => (0, 0, 0),
+    };
+    let mut attr = ProgLoad {
+        prog_type: BPF_PROG_TYPE_XDP,
+        insn_cnt: instructions.len() as u32,
+        insns: instructions.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        log_level,
+        log_size,
+        log_buf,
+        kern_version: 0,
+        prog_flags: 0,
+        prog_name: name,
+    };
+    bpf(BPF_PROG_LOAD, &mut attr)
 }
 
 fn context(err: io::Error, what: &str) -> io::Error {

@@ -12,10 +12,16 @@
 //! frames carry no flow hash, so NICs that spread frames over queues by hash
 //! generally put them on queue 0.
 //!
-//! The cost of opting in: the interface's XDP hook is ours while the socket lives
-//! (another XDP program makes the attach fail), frames must fit a 4 KiB UMEM chunk
-//! behind the kernel's headroom (MTU up to 3822: no jumbo frames), and captures on the
-//! interface (tcpdump, tshark) no longer see the AoE frames the program redirects.
+//! The cost of opting in:
+//! - the interface's XDP hook is ours while the socket lives (another XDP program
+//!   makes the attach fail);
+//! - frames must fit a 4 KiB UMEM chunk behind the kernel's headroom (MTU up to
+//!   3822: no jumbo frames). The MTU is checked when the socket opens; raised
+//!   later, larger frames are dropped;
+//! - captures on the interface (tcpdump, tshark) see neither the AoE frames the
+//!   program redirects nor the ones sent from the AF_XDP socket;
+//! - the generic hook adds its work (headroom for the program) to every frame the
+//!   interface receives, AoE or not.
 
 mod bpf;
 mod xsk;
@@ -33,10 +39,14 @@ use super::{Interface, ETH_HEADER_LEN};
 pub const MAX_MTU: usize = xsk::MAX_FRAME - ETH_HEADER_LEN - 4;
 
 /// One interface's AF_XDP socket and the redirect that feeds it.
+///
+/// A receive batch holding frames keeps the socket (not the redirect) alive past
+/// its `RawSocket`: until the batch is dropped too, queue 0 stays bound and a new
+/// AF_XDP path on the interface fails to bind.
 #[derive(Debug)]
 pub(super) struct XdpPath {
     pub xsk: Arc<Xsk>,
-    /// Detaches the program when dropped (after the socket, declared above, closes).
+    /// Detaches the program when dropped, after `xsk` is dropped.
     _redirect: bpf::Redirect,
 }
 

@@ -37,8 +37,13 @@ pub const CHUNK: usize = 4096;
 const XDP_PACKET_HEADROOM: usize = 256;
 /// The longest frame this socket receives.
 pub const MAX_FRAME: usize = CHUNK - XDP_PACKET_HEADROOM;
-/// Frames waiting in the fill ring for the kernel to receive into.
+/// Chunks we receive into: in the fill ring, the receive ring, or with us.
 const RECEIVE_FRAMES: u32 = 2048;
+/// Entries of the fill ring: twice the chunks. The kernel publishes what it took
+/// from the fill ring only after it publishes the frames it received there, so for
+/// a moment a chunk may be back with us while its old entry still counts as used;
+/// with room for every chunk twice, giving one back always finds a free entry.
+const FILL_ENTRIES: u32 = 2 * RECEIVE_FRAMES;
 /// Frames we send from (each out until its completion comes back).
 const SEND_FRAMES: u32 = 1024;
 /// How long `send` keeps trying without progress before it gives up.
@@ -255,6 +260,10 @@ fn set<T>(fd: BorrowedFd<'_>, option: libc::c_int, value: &T) -> io::Result<()> 
     super::super::set_option(fd, SOL_XDP, option, value)
 }
 
+fn context(err: io::Error, what: &str) -> io::Error {
+    io::Error::new(err.kind(), format!("{what}: {err}"))
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -309,19 +318,27 @@ impl Xsk {
             chunk_size: CHUNK as u32,
             ..UmemReg::default()
         };
-        set(fd.as_fd(), XDP_UMEM_REG, &reg)?;
-        set(
-            fd.as_fd(),
-            XDP_UMEM_FILL_RING,
-            &(RECEIVE_FRAMES as libc::c_int),
-        )?;
-        set(
-            fd.as_fd(),
-            XDP_UMEM_COMPLETION_RING,
-            &(SEND_FRAMES as libc::c_int),
-        )?;
-        set(fd.as_fd(), XDP_RX_RING, &(RECEIVE_FRAMES as libc::c_int))?;
-        set(fd.as_fd(), XDP_TX_RING, &(SEND_FRAMES as libc::c_int))?;
+        set(fd.as_fd(), XDP_UMEM_REG, &reg).map_err(|e| {
+            let hint = if e.raw_os_error() == Some(libc::ENOBUFS) {
+                " (the UMEM's pages count against RLIMIT_MEMLOCK without CAP_IPC_LOCK)"
+            } else {
+                ""
+            };
+            context(
+                e,
+                &format!("registering the {} MiB UMEM{hint}", umem_len >> 20),
+            )
+        })?;
+        let rings = [
+            (XDP_UMEM_FILL_RING, FILL_ENTRIES, "fill"),
+            (XDP_UMEM_COMPLETION_RING, SEND_FRAMES, "completion"),
+            (XDP_RX_RING, RECEIVE_FRAMES, "receive"),
+            (XDP_TX_RING, SEND_FRAMES, "transmit"),
+        ];
+        for (option, entries, name) in rings {
+            set(fd.as_fd(), option, &(entries as libc::c_int))
+                .map_err(|e| context(e, &format!("sizing the {name} ring")))?;
+        }
         let mut offsets = MmapOffsets::default();
         let mut len = mem::size_of::<MmapOffsets>() as libc::socklen_t;
         // SAFETY: `offsets` is a live struct of `len` bytes the kernel fills in.
@@ -356,7 +373,7 @@ impl Xsk {
         let mut fill = Ring::map(
             fd.as_fd(),
             &offsets.fill,
-            RECEIVE_FRAMES,
+            FILL_ENTRIES,
             addr,
             XDP_UMEM_PGOFF_FILL_RING,
         )?;
@@ -438,11 +455,8 @@ impl Xsk {
     pub fn give_back(&self, frames: impl IntoIterator<Item = u64>) {
         let mut fill = lock(&self.fill);
         for addr in frames {
-            // The fill ring has room for every chunk we own: each chunk is in it,
-            // in the receive ring, or with us.
-            if fill.free() == 0 {
-                break;
-            }
+            // Never full: it has an entry for every chunk twice (FILL_ENTRIES).
+            debug_assert!(fill.free() > 0, "the fill ring is full");
             // The kernel wants the chunk's start.
             fill.push(addr - addr % CHUNK as u64);
         }
@@ -455,16 +469,21 @@ impl Xsk {
         &self,
         frames: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
     ) -> io::Result<()> {
+        let frames: Vec<(&[u8], &[u8])> = frames.into_iter().collect();
+        // All checked before any is queued: a refused batch sends nothing.
+        if let Some((head, body)) = frames.iter().find(|(h, b)| h.len() + b.len() > CHUNK) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "a {}-byte frame does not fit an AF_XDP chunk",
+                    head.len() + body.len()
+                ),
+            ));
+        }
         let mut sending = lock(&self.sending);
         let mut stalled: Option<Instant> = None;
         for (head, body) in frames {
             let len = (head.len() + body.len()).max(MIN_FRAME_LEN);
-            if len > CHUNK {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("a {len}-byte frame does not fit an AF_XDP chunk"),
-                ));
-            }
             while sending.free.is_empty() || sending.tx.free() == 0 {
                 self.kick(&mut sending, &mut stalled)?;
             }
