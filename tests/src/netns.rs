@@ -79,6 +79,17 @@ impl VethLab {
         (0..self.links).map(|i| format!("eth{i}")).collect()
     }
 
+    /// Whether an XDP program is attached to `eth0` in namespace `ns`
+    /// (`ip link show` names it `prog/xdp`).
+    pub fn xdp_attached(&self, ns: &str) -> bool {
+        let out = self
+            .command_in(ns, "ip")
+            .args(["link", "show", "eth0"])
+            .output()
+            .expect("run ip link show");
+        String::from_utf8_lossy(&out.stdout).contains("prog/xdp")
+    }
+
     /// A Command that runs `program` inside namespace `ns`
     /// (`ip netns exec NS program`); add arguments as usual.
     pub fn command_in(&self, ns: &str, program: impl AsRef<OsStr>) -> Command {

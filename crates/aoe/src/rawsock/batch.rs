@@ -37,7 +37,7 @@ pub struct RecvBatch {
     pub(super) received: usize,
     /// What the last `recv_batch` took its frames from, and those frames.
     pub(super) lender: Option<Lender>,
-    pub(super) ring_frames: Vec<RingFrame>,
+    pub(super) lent_frames: Vec<RingFrame>,
 }
 
 // SAFETY: the raw pointers in `iovecs` and `msgs` point only into this batch's own
@@ -94,20 +94,20 @@ impl RecvBatch {
             truncated: vec![false; count],
             received: 0,
             lender: None,
-            ring_frames: Vec::with_capacity(count),
+            lent_frames: Vec::with_capacity(count),
         }
     }
 
     /// Gives the frames the last `recv_batch` borrowed back to the kernel.
-    pub(super) fn release_ring_slots(&mut self) {
+    pub(super) fn release_lent_frames(&mut self) {
         match &self.lender {
             Some(Lender::Ring(ring)) => {
-                for frame in self.ring_frames.drain(..) {
+                for frame in self.lent_frames.drain(..) {
                     ring.release(frame.slot);
                 }
             }
             Some(Lender::Xsk(xsk)) => {
-                xsk.give_back(self.ring_frames.drain(..).map(|frame| frame.slot as u64));
+                xsk.give_back(self.lent_frames.drain(..).map(|frame| frame.slot as u64));
             }
             None => {}
         }
@@ -117,13 +117,13 @@ impl RecvBatch {
     /// Prepares to receive into the batch's own buffers, after giving back what a
     /// lender had lent.
     pub(super) fn use_buffers(&mut self) {
-        self.release_ring_slots();
+        self.release_lent_frames();
         self.lender = None;
     }
 
     /// Prepares to take frames from `ring`, after giving back what was held.
     pub(super) fn use_ring(&mut self, ring: &Arc<RxRing>) {
-        self.release_ring_slots();
+        self.release_lent_frames();
         if !matches!(&self.lender, Some(Lender::Ring(held)) if Arc::ptr_eq(held, ring)) {
             self.lender = Some(Lender::Ring(ring.clone()));
         }
@@ -132,7 +132,7 @@ impl RecvBatch {
     /// Prepares to take frames from the AF_XDP socket `xsk`, after giving back what
     /// was held.
     pub(super) fn use_xsk(&mut self, xsk: &Arc<Xsk>) {
-        self.release_ring_slots();
+        self.release_lent_frames();
         if !matches!(&self.lender, Some(Lender::Xsk(held)) if Arc::ptr_eq(held, xsk)) {
             self.lender = Some(Lender::Xsk(xsk.clone()));
         }
@@ -162,7 +162,7 @@ impl RecvBatch {
             self.received
         );
         if self.lender.is_some() {
-            let frame = self.ring_frames[i];
+            let frame = self.lent_frames[i];
             // SAFETY: the slot is held by this batch (taken from the ring it keeps
             // alive, not yet released), so the kernel does not write it; `len`
             // bytes from `data` lie within the slot (RxRing::take).
@@ -180,7 +180,7 @@ impl RecvBatch {
             self.received
         );
         if self.lender.is_some() {
-            return self.ring_frames[i].truncated;
+            return self.lent_frames[i].truncated;
         }
         self.truncated[i]
     }
@@ -193,7 +193,7 @@ impl RecvBatch {
 
 impl Drop for RecvBatch {
     fn drop(&mut self) {
-        self.release_ring_slots();
+        self.release_lent_frames();
     }
 }
 

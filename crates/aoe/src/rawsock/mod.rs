@@ -94,12 +94,8 @@ impl RawSocket {
                 interface.name
             )));
         }
-        let path = xdp::XdpPath::open(interface, hook).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("AoE AF_XDP path on {}: {e}", interface.name),
-            )
-        })?;
+        let path = xdp::XdpPath::open(interface, hook)
+            .map_err(|e| xdp::context(e, &format!("AoE AF_XDP path on {}", interface.name)))?;
         socket.xdp = Some(path);
         Ok(socket)
     }
@@ -222,7 +218,7 @@ impl RawSocket {
         check_frame(frame)?;
         if let Some(path) = &self.xdp {
             self.check_fits_mtu(frame.len())?;
-            return path.xsk.send([(frame, &[][..])]);
+            return path.xsk.send(&[(frame, &[][..])]);
         }
         let mut scratch = [0u8; MIN_FRAME_LEN];
         let bytes = padded(frame, &mut scratch);
@@ -262,7 +258,7 @@ impl RawSocket {
                 check_frame(head)?;
                 self.check_fits_mtu(head.len() + body.len())?;
             }
-            return path.xsk.send(frames);
+            return path.xsk.send(&frames);
         }
         let frames = frames.into_iter();
         static ZEROES: [u8; MIN_FRAME_LEN] = [0; MIN_FRAME_LEN];
@@ -424,7 +420,7 @@ impl RawSocket {
         batch.use_ring(ring);
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
-            let taken = ring.take(batch.capacity(), &mut batch.ring_frames);
+            let taken = ring.take(batch.capacity(), &mut batch.lent_frames);
             if taken > 0 {
                 batch.received = taken;
                 return Ok(taken);
@@ -451,14 +447,14 @@ impl RawSocket {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
             batch.use_xsk(xsk);
-            let taken = xsk.take(batch.capacity(), &mut batch.ring_frames);
+            let taken = xsk.take(batch.capacity(), &mut batch.lent_frames);
             if taken > 0 {
                 batch.received = taken;
                 return Ok(taken);
             }
             if let Some(ring) = &self.rx_ring {
                 batch.use_ring(ring);
-                let taken = ring.take(batch.capacity(), &mut batch.ring_frames);
+                let taken = ring.take(batch.capacity(), &mut batch.lent_frames);
                 if taken > 0 {
                     batch.received = taken;
                     return Ok(taken);

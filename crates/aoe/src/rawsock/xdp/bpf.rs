@@ -11,6 +11,8 @@ use std::io;
 use std::mem;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
+use super::context;
+
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_PROG_LOAD: libc::c_long = 5;
@@ -30,7 +32,7 @@ const XDP_PASS: i32 = 2;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Hook {
     /// In the generic receive path (`XDP_FLAGS_SKB_MODE`): any interface; on a veth
-    /// pair the faster of the two, as veth builds a socket buffer for every frame anyway.
+    /// pair the faster of the two (`bench/aoe-frame-ceiling.sh`).
     Generic,
     /// In the driver (`XDP_FLAGS_DRV_MODE`), where the driver supports it.
     Driver,
@@ -54,10 +56,12 @@ impl Hook {
     }
 }
 
-fn bpf<T>(command: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
+/// bpf(2) with `attr`, its result as the kernel returns it.
+fn bpf<T>(command: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
     // SAFETY: `attr` is a live, initialised repr(C) struct of the layout the
     // command expects (its leading fields; the kernel zero-extends a shorter
-    // attribute), borrowed mutably for the call.
+    // attribute), borrowed mutably for the call; pointers inside it point to
+    // memory the caller keeps alive for the call.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_bpf,
@@ -69,9 +73,14 @@ fn bpf<T>(command: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: the commands called through here return a new descriptor we own;
-    // MAP_UPDATE_ELEM returns 0 and is not called through here.
-    Ok(unsafe { OwnedFd::from_raw_fd(rc as libc::c_int) })
+    Ok(rc)
+}
+
+/// bpf(2) for a command that creates an object: its new descriptor.
+fn bpf_fd<T>(command: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
+    let fd = bpf(command, attr)?;
+    // SAFETY: the creating commands return a new descriptor that we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
 }
 
 #[repr(C)]
@@ -186,20 +195,19 @@ pub struct Redirect {
 }
 
 impl Redirect {
-    /// Creates a map of `queues` entries, loads the program and attaches it to the
-    /// interface `ifindex` at `hook`. Fails (EBUSY, or EEXIST for the other hook) when
-    /// another XDP program holds
-    /// the interface.
-    pub fn attach(ifindex: u32, queues: u32, hook: Hook) -> io::Result<Redirect> {
+    /// Creates the map (one entry: receive queue 0), loads the program and attaches
+    /// it to the interface `ifindex` at `hook`. Fails (EBUSY, or EEXIST for the
+    /// other hook) when another XDP program holds the interface.
+    pub fn attach(ifindex: u32, hook: Hook) -> io::Result<Redirect> {
         let mut create = MapCreate {
             map_type: BPF_MAP_TYPE_XSKMAP,
             key_size: 4,
             value_size: 4,
-            max_entries: queues.max(1),
+            max_entries: 1,
             map_flags: 0,
         };
         let map =
-            bpf(BPF_MAP_CREATE, &mut create).map_err(|e| context(e, "creating the XSKMAP"))?;
+            bpf_fd(BPF_MAP_CREATE, &mut create).map_err(|e| context(e, "creating the XSKMAP"))?;
         let instructions = program(map.as_raw_fd());
         // Without a verifier log first (a log too small for some kernel's verbosity
         // would fail a good program); with one only to say why it failed.
@@ -223,7 +231,7 @@ impl Redirect {
             attach_type: BPF_XDP,
             flags: hook.flags(),
         };
-        let link = bpf(BPF_LINK_CREATE, &mut link)
+        let link = bpf_fd(BPF_LINK_CREATE, &mut link)
             .map_err(|e| context(e, "attaching the XDP program to the interface"))?;
         Ok(Redirect {
             map,
@@ -232,10 +240,10 @@ impl Redirect {
         })
     }
 
-    /// Puts the AF_XDP socket `socket` at `queue` in the map: from now on the
+    /// Puts the AF_XDP socket `socket` in the map at queue 0: from now on the
     /// interface's AoE frames arriving on that queue go to it.
-    pub fn insert(&self, queue: u32, socket: &impl AsRawFd) -> io::Result<()> {
-        let key = queue;
+    pub fn feed(&self, socket: &impl AsRawFd) -> io::Result<()> {
+        let key = 0u32;
         let value = socket.as_raw_fd() as u32;
         let mut update = MapUpdate {
             map_fd: self.map.as_raw_fd() as u32,
@@ -244,21 +252,8 @@ impl Redirect {
             value: &value as *const u32 as u64,
             flags: 0,
         };
-        // SAFETY: as in `bpf`; key and value are live u32s for the call.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_UPDATE_ELEM,
-                (&mut update as *mut MapUpdate).cast::<libc::c_void>(),
-                mem::size_of::<MapUpdate>() as libc::c_uint,
-            )
-        };
-        if rc < 0 {
-            return Err(context(
-                io::Error::last_os_error(),
-                "adding the socket to the XSKMAP",
-            ));
-        }
+        bpf(BPF_MAP_UPDATE_ELEM, &mut update)
+            .map_err(|e| context(e, "adding the socket to the XSKMAP"))?;
         Ok(())
     }
 }
@@ -284,11 +279,7 @@ fn load(instructions: &[Insn], log: Option<&mut [u8]>) -> io::Result<OwnedFd> {
         prog_flags: 0,
         prog_name: name,
     };
-    bpf(BPF_PROG_LOAD, &mut attr)
-}
-
-fn context(err: io::Error, what: &str) -> io::Error {
-    io::Error::new(err.kind(), format!("{what}: {err}"))
+    bpf_fd(BPF_PROG_LOAD, &mut attr)
 }
 
 #[cfg(test)]
@@ -309,10 +300,13 @@ mod tests {
         }
         assert_eq!(program[13].code, MOV64_IMM);
         assert_eq!(program[13].imm, XDP_PASS);
-        // The ethertype compare: 0x88A2 as the little-endian load sees it.
+        // The ethertype compare: 0x88A2 as a little-endian load sees it.
+        #[cfg(target_endian = "little")]
         assert_eq!(program[6].imm, 0xA288);
-        // ld_imm64 carries the map fd and marks it as one.
+        // ld_imm64 carries the map fd and marks it as one (the source register,
+        // the high nibble on a little-endian machine).
         assert_eq!(program[8].imm, 7);
+        #[cfg(target_endian = "little")]
         assert_eq!(program[8].regs >> 4, BPF_PSEUDO_MAP_FD);
     }
 }

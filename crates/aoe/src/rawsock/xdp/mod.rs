@@ -63,15 +63,19 @@ impl XdpPath {
             ));
         }
         let ifindex = interface.index as u32;
-        let redirect = bpf::Redirect::attach(ifindex, 1, hook)?;
-        let xsk = Xsk::open(ifindex, 0)
-            .map_err(|e| io::Error::new(e.kind(), format!("AF_XDP socket on queue 0: {e}")))?;
-        redirect.insert(0, &xsk)?;
+        let redirect = bpf::Redirect::attach(ifindex, hook)?;
+        let xsk = Xsk::open(ifindex, 0).map_err(|e| context(e, "AF_XDP socket on queue 0"))?;
+        redirect.feed(&xsk)?;
         Ok(XdpPath {
             xsk: Arc::new(xsk),
             _redirect: redirect,
         })
     }
+}
+
+/// `err` with what was being done when it happened in front.
+pub(super) fn context(err: io::Error, what: &str) -> io::Error {
+    io::Error::new(err.kind(), format!("{what}: {err}"))
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::super::ring::RingFrame;
+use super::context;
 use crate::wire::MIN_FRAME_LEN;
 
 const SOL_XDP: libc::c_int = 283;
@@ -141,17 +142,16 @@ impl Ring {
                 map.add(offset.desc as usize),
             )
         };
-        let mut ring = Ring {
+        Ok(Ring {
             map,
             map_len,
             producer,
             consumer,
             entries,
             mask: size - 1,
+            // A fresh ring: the kernel starts both indices at 0.
             ours: 0,
-        };
-        ring.ours = ring.producer().load(Ordering::Acquire);
-        Ok(ring)
+        })
     }
 
     fn producer(&self) -> &AtomicU32 {
@@ -175,10 +175,15 @@ impl Ring {
         }
     }
 
+    /// Producer side: entries pushed that the kernel has not consumed yet.
+    fn ready_to_kernel(&self) -> u32 {
+        self.ours
+            .wrapping_sub(self.consumer().load(Ordering::Acquire))
+    }
+
     /// Producer side: how many entries are free.
     fn free(&self) -> u32 {
-        let consumer = self.consumer().load(Ordering::Acquire);
-        (self.mask + 1) - self.ours.wrapping_sub(consumer)
+        (self.mask + 1) - self.ready_to_kernel()
     }
 
     /// Producer side: writes `value` in the next entry, not yet visible.
@@ -221,10 +226,6 @@ impl Drop for Ring {
     }
 }
 
-struct Receiving {
-    rx: Ring,
-}
-
 struct Sending {
     tx: Ring,
     completion: Ring,
@@ -237,7 +238,7 @@ pub struct Xsk {
     fd: OwnedFd,
     umem: *mut u8,
     umem_len: usize,
-    receiving: Mutex<Receiving>,
+    rx: Mutex<Ring>,
     fill: Mutex<Ring>,
     sending: Mutex<Sending>,
 }
@@ -258,10 +259,6 @@ impl std::fmt::Debug for Xsk {
 
 fn set<T>(fd: BorrowedFd<'_>, option: libc::c_int, value: &T) -> io::Result<()> {
     super::super::set_option(fd, SOL_XDP, option, value)
-}
-
-fn context(err: io::Error, what: &str) -> io::Error {
-    io::Error::new(err.kind(), format!("{what}: {err}"))
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -413,7 +410,7 @@ impl Xsk {
             fd,
             umem,
             umem_len,
-            receiving: Mutex::new(Receiving { rx }),
+            rx: Mutex::new(rx),
             fill: Mutex::new(fill),
             sending: Mutex::new(Sending {
                 tx,
@@ -426,10 +423,10 @@ impl Xsk {
     /// Takes up to `max` received frames into `out` (a frame's `slot` is its UMEM
     /// address); each is the caller's until [`give_back`](Self::give_back).
     pub fn take(&self, max: usize, out: &mut Vec<RingFrame>) -> usize {
-        let mut receiving = lock(&self.receiving);
-        let n = receiving.rx.ready().min(max as u32);
+        let mut rx = lock(&self.rx);
+        let n = rx.ready().min(max as u32);
         for i in 0..n {
-            let desc: Desc = receiving.rx.peek(i);
+            let desc: Desc = rx.peek(i);
             let len = desc.len as usize;
             // Copy mode puts frames within their chunk; a descriptor that does not
             // is read as an empty frame rather than trusted.
@@ -447,7 +444,7 @@ impl Xsk {
                 truncated: !inside,
             });
         }
-        receiving.rx.release(n);
+        rx.release(n);
         n as usize
     }
 
@@ -465,12 +462,8 @@ impl Xsk {
 
     /// Sends frames each gathered from a head and a body, padded to the Ethernet
     /// minimum, copied into UMEM chunks; returns once the kernel has taken them all.
-    pub fn send<'a>(
-        &self,
-        frames: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
-    ) -> io::Result<()> {
-        let frames: Vec<(&[u8], &[u8])> = frames.into_iter().collect();
-        // All checked before any is queued: a refused batch sends nothing.
+    /// A batch with a frame larger than a chunk is refused whole: nothing is sent.
+    pub fn send(&self, frames: &[(&[u8], &[u8])]) -> io::Result<()> {
         if let Some((head, body)) = frames.iter().find(|(h, b)| h.len() + b.len() > CHUNK) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -482,7 +475,7 @@ impl Xsk {
         }
         let mut sending = lock(&self.sending);
         let mut stalled: Option<Instant> = None;
-        for (head, body) in frames {
+        for &(head, body) in frames {
             let len = (head.len() + body.len()).max(MIN_FRAME_LEN);
             while sending.free.is_empty() || sending.tx.free() == 0 {
                 self.kick(&mut sending, &mut stalled)?;
@@ -559,14 +552,6 @@ impl Xsk {
         }
         sending.completion.release(n);
         n
-    }
-}
-
-impl Ring {
-    /// Producer side: entries submitted that the kernel has not consumed yet.
-    fn ready_to_kernel(&self) -> u32 {
-        self.ours
-            .wrapping_sub(self.consumer().load(Ordering::Acquire))
     }
 }
 
