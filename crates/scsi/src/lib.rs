@@ -1,0 +1,1 @@
+//! SCSI semantics on a block device (being written).
