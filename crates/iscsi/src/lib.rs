@@ -1,4 +1,5 @@
 //! iSCSI (RFC 7143) for blockwire: a sans-IO PDU codec and login negotiation, and
 //! the target that serves `blockwire_scsi` logical units over TCP.
 
+pub mod login;
 pub mod pdu;
