@@ -1,0 +1,202 @@
+//! The SCSI target device: logical units by number, REPORT LUNS, unknown LUNs, unit
+//! attentions and task management resets.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, RwLock};
+
+use crate::cdb::{self, op, Cdb};
+use crate::command::{Command, Response, TransferInfo};
+use crate::inquiry::{self, NO_LUN};
+use crate::lun::{LogicalUnit, LunConfig};
+use crate::nexus::{Nexus, NexusKey};
+use crate::sense::{codes, Sense};
+
+/// Task management resets (SAM-5 7.11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetKind {
+    LogicalUnit(u64),
+    TargetWarm,
+    TargetCold,
+}
+
+/// A SCSI target device: its logical units and per-nexus state.
+#[derive(Debug, Default)]
+pub struct ScsiTarget {
+    luns: BTreeMap<u64, Arc<LogicalUnit>>,
+    /// Every nexus that has sent a command since it formed: resets raise unit
+    /// attentions for each of them.
+    nexuses: RwLock<HashSet<NexusKey>>,
+}
+
+/// Standard INQUIRY identity for LUNs that do not exist.
+fn absent_config() -> LunConfig {
+    LunConfig::default()
+}
+
+/// A LUN number in SAM-5 single-level format (peripheral or flat addressing); larger
+/// values are taken as an already encoded 8-byte LUN.
+pub fn encode_lun(lun: u64) -> [u8; 8] {
+    let mut out = [0u8; 8];
+    if lun < 256 {
+        out[1] = lun as u8;
+    } else if lun < 0x4000 {
+        out[0] = 0x40 | (lun >> 8) as u8;
+        out[1] = lun as u8;
+    } else {
+        out = lun.to_be_bytes();
+    }
+    out
+}
+
+impl ScsiTarget {
+    pub fn new() -> ScsiTarget {
+        ScsiTarget::default()
+    }
+
+    pub fn add_lun(&mut self, lun: u64, unit: Arc<LogicalUnit>) {
+        self.luns.insert(lun, unit);
+    }
+
+    pub fn luns(&self) -> Vec<u64> {
+        self.luns.keys().copied().collect()
+    }
+
+    pub fn lun(&self, lun: u64) -> Option<&Arc<LogicalUnit>> {
+        self.luns.get(&lun)
+    }
+
+    fn note_nexus(&self, nexus: &Nexus) {
+        let known = self
+            .nexuses
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|k| nexus.is(k));
+        if !known {
+            self.nexuses
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(nexus.key());
+        }
+    }
+
+    fn known_nexuses(&self) -> Vec<NexusKey> {
+        self.nexuses
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    fn report_luns(&self, select: u8, alloc: u32) -> Response {
+        // SELECT REPORT 00h, 01h (well-known: none), 02h (all) (SPC-4 6.33).
+        let luns: Vec<u64> = match select {
+            0 | 2 => self.luns(),
+            1 => Vec::new(),
+            _ => return Response::code(codes::INVALID_FIELD_IN_CDB, u64::from(alloc)),
+        };
+        let mut out = Vec::with_capacity(8 + 8 * luns.len());
+        out.extend_from_slice(&((8 * luns.len()) as u32).to_be_bytes());
+        out.extend_from_slice(&[0; 4]);
+        for lun in luns {
+            out.extend_from_slice(&encode_lun(lun));
+        }
+        Response::with_allocation(&out, alloc)
+    }
+
+    /// Executes one command addressed to `lun`. Handles REPORT LUNS (any LUN),
+    /// unknown LUNs, pending unit attentions, and passes the rest to the logical
+    /// unit. Blocking; safe to call concurrently for many nexuses.
+    pub fn execute(&self, lun: u64, command: &Command<'_>) -> Response {
+        let opcode = command.cdb.first().copied();
+        if opcode == Some(op::REPORT_LUNS) {
+            return match cdb::decode(command.cdb) {
+                Ok(Cdb::ReportLuns { select, alloc }) => self.report_luns(select, alloc),
+                Ok(_) => Response::code(codes::INVALID_COMMAND_OPERATION_CODE, 0),
+                Err(err) => Response::sense(&err.sense(), false, 0),
+            };
+        }
+        let Some(unit) = self.luns.get(&lun) else {
+            return self.absent_lun(command);
+        };
+        self.note_nexus(command.nexus);
+        // SAM-5 5.14: INQUIRY, REPORT LUNS and REQUEST SENSE pass a pending unit
+        // attention (REQUEST SENSE reports it as its data); everything else gets it.
+        if !matches!(opcode, Some(op::INQUIRY) | Some(op::REQUEST_SENSE)) {
+            if let Some(code) = unit.take_unit_attention(command.nexus) {
+                let expected = unit.transfer_info(command.cdb).len;
+                return unit.fail(code, expected);
+            }
+        }
+        unit.execute(command)
+    }
+
+    fn absent_lun(&self, command: &Command<'_>) -> Response {
+        match cdb::decode(command.cdb) {
+            Ok(Cdb::Inquiry {
+                evpd: false, alloc, ..
+            }) => Response::with_allocation(&inquiry::standard(&absent_config(), NO_LUN), alloc),
+            Ok(Cdb::RequestSense { descriptor, alloc }) => {
+                // SPC-4 6.29: REQUEST SENSE to an absent LUN reports it as data.
+                let sense = Sense::new(codes::LOGICAL_UNIT_NOT_SUPPORTED).encode(descriptor);
+                Response::with_allocation(&sense, alloc)
+            }
+            Ok(decoded) => {
+                Response::code(codes::LOGICAL_UNIT_NOT_SUPPORTED, decoded.transfer(512).len)
+            }
+            Err(_) => Response::code(codes::LOGICAL_UNIT_NOT_SUPPORTED, 0),
+        }
+    }
+
+    /// What the CDB will transfer, so the transport knows how much data-out to
+    /// solicit before calling [`execute`](ScsiTarget::execute). Commands that will
+    /// fail (unknown operation codes, bad fields) transfer nothing.
+    pub fn transfer_info(&self, lun: u64, cdb: &[u8]) -> TransferInfo {
+        match self.luns.get(&lun) {
+            Some(unit) => unit.transfer_info(cdb),
+            None => match cdb::decode(cdb) {
+                Ok(
+                    decoded @ (Cdb::Inquiry { .. }
+                    | Cdb::RequestSense { .. }
+                    | Cdb::ReportLuns { .. }),
+                ) => decoded.transfer(512),
+                _ => TransferInfo::NONE,
+            },
+        }
+    }
+
+    /// Task management: LOGICAL UNIT RESET, TARGET WARM RESET, TARGET COLD RESET.
+    /// SPC-2 reservations and PREVENT MEDIUM REMOVAL are released and every known
+    /// nexus gets a unit attention; persistent reservations stay (SPC-4 5.12.1).
+    /// Aborting the tasks in flight is the transport's part.
+    pub fn reset(&self, kind: ResetKind, by: &Nexus) {
+        tracing::info!(?kind, initiator = %by.initiator_port, "reset");
+        let nexuses = self.known_nexuses();
+        match kind {
+            ResetKind::LogicalUnit(lun) => {
+                if let Some(unit) = self.luns.get(&lun) {
+                    unit.reset(codes::BUS_DEVICE_RESET, &nexuses, false);
+                }
+            }
+            ResetKind::TargetWarm | ResetKind::TargetCold => {
+                let cold = kind == ResetKind::TargetCold;
+                for unit in self.luns.values() {
+                    unit.reset(codes::POWER_ON_OR_RESET, &nexuses, cold);
+                }
+            }
+        }
+    }
+
+    /// The I_T nexus is gone: its RESERVE(6)/(10) reservations, PREVENT MEDIUM
+    /// REMOVAL and pending unit attentions go; persistent registrations stay.
+    pub fn nexus_lost(&self, nexus: &Nexus) {
+        for unit in self.luns.values() {
+            unit.nexus_lost(nexus);
+        }
+        self.nexuses
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k| !nexus.is(k));
+    }
+}
