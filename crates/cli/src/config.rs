@@ -13,6 +13,66 @@ pub struct Config {
     pub server: ServerSection,
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportSection>,
+    /// `[iscsi]`: the iSCSI target's listeners, names and secrets.
+    #[serde(default)]
+    pub iscsi: IscsiSection,
+}
+
+/// `[iscsi]`: settings shared by every export served over iSCSI.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiSection {
+    /// TCP addresses; default 127.0.0.1:3260.
+    #[serde(default)]
+    pub listen: Vec<String>,
+    /// Target names are this, ':' and the export name (default
+    /// iqn.2026-11.dev.blockwire).
+    pub iqn_prefix: Option<String>,
+    /// One-way CHAP: the name initiators log in with...
+    pub chap_user: Option<String>,
+    /// ...and a file holding the secret (first line).
+    pub chap_secret_file: Option<PathBuf>,
+    /// Mutual CHAP: the name the target answers with...
+    pub mutual_chap_user: Option<String>,
+    /// ...and a file holding its secret.
+    pub mutual_chap_secret_file: Option<PathBuf>,
+    /// Require the same CHAP for discovery sessions (default false).
+    #[serde(default)]
+    pub discovery_chap: bool,
+}
+
+/// `iscsi = true`, or `iscsi = { iqn = "...", block_size = 4096, initiators = [...] }`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum IscsiExport {
+    Enabled(bool),
+    Settings(IscsiExportSettings),
+}
+
+/// The per-export iSCSI settings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiExportSettings {
+    /// The target name (default: the `[iscsi]` prefix, ':' and the export name).
+    pub iqn: Option<String>,
+    /// Logical block size: 512 (default) or 4096.
+    pub block_size: Option<u32>,
+    /// Initiator names allowed to log in (default: all).
+    #[serde(default)]
+    pub initiators: Vec<String>,
+    /// TargetAlias shown to initiators.
+    pub alias: Option<String>,
+}
+
+impl IscsiExport {
+    /// The settings, if the export is served over iSCSI at all.
+    pub fn settings(&self) -> Option<IscsiExportSettings> {
+        match self {
+            IscsiExport::Enabled(false) => None,
+            IscsiExport::Enabled(true) => Some(IscsiExportSettings::default()),
+            IscsiExport::Settings(settings) => Some(settings.clone()),
+        }
+    }
 }
 
 /// `[server]`: where to listen and how many threads to use.
@@ -56,6 +116,8 @@ pub struct ExportSection {
     pub nbd: bool,
     /// Also serve this export over AoE.
     pub aoe: Option<AoeSection>,
+    /// Also serve this export over iSCSI, as LUN 0 of its own target.
+    pub iscsi: Option<IscsiExport>,
 }
 
 fn yes() -> bool {
@@ -107,9 +169,14 @@ impl Config {
             bail!("config file {} defines no [[export]]", path.display());
         }
         for export in &config.exports {
-            if !export.nbd && export.aoe.is_none() {
+            let iscsi = export
+                .iscsi
+                .as_ref()
+                .and_then(IscsiExport::settings)
+                .is_some();
+            if !export.nbd && export.aoe.is_none() && !iscsi {
                 bail!(
-                    "export '{}' is served by no protocol (nbd = false and no aoe)",
+                    "export '{}' is served by no protocol (nbd = false, no aoe, no iscsi)",
                     export.name
                 );
             }
@@ -173,6 +240,58 @@ mod tests {
         assert_eq!(aoe.interfaces, ["eth0", "eth1"]);
         assert_eq!((aoe.shelf, aoe.slot), (3, 4));
         assert!(!config.exports[0].nbd);
+    }
+
+    #[test]
+    fn parses_iscsi_settings() {
+        let text = r#"
+            [iscsi]
+            listen = ["127.0.0.1:3260"]
+            iqn_prefix = "iqn.2026-11.test"
+            chap_user = "alice"
+            chap_secret_file = "/etc/blockwire/chap"
+
+            [[export]]
+            name = "a"
+            path = "/tmp/a.img"
+            nbd = false
+            iscsi = true
+
+            [[export]]
+            name = "b"
+            memory = "64M"
+            iscsi = { iqn = "iqn.2026-11.test:bee", block_size = 4096, initiators = ["iqn.x"] }
+
+            [[export]]
+            name = "c"
+            memory = "64M"
+            iscsi = false
+        "#;
+        let config: Config = toml::from_str(text).unwrap();
+        assert_eq!(config.iscsi.listen, ["127.0.0.1:3260"]);
+        assert_eq!(config.iscsi.chap_user.as_deref(), Some("alice"));
+        let a = config.exports[0]
+            .iscsi
+            .as_ref()
+            .unwrap()
+            .settings()
+            .unwrap();
+        assert_eq!(a.iqn, None);
+        let b = config.exports[1]
+            .iscsi
+            .as_ref()
+            .unwrap()
+            .settings()
+            .unwrap();
+        assert_eq!(b.iqn.as_deref(), Some("iqn.2026-11.test:bee"));
+        assert_eq!(b.block_size, Some(4096));
+        assert_eq!(b.initiators, ["iqn.x"]);
+        assert!(config.exports[2]
+            .iscsi
+            .as_ref()
+            .unwrap()
+            .settings()
+            .is_none());
     }
 
     #[test]

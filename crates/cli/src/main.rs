@@ -9,6 +9,7 @@ mod info_aoe;
 mod netserve;
 mod open;
 mod serve;
+mod serve_iscsi;
 mod stop_signals;
 
 use std::process::ExitCode;
@@ -29,7 +30,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Export a file, a block device or memory over NBD.
+    /// Export a file, a block device or memory over NBD, AoE and iSCSI.
     Serve(serve::ServeArgs),
     /// Measure a file, block device or directory: throughput, latency, CPU.
     Bench(bench::BenchArgs),

@@ -12,8 +12,11 @@ use blockwire_blockdev::{Device, FileDevice, FileOptions, MemoryDevice};
 use blockwire_nbd::{Export, ExportSet, Server, ServerConfig};
 use clap::Args;
 
-use crate::config::{AoeSection, Config, ExportSection, XdpChoice};
+use crate::config::{
+    AoeSection, Config, ExportSection, IscsiExport as IscsiExportConfig, XdpChoice,
+};
 use crate::open::{create_sparse, open, Remote, Target};
+use crate::serve_iscsi::{self, ChapSources, IscsiExport, IscsiPlan};
 use crate::stop_signals;
 
 /// The remote target a PATH argument names, if it is a URI (nbd://, aoe://).
@@ -103,20 +106,54 @@ pub struct ServeArgs {
     #[arg(long, requires = "aoe", value_name = "HOOK", num_args = 0..=1, default_missing_value = "generic")]
     pub aoe_xdp: Option<XdpChoice>,
 
+    /// Serve over iSCSI on this TCP address (repeatable), e.g. 127.0.0.1:3260 or
+    /// 0.0.0.0:3260; port 0 takes a free port. The export is LUN 0 of one target.
+    /// Without --listen or --socket, NBD is then not served.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub iscsi: Vec<String>,
+
+    /// iSCSI target name (default iqn.2026-11.dev.blockwire:NAME).
+    #[arg(long, requires = "iscsi")]
+    pub iqn: Option<String>,
+
+    /// Logical block size of the iSCSI LUN: 512 or 4096.
+    #[arg(long, requires = "iscsi", default_value_t = 512)]
+    pub block_size: u32,
+
+    /// Require one-way CHAP with this user name for iSCSI logins; the secret comes
+    /// from --chap-secret-file or the BLOCKWIRE_CHAP_SECRET environment variable.
+    #[arg(long, requires = "iscsi")]
+    pub chap_user: Option<String>,
+
+    /// File whose first line is the CHAP secret.
+    #[arg(long, requires = "chap_user", value_name = "FILE")]
+    pub chap_secret_file: Option<PathBuf>,
+
+    /// Mutual CHAP: the name the target answers the initiator's challenge with; the
+    /// secret comes from --mutual-chap-secret-file or BLOCKWIRE_MUTUAL_CHAP_SECRET.
+    #[arg(long, requires = "chap_user")]
+    pub mutual_chap_user: Option<String>,
+
+    /// File whose first line is the mutual CHAP secret.
+    #[arg(long, requires = "mutual_chap_user", value_name = "FILE")]
+    pub mutual_chap_secret_file: Option<PathBuf>,
+
     /// Also answer the bench's network test (`blockwire bench --netserve-port`) on
     /// this TCP address, e.g. 0.0.0.0:10810; see `blockwire netserve`.
     #[arg(long, value_name = "HOST:PORT")]
     pub netserve: Option<String>,
 
     /// Serve the exports of this TOML file instead of PATH.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["path", "size", "name", "read_only", "direct", "aoe"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["path", "size", "name", "read_only", "direct", "aoe", "iscsi"])]
     pub config: Option<PathBuf>,
 }
 
-/// What `serve` runs: NBD exports with their listeners, and AoE targets.
+/// What `serve` runs: NBD exports with their listeners, AoE targets and the iSCSI
+/// target.
 struct Plan {
     nbd: Option<(ExportSet, ServerConfig, Vec<PathBuf>)>,
     aoe: Vec<(String, Device, TargetConfig)>,
+    iscsi: Option<IscsiPlan>,
 }
 
 /// Opens `path`, creating a sparse file of `size` bytes if it does not exist.
@@ -290,8 +327,26 @@ fn plan_from_file(path: &Path, workers: usize) -> Result<Plan> {
     let file = Config::load(path)?;
     let mut exports = ExportSet::new();
     let mut aoe = Vec::new();
+    let mut iscsi = Vec::new();
+    let prefix = file
+        .iscsi
+        .iqn_prefix
+        .as_deref()
+        .unwrap_or(serve_iscsi::DEFAULT_IQN_PREFIX);
     for section in &file.exports {
         let export = export_from_section(section)?;
+        if let Some(settings) = section.iscsi.as_ref().and_then(IscsiExportConfig::settings) {
+            iscsi.push(IscsiExport {
+                name: export.name.clone(),
+                device: export.device.clone(),
+                iqn: settings
+                    .iqn
+                    .unwrap_or_else(|| serve_iscsi::default_iqn(prefix, &export.name)),
+                block_size: settings.block_size.unwrap_or(512),
+                initiators: settings.initiators,
+                alias: settings.alias,
+            });
+        }
         if let Some(target) = &section.aoe {
             aoe.push((
                 export.name.clone(),
@@ -303,8 +358,30 @@ fn plan_from_file(path: &Path, workers: usize) -> Result<Plan> {
             exports.add(export).map_err(|e| anyhow!(e))?;
         }
     }
+    let iscsi = if iscsi.is_empty() {
+        None
+    } else {
+        let section = &file.iscsi;
+        let chap = serve_iscsi::chap_config(&ChapSources {
+            user: section.chap_user.as_deref(),
+            secret_file: section.chap_secret_file.as_deref(),
+            mutual_user: section.mutual_chap_user.as_deref(),
+            mutual_secret_file: section.mutual_chap_secret_file.as_deref(),
+        })?;
+        Some(IscsiPlan {
+            listen: iscsi_listen(&section.listen)?,
+            exports: iscsi,
+            chap,
+            discovery_chap: section.discovery_chap,
+            workers: file.server.workers.unwrap_or(workers),
+        })
+    };
     if exports.iter().next().is_none() {
-        return Ok(Plan { nbd: None, aoe });
+        return Ok(Plan {
+            nbd: None,
+            aoe,
+            iscsi,
+        });
     }
     if let Some(name) = &file.server.default_export {
         exports.set_default(name).map_err(|e| anyhow!(e))?;
@@ -320,7 +397,22 @@ fn plan_from_file(path: &Path, workers: usize) -> Result<Plan> {
     Ok(Plan {
         nbd: Some((exports, config, file.server.socket.clone())),
         aoe,
+        iscsi,
     })
+}
+
+fn iscsi_listen(listen: &[String]) -> Result<Vec<SocketAddr>> {
+    let defaults = [serve_iscsi::DEFAULT_LISTEN.to_string()];
+    let listen = if listen.is_empty() {
+        &defaults[..]
+    } else {
+        listen
+    };
+    let mut addrs = Vec::new();
+    for addr in listen {
+        addrs.extend(resolve(addr)?);
+    }
+    Ok(addrs)
 }
 
 fn plan_from_args(args: &ServeArgs) -> Result<Plan> {
@@ -338,7 +430,34 @@ fn plan_from_args(args: &ServeArgs) -> Result<Plan> {
         config.xdp = args.aoe_xdp.map(XdpChoice::hook);
         aoe.push((export.name.clone(), export.device.clone(), config));
     }
-    let nbd = if args.aoe.is_empty() || !args.listen.is_empty() || !args.socket.is_empty() {
+    let iscsi = if args.iscsi.is_empty() {
+        None
+    } else {
+        let chap = serve_iscsi::chap_config(&ChapSources {
+            user: args.chap_user.as_deref(),
+            secret_file: args.chap_secret_file.as_deref(),
+            mutual_user: args.mutual_chap_user.as_deref(),
+            mutual_secret_file: args.mutual_chap_secret_file.as_deref(),
+        })?;
+        Some(IscsiPlan {
+            listen: iscsi_listen(&args.iscsi)?,
+            exports: vec![IscsiExport {
+                name: export.name.clone(),
+                device: export.device.clone(),
+                iqn: args.iqn.clone().unwrap_or_else(|| {
+                    serve_iscsi::default_iqn(serve_iscsi::DEFAULT_IQN_PREFIX, &export.name)
+                }),
+                block_size: args.block_size,
+                initiators: Vec::new(),
+                alias: None,
+            }],
+            chap,
+            discovery_chap: false,
+            workers: args.workers,
+        })
+    };
+    let other_protocols = !args.aoe.is_empty() || iscsi.is_some();
+    let nbd = if !other_protocols || !args.listen.is_empty() || !args.socket.is_empty() {
         let config = listen_config(&args.listen, &args.socket, args.workers)?;
         let mut exports = ExportSet::new();
         exports.add(export).map_err(|e| anyhow!(e))?;
@@ -346,7 +465,7 @@ fn plan_from_args(args: &ServeArgs) -> Result<Plan> {
     } else {
         None
     };
-    Ok(Plan { nbd, aoe })
+    Ok(Plan { nbd, aoe, iscsi })
 }
 
 fn start_aoe(targets: Vec<(String, Device, TargetConfig)>) -> Result<Vec<AoeTarget>> {
@@ -420,6 +539,24 @@ pub fn run(args: ServeArgs) -> Result<()> {
         None => None,
     };
     let targets = start_aoe(plan.aoe)?;
+    let iscsi_devices: Vec<Device> = plan
+        .iscsi
+        .iter()
+        .flat_map(|p| p.exports.iter().map(|e| e.device.clone()))
+        .collect();
+    let iscsi = match plan.iscsi {
+        Some(plan) => {
+            let target = serve_iscsi::bind(plan)?;
+            serve_iscsi::announce(&target);
+            let handle = target.shutdown_handle();
+            let thread = std::thread::Builder::new()
+                .name("iscsi".into())
+                .spawn(move || target.run())?;
+            Some((handle, thread))
+        }
+        None => None,
+    };
+    let iscsi_stop = iscsi.as_ref().map(|(handle, _)| handle.clone());
     let netserve = match netserve {
         Some(server) => Some(server.spawn()?),
         None => None,
@@ -429,14 +566,36 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let result = match server {
         Some(server) => {
             let handle = server.shutdown_handle();
-            stop_signals::on_first(signals, move || handle.shutdown())?;
+            stop_signals::on_first(signals, move || {
+                if let Some(iscsi) = iscsi_stop {
+                    iscsi.shutdown();
+                }
+                handle.shutdown()
+            })?;
             server.run().context("server failed")
         }
         None => {
             stop_signals::wait(&mut signals);
+            if let Some(iscsi) = iscsi_stop {
+                iscsi.shutdown();
+            }
             Ok(())
         }
     };
+    if let Some((_, thread)) = iscsi {
+        match thread.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!("iSCSI target failed: {e}"),
+            Err(_) => tracing::error!("iSCSI target panicked"),
+        }
+        for device in &iscsi_devices {
+            if !device.info().read_only && device.info().capabilities.flush.available() {
+                device
+                    .flush()
+                    .map_err(|e| anyhow!("iSCSI export: final flush failed: {e}"))?;
+            }
+        }
+    }
     if let Some(netserve) = netserve {
         netserve.stop().context("netserve failed")?;
     }

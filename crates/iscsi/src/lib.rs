@@ -3,3 +3,6 @@
 
 pub mod login;
 pub mod pdu;
+pub mod target;
+
+pub use target::{IscsiConfig, IscsiTarget, ShutdownHandle, TargetDefinition};

@@ -1,0 +1,209 @@
+//! The iSCSI side of `blockwire serve`: one iSCSI target per export, the export as
+//! its LUN 0, with names, block sizes and CHAP secrets from flags or the config.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context, Result};
+use blockwire_blockdev::Device;
+use blockwire_iscsi::login::ChapConfig;
+use blockwire_iscsi::{IscsiConfig, IscsiTarget, TargetDefinition};
+use blockwire_scsi::{LogicalUnit, LunConfig, ScsiTarget};
+
+/// The IANA port for iSCSI.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:3260";
+/// Target names are this prefix, ':' and the export name unless told otherwise.
+pub const DEFAULT_IQN_PREFIX: &str = "iqn.2026-11.dev.blockwire";
+/// Environment variables that may hold the CHAP secrets instead of a file.
+pub const CHAP_SECRET_ENV: &str = "BLOCKWIRE_CHAP_SECRET";
+pub const MUTUAL_CHAP_SECRET_ENV: &str = "BLOCKWIRE_MUTUAL_CHAP_SECRET";
+
+/// One export served over iSCSI.
+pub struct IscsiExport {
+    pub name: String,
+    pub device: Device,
+    pub iqn: String,
+    pub block_size: u32,
+    pub initiators: Vec<String>,
+    pub alias: Option<String>,
+}
+
+/// Everything the iSCSI target needs from the command line or the config.
+pub struct IscsiPlan {
+    pub listen: Vec<SocketAddr>,
+    pub exports: Vec<IscsiExport>,
+    pub chap: Option<ChapConfig>,
+    pub discovery_chap: bool,
+    pub workers: usize,
+}
+
+/// Where the CHAP secrets come from.
+pub struct ChapSources<'a> {
+    pub user: Option<&'a str>,
+    pub secret_file: Option<&'a Path>,
+    pub mutual_user: Option<&'a str>,
+    pub mutual_secret_file: Option<&'a Path>,
+}
+
+/// The CHAP settings, reading secrets from their files or the environment (never
+/// from the command line, where every user of the machine could read them).
+pub fn chap_config(sources: &ChapSources<'_>) -> Result<Option<ChapConfig>> {
+    let Some(user) = sources.user else {
+        if sources.secret_file.is_some() || sources.mutual_user.is_some() {
+            bail!("CHAP secrets need a CHAP user name (--chap-user, chap_user)");
+        }
+        return Ok(None);
+    };
+    let secret = read_secret(sources.secret_file, CHAP_SECRET_ENV)?;
+    let mutual = match sources.mutual_user {
+        Some(mutual_user) => Some((
+            mutual_user.to_string(),
+            read_secret(sources.mutual_secret_file, MUTUAL_CHAP_SECRET_ENV)?,
+        )),
+        None => None,
+    };
+    Ok(Some(ChapConfig {
+        user: user.to_string(),
+        secret,
+        mutual,
+    }))
+}
+
+fn read_secret(file: Option<&Path>, env: &str) -> Result<Vec<u8>> {
+    let secret = match file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read CHAP secret file {}", path.display()))?;
+            text.lines().next().unwrap_or("").trim_end().to_string()
+        }
+        None => std::env::var(env)
+            .map_err(|_| anyhow!("a CHAP secret is needed: give its file, or set {env}"))?,
+    };
+    if secret.is_empty() {
+        bail!("the CHAP secret is empty");
+    }
+    if secret.len() < 12 {
+        // RFC 7143 §12.1.3 wants at least 96 bits for secrets that are not random.
+        tracing::warn!("a CHAP secret shorter than 12 bytes is easy to guess");
+    }
+    Ok(secret.into_bytes())
+}
+
+/// The default target name of an export: the prefix, ':' and the export name in
+/// the characters an IQN allows (RFC 3722: lower case letters, digits, '.', '-',
+/// ':').
+pub fn default_iqn(prefix: &str, export: &str) -> String {
+    let name: String = export
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '.' | '-' | ':') => c,
+            _ => '-',
+        })
+        .collect();
+    format!("{prefix}:{name}")
+}
+
+/// A stable 64-bit identity for a LUN (its NAA designator and serial), from its
+/// target name: FNV-1a, so the same name gives the same ID across restarts.
+fn stable_id(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Binds the iSCSI target for a plan.
+pub fn bind(plan: IscsiPlan) -> Result<IscsiTarget> {
+    let mut targets = Vec::new();
+    for export in plan.exports {
+        if targets
+            .iter()
+            .any(|t: &TargetDefinition| t.name == export.iqn)
+        {
+            bail!("two exports are served as iSCSI target {}", export.iqn);
+        }
+        let id = stable_id(&export.iqn);
+        let unit = LogicalUnit::new(
+            export.device,
+            LunConfig {
+                block_size: export.block_size,
+                vendor: "BLKWIRE".into(),
+                product: "blockwire disk".into(),
+                revision: env!("CARGO_PKG_VERSION").chars().take(4).collect(),
+                serial: format!("{id:016x}"),
+                unique_id: id,
+                target_name: export.iqn.clone(),
+            },
+        )
+        .map_err(|e| anyhow!("export '{}': {e}", export.name))?;
+        let mut scsi = ScsiTarget::new();
+        scsi.add_lun(0, Arc::new(unit));
+        targets.push(TargetDefinition {
+            name: export.iqn,
+            alias: export.alias.or(Some(export.name)),
+            scsi: Arc::new(scsi),
+            allowed_initiators: export.initiators,
+            chap: plan.chap.clone(),
+        });
+    }
+    let mut config = IscsiConfig::new(plan.listen, targets);
+    config.workers = plan.workers;
+    if plan.discovery_chap {
+        config.discovery_chap = plan.chap.clone();
+    }
+    IscsiTarget::bind(config).context("cannot start the iSCSI target")
+}
+
+/// Prints where each target is reachable.
+pub fn announce(target: &IscsiTarget) {
+    for name in target.target_names() {
+        println!("iscsi target {name} (LUN 0):");
+        for addr in target.local_addrs() {
+            let host = match addr {
+                SocketAddr::V4(v4) => format!("{}:{}", v4.ip(), v4.port()),
+                SocketAddr::V6(v6) => format!("[{}]:{}", v6.ip(), v6.port()),
+            };
+            println!("  iscsi://{host}/{name}/0");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_names_are_valid_iqns() {
+        assert_eq!(
+            default_iqn(DEFAULT_IQN_PREFIX, "Disk_0.img"),
+            "iqn.2026-11.dev.blockwire:disk-0.img"
+        );
+    }
+
+    #[test]
+    fn stable_ids_differ_by_name() {
+        assert_eq!(stable_id("a"), stable_id("a"));
+        assert_ne!(stable_id("a"), stable_id("b"));
+    }
+
+    #[test]
+    fn chap_needs_a_user_for_its_secret() {
+        let file = std::env::temp_dir().join(format!("bw-chap-{}", std::process::id()));
+        std::fs::write(&file, "averylongsecret\n").unwrap();
+        let sources = ChapSources {
+            user: Some("alice"),
+            secret_file: Some(&file),
+            mutual_user: None,
+            mutual_secret_file: None,
+        };
+        let chap = chap_config(&sources).unwrap().unwrap();
+        assert_eq!(chap.user, "alice");
+        assert_eq!(chap.secret, b"averylongsecret");
+        let no_user = ChapSources {
+            user: None,
+            ..sources
+        };
+        assert!(chap_config(&no_user).is_err());
+        std::fs::remove_file(&file).unwrap();
+    }
+}

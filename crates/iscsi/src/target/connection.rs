@@ -1,0 +1,923 @@
+//! One TCP connection of the target: the login phase, then the full feature phase
+//! (RFC 7143 §6, §4.2), driven by one thread that reads PDUs; commands run on the
+//! worker pool and answer through the shared writer.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::TcpStream;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blockwire_blockdev::IoBuf;
+use blockwire_scsi::sense::codes;
+use blockwire_scsi::{Command, DataDirection, ResetKind, Response, Status};
+
+use crate::login::{LoginConfig, LoginMachine, LoginStep, Negotiated, SessionType};
+use crate::pdu::{
+    Bhs, DataOut, LoginResponse, LogoutReason, LogoutRequest, LogoutResponse, NopIn, NopOut, Pdu,
+    R2t, Reject, RejectReason, ScsiCommand, TaskFunction, TaskMgmtRequest, TaskMgmtResponse,
+    TextRequest, TextResponse, RESERVED_TAG,
+};
+
+use super::command::{send_reply, OpenR2t, PendingWrite, Reply};
+use super::io::{Incoming, Outgoing, PduReader, PduWriter, ReadError, StatSn};
+use super::naming::decode_lun;
+use super::session::{CmdSnCheck, Session, SessionKey};
+use super::Shared;
+
+/// Largest data-out one command may carry; larger commands are refused before any
+/// buffer is allocated (the block limits VPD page advertises less).
+const MAX_COMMAND_DATA: u32 = 64 << 20;
+/// Data-out buffered for commands still gathering it, per connection: a bound on
+/// the memory one initiator can make us hold.
+const MAX_PENDING_DATA: usize = 256 << 20;
+/// Largest text a Text Request sequence may accumulate (C bit).
+const MAX_TEXT: usize = 64 * 1024;
+/// A LUN number no target has: commands with an unusable LUN field go to it, so
+/// the SCSI layer answers them as for any missing LUN.
+const NO_SUCH_LUN: u64 = u64::MAX;
+
+/// Why a connection ended.
+enum Ending {
+    Closed,
+    LoggedOut,
+    Violation(String),
+    Failed(io::Error),
+}
+
+impl From<ReadError> for Ending {
+    fn from(e: ReadError) -> Ending {
+        match e {
+            ReadError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ending::Closed,
+            ReadError::Io(e) => Ending::Failed(e),
+            other => Ending::Violation(other.to_string()),
+        }
+    }
+}
+
+impl From<io::Error> for Ending {
+    fn from(e: io::Error) -> Ending {
+        Ending::Failed(e)
+    }
+}
+
+/// Serves one accepted connection until it ends.
+pub(super) fn serve(stream: TcpStream, id: u64, shared: Arc<Shared>) {
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "?".into());
+    let portal = stream.local_addr().ok();
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_write_timeout(Some(shared.config.send_timeout));
+    let writer = match stream.try_clone() {
+        Ok(clone) => Arc::new(PduWriter::new(clone, 0)),
+        Err(e) => {
+            tracing::warn!(%peer, "cannot clone socket: {e}");
+            return;
+        }
+    };
+    let mut reader = PduReader::new(stream);
+    let login = shared.login_config_for(portal);
+    let Some((negotiated, session)) =
+        login_phase(&mut reader, &writer, &shared, login.clone(), id, &peer)
+    else {
+        return;
+    };
+    let initiator = negotiated.initiator_name.clone();
+    tracing::info!(
+        %peer,
+        initiator = %initiator,
+        target = negotiated.target_name.as_deref().unwrap_or("(discovery)"),
+        tsih = session.tsih,
+        "logged in"
+    );
+    let mut connection = Connection {
+        reader,
+        session: session.clone(),
+        shared: shared.clone(),
+        login,
+        negotiated,
+        pending: HashMap::new(),
+        pending_bytes: 0,
+        next_ttt: 1,
+        ping: None,
+        text_in: Vec::new(),
+        text_out: None,
+    };
+    let ending = connection.run();
+    drop(connection);
+    // Every command the connection started answers (or fails to) before the
+    // session goes: SCSI state must not see a command after its nexus is gone.
+    session.wait_executing(None);
+    shared.registry.remove(&session);
+    if let Some(scsi) = &session.scsi {
+        scsi.nexus_lost(&session.nexus);
+    }
+    session.writer.shutdown();
+    match ending {
+        Ending::Closed => tracing::info!(%peer, initiator = %initiator, "connection closed"),
+        Ending::LoggedOut => tracing::info!(%peer, initiator = %initiator, "logged out"),
+        Ending::Violation(reason) => {
+            tracing::warn!(%peer, initiator = %initiator, "closed connection: {reason}")
+        }
+        Ending::Failed(e) => {
+            tracing::warn!(%peer, initiator = %initiator, "connection failed: {e}")
+        }
+    }
+}
+
+/// Runs the login phase; returns the negotiated parameters and the registered
+/// session, or None when the login failed or the peer left.
+fn login_phase(
+    reader: &mut PduReader,
+    writer: &Arc<PduWriter>,
+    shared: &Arc<Shared>,
+    login: Arc<LoginConfig>,
+    id: u64,
+    peer: &str,
+) -> Option<(Negotiated, Arc<Session>)> {
+    let deadline = Instant::now() + shared.config.login_timeout;
+    let mut machine = LoginMachine::new(login);
+    loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if remaining.is_zero() || reader.set_idle_timeout(Some(remaining)).is_err() {
+            tracing::info!(%peer, "login not finished in time; closing");
+            return None;
+        }
+        let (bhs, ahs) = match reader.read_header() {
+            Ok(Incoming::Header { bhs, ahs }) => (bhs, ahs),
+            Ok(Incoming::Idle) => {
+                tracing::info!(%peer, "login not finished in time; closing");
+                return None;
+            }
+            Ok(Incoming::Closed) => return None,
+            Err(e) => {
+                tracing::info!(%peer, "login failed: {e}");
+                return None;
+            }
+        };
+        let request = match Pdu::decode(&bhs, &ahs) {
+            Ok(Pdu::LoginRequest(request)) => request,
+            _ => {
+                // Only Login Requests are valid before the full feature phase (§6.1).
+                tracing::info!(%peer, opcode = bhs.opcode(), "a PDU other than Login during login; closing");
+                return None;
+            }
+        };
+        let data = match reader.read_data_vec(bhs.data_len()) {
+            Ok(data) => data,
+            Err(e) => {
+                tracing::info!(%peer, "login failed: {e}");
+                return None;
+            }
+        };
+        match machine.handle(&request, &data) {
+            LoginStep::Continue { response, data } => {
+                send_login(writer, &response, &data).ok()?;
+            }
+            LoginStep::Fail {
+                response,
+                data,
+                reason,
+            } => {
+                tracing::warn!(%peer, "login refused: {reason}");
+                let _ = send_login(writer, &response, &data);
+                return None;
+            }
+            LoginStep::Complete {
+                mut response,
+                data,
+                negotiated,
+            } => {
+                let session = match establish(shared, writer, id, &negotiated) {
+                    Ok(session) => session,
+                    Err((detail, reason)) => {
+                        tracing::warn!(%peer, "login refused: {reason}");
+                        response.transit = false;
+                        response.status_class = 2;
+                        response.status_detail = detail;
+                        let _ = send_login(writer, &response, &[]);
+                        return None;
+                    }
+                };
+                response.tsih = session.tsih;
+                if send_login(writer, &response, &data).is_err() {
+                    shared.registry.remove(&session);
+                    return None;
+                }
+                writer.set_parameters(
+                    negotiated.header_digest,
+                    negotiated.data_digest,
+                    negotiated.initiator_max_recv_data_segment_length,
+                    negotiated.stat_sn,
+                );
+                reader.set_parameters(
+                    negotiated.header_digest,
+                    negotiated.data_digest,
+                    negotiated.target_max_recv_data_segment_length,
+                );
+                return Some((negotiated, session));
+            }
+        }
+    }
+}
+
+fn send_login(writer: &PduWriter, response: &LoginResponse, data: &[u8]) -> io::Result<()> {
+    let header = Pdu::LoginResponse(response.clone()).encode(data.len() as u32);
+    writer.send_unstamped(&header.bhs, data)
+}
+
+/// Creates (or reinstates) the session a completed login asked for. Errors carry
+/// the login status detail (class 2) and a reason for the log.
+fn establish(
+    shared: &Arc<Shared>,
+    writer: &Arc<PduWriter>,
+    id: u64,
+    negotiated: &Negotiated,
+) -> Result<Arc<Session>, (u8, String)> {
+    let key = SessionKey {
+        initiator_name: negotiated.initiator_name.clone(),
+        isid: negotiated.isid,
+        target_name: negotiated.target_name.clone(),
+    };
+    let old = if negotiated.tsih == 0 {
+        // Session reinstatement (§6.3.5): a new login with the ISID of a live
+        // session ends the old one.
+        shared.registry.find(&key)
+    } else {
+        match shared.registry.by_tsih(negotiated.tsih) {
+            Some((old_key, old)) if old_key == key => Some(old),
+            // 0x0a: session does not exist (§11.13.5).
+            _ => return Err((0x0a, format!("no session with TSIH {}", negotiated.tsih))),
+        }
+    };
+    if let Some(old) = old {
+        tracing::info!(
+            initiator = %key.initiator_name,
+            tsih = old.tsih,
+            "reinstating session: closing its old connection"
+        );
+        old.writer.shutdown();
+        if !shared.registry.wait_removed(&old, Duration::from_secs(10)) {
+            return Err((0x00, "the old session did not end in time".into()));
+        }
+    }
+    if shared.stopping.load(Ordering::SeqCst) {
+        // 0x0300-class would be better, but class 2 detail 0 is what we can set
+        // here; the target is going away either way.
+        return Err((0x00, "the target is shutting down".into()));
+    }
+    let scsi = match (&negotiated.session_type, &negotiated.target_name) {
+        (SessionType::Normal, Some(name)) => match shared.scsi_targets.get(name) {
+            Some(scsi) => Some(scsi.clone()),
+            None => return Err((0x03, format!("target {name} not found"))),
+        },
+        _ => None,
+    };
+    let tsih = shared.registry.allocate_tsih();
+    let session = Arc::new(Session::new(
+        tsih,
+        id,
+        &negotiated.initiator_name,
+        negotiated.isid,
+        scsi,
+        writer.clone(),
+        negotiated.exp_cmd_sn,
+        shared.config.limits.cmd_window,
+    ));
+    shared.registry.insert(key, session.clone());
+    Ok(session)
+}
+
+/// The full feature phase of one connection.
+struct Connection {
+    reader: PduReader,
+    session: Arc<Session>,
+    shared: Arc<Shared>,
+    login: Arc<LoginConfig>,
+    negotiated: Negotiated,
+    /// Commands gathering data-out, by initiator task tag.
+    pending: HashMap<u32, PendingWrite>,
+    pending_bytes: usize,
+    next_ttt: u32,
+    /// Our outstanding NOP-In ping: its tag and when it went out.
+    ping: Option<(u32, Instant)>,
+    /// Text of a Text Request sequence still being continued (C bit).
+    text_in: Vec<u8>,
+    /// A long Text Response still being handed out: its tag and the rest.
+    text_out: Option<(u32, Vec<u8>)>,
+}
+
+impl Connection {
+    fn run(&mut self) -> Ending {
+        let idle = self.shared.config.nop_interval;
+        if self.reader.set_idle_timeout(Some(idle)).is_err() {
+            return Ending::Closed;
+        }
+        loop {
+            let incoming = match self.reader.read_header() {
+                Ok(incoming) => incoming,
+                Err(e) => return e.into(),
+            };
+            let result = match incoming {
+                Incoming::Closed => return Ending::Closed,
+                Incoming::Idle => self.on_idle(),
+                Incoming::Header { bhs, ahs } => self.dispatch(bhs, &ahs),
+            };
+            match result {
+                Ok(()) => {}
+                Err(ending) => return ending,
+            }
+        }
+    }
+
+    fn window(&self) -> &Session {
+        &self.session
+    }
+
+    fn new_ttt(&mut self) -> u32 {
+        let ttt = self.next_ttt;
+        self.next_ttt = self.next_ttt.wrapping_add(1);
+        if self.next_ttt == RESERVED_TAG {
+            self.next_ttt = 1;
+        }
+        ttt
+    }
+
+    fn send(&self, pdu: Pdu, stat_sn: StatSn, data: &[u8]) -> Result<(), Ending> {
+        let header = pdu.encode(data.len() as u32);
+        self.session.writer.send(
+            Outgoing {
+                bhs: header.bhs,
+                ahs: &header.ahs,
+                stat_sn,
+                data,
+            },
+            self.window(),
+        )?;
+        Ok(())
+    }
+
+    /// Rejects a PDU (§11.17): the Reject carries the offending header.
+    fn reject(&mut self, bhs: &Bhs, reason: RejectReason) -> Result<(), Ending> {
+        self.reader.skip_data(bhs.data_len())?;
+        self.send_reject(bhs, reason)
+    }
+
+    fn send_reject(&self, bhs: &Bhs, reason: RejectReason) -> Result<(), Ending> {
+        let pdu = Pdu::Reject(Reject {
+            reason,
+            ..Reject::default()
+        });
+        self.send(pdu, StatSn::Advance, &bhs.0)
+    }
+
+    /// Rejects a PDU that breaks the protocol and ends the connection: at
+    /// ErrorRecoveryLevel 0 that is the recovery RFC 7143 §7.1.4 leaves us.
+    fn violation(&mut self, bhs: &Bhs, reason: String) -> Result<(), Ending> {
+        let _ = self.send_reject(bhs, RejectReason::ProtocolError);
+        Err(Ending::Violation(reason))
+    }
+
+    fn on_idle(&mut self) -> Result<(), Ending> {
+        match self.ping {
+            Some((_, sent)) if sent.elapsed() >= self.shared.config.nop_timeout => Err(
+                Ending::Violation("the initiator did not answer a NOP-In ping".into()),
+            ),
+            Some(_) => Ok(()),
+            None => {
+                // A NOP-In with a tag asks the initiator to answer (§11.19): it
+                // tells a silent connection from a dead one.
+                let ttt = self.new_ttt();
+                self.ping = Some((ttt, Instant::now()));
+                let pdu = Pdu::NopIn(NopIn {
+                    initiator_task_tag: RESERVED_TAG,
+                    target_transfer_tag: ttt,
+                    ..NopIn::default()
+                });
+                self.send(pdu, StatSn::Current, &[])
+            }
+        }
+    }
+
+    fn dispatch(&mut self, bhs: Bhs, ahs: &[u8]) -> Result<(), Ending> {
+        let pdu = match Pdu::decode(&bhs, ahs) {
+            Ok(pdu) => pdu,
+            Err(crate::pdu::PduError::UnknownOpcode(_)) => {
+                return self.reject(&bhs, RejectReason::CommandNotSupported)
+            }
+            Err(_) => return self.reject(&bhs, RejectReason::InvalidPduField),
+        };
+        let discovery = self.session.scsi.is_none();
+        match pdu {
+            Pdu::ScsiCommand(command) if !discovery => self.on_command(command, &bhs),
+            Pdu::DataOut(data) if !discovery => self.on_data_out(data, &bhs),
+            Pdu::TaskMgmtRequest(request) if !discovery => self.on_task_management(request, &bhs),
+            Pdu::NopOut(nop) => self.on_nop_out(nop, &bhs),
+            Pdu::TextRequest(request) => self.on_text(request, &bhs),
+            Pdu::LogoutRequest(request) => self.on_logout(request, &bhs),
+            Pdu::Snack(_) => {
+                // SNACK needs ErrorRecoveryLevel > 0, which we never negotiate.
+                self.reject(&bhs, RejectReason::ProtocolError)
+            }
+            Pdu::LoginRequest(_) => {
+                let bhs = bhs;
+                self.reader.skip_data(bhs.data_len())?;
+                self.violation(&bhs, "a Login Request in the full feature phase".into())
+            }
+            // Commands in a discovery session, or PDUs only a target sends.
+            _ => self.reject(&bhs, RejectReason::ProtocolError),
+        }
+    }
+
+    fn on_command(&mut self, command: ScsiCommand, bhs: &Bhs) -> Result<(), Ending> {
+        let data_len = bhs.data_len();
+        if self.session.check_cmd_sn(command.cmd_sn, command.immediate) == CmdSnCheck::Ignore {
+            tracing::debug!(
+                cmd_sn = command.cmd_sn,
+                "command outside the CmdSN window ignored"
+            );
+            return Ok(self.reader.skip_data(data_len)?);
+        }
+        let itt = command.initiator_task_tag;
+        if self.pending.contains_key(&itt) || self.session.is_executing(itt) {
+            return self.reject(bhs, RejectReason::TaskInProgress);
+        }
+        let edtl = command.expected_data_transfer_length;
+        if data_len > 0
+            && (!command.write
+                || !self.negotiated.immediate_data
+                || data_len > edtl
+                || data_len > self.negotiated.first_burst_length)
+        {
+            self.reader.skip_data(data_len)?;
+            return self.violation(bhs, "immediate data the login did not allow".into());
+        }
+        let lun = decode_lun(command.lun);
+        if !command.write {
+            self.reader.skip_data(data_len)?;
+            self.execute(&command, lun, None, None, 0);
+            return Ok(());
+        }
+        let scsi = self.session.scsi.as_ref().expect("normal session");
+        let info = scsi.transfer_info(lun.unwrap_or(NO_SUCH_LUN), &command.cdb);
+        let want = match info.direction {
+            DataDirection::Out => u64::from(edtl).min(info.len) as u32,
+            _ => 0,
+        };
+        let mut early = None;
+        let mut buf = None;
+        if edtl > MAX_COMMAND_DATA {
+            early = Some(Response::code(codes::INVALID_FIELD_IN_CDB, info.len));
+        } else if self.pending_bytes + edtl as usize > MAX_PENDING_DATA {
+            early = Some(Response {
+                status: Status::TaskSetFull,
+                sense: Vec::new(),
+                data_in: IoBuf::new(0),
+                expected_len: info.len,
+            });
+        } else {
+            buf = Some(IoBuf::new(edtl as usize));
+        }
+        match &mut buf {
+            Some(buf) => self.reader.read_data(&mut buf[..data_len as usize])?,
+            None => self.reader.skip_data(data_len)?,
+        }
+        let unsolicited_open = !command.final_bit;
+        let task = PendingWrite {
+            lun,
+            early,
+            received: data_len,
+            want,
+            unsolicited_open,
+            unsolicited_next_offset: data_len,
+            unsolicited_next_data_sn: 0,
+            unsolicited_limit: self.negotiated.first_burst_length.min(edtl),
+            r2ts: Vec::new(),
+            // A command answered early solicits nothing.
+            next_request: if buf.is_some() {
+                data_len
+            } else {
+                want.max(data_len)
+            },
+            next_r2t_sn: 0,
+            buf,
+            command,
+        };
+        self.pending_bytes += task.buf.as_ref().map_or(0, |b| b.len());
+        self.pending.insert(itt, task);
+        self.advance(itt)
+    }
+
+    /// Sends the R2Ts a command may have outstanding, or runs it once all its data
+    /// is in.
+    fn advance(&mut self, itt: u32) -> Result<(), Ending> {
+        let max_outstanding = self.negotiated.max_outstanding_r2t.max(1) as usize;
+        let max_burst = self.negotiated.max_burst_length.max(512);
+        let mut r2ts = Vec::new();
+        let Some(task) = self.pending.get(&itt) else {
+            return Ok(());
+        };
+        if !task.unsolicited_open {
+            let mut next = task.next_request;
+            let mut outstanding = task.r2ts.len();
+            let mut r2t_sn = task.next_r2t_sn;
+            while outstanding < max_outstanding && next < task.want {
+                let len = (task.want - next).min(max_burst);
+                r2ts.push((next, len, r2t_sn));
+                next += len;
+                outstanding += 1;
+                r2t_sn += 1;
+            }
+        }
+        let mut pdus = Vec::with_capacity(r2ts.len());
+        let mut opened = Vec::with_capacity(r2ts.len());
+        for &(offset, len, r2t_sn) in &r2ts {
+            let ttt = self.new_ttt();
+            opened.push(OpenR2t {
+                target_transfer_tag: ttt,
+                offset,
+                len,
+                next_offset: offset,
+                next_data_sn: 0,
+            });
+            let task = &self.pending[&itt];
+            pdus.push(
+                Pdu::R2t(R2t {
+                    lun: task.command.lun,
+                    initiator_task_tag: itt,
+                    target_transfer_tag: ttt,
+                    r2t_sn,
+                    buffer_offset: offset,
+                    desired_data_transfer_length: len,
+                    ..R2t::default()
+                })
+                .encode(0)
+                .bhs,
+            );
+        }
+        let task = self.pending.get_mut(&itt).expect("present");
+        if let Some(last) = opened.last() {
+            task.next_request = last.offset + last.len;
+            task.next_r2t_sn += opened.len() as u32;
+            task.r2ts.extend(opened);
+        }
+        if !pdus.is_empty() {
+            let mut outgoing: Vec<Outgoing<'_>> = pdus
+                .iter()
+                .map(|bhs| Outgoing {
+                    bhs: *bhs,
+                    ahs: &[],
+                    stat_sn: StatSn::Current,
+                    data: &[],
+                })
+                .collect();
+            self.session.writer.send_all(&mut outgoing, self.window())?;
+        }
+        if self.pending[&itt].complete() {
+            let task = self.pending.remove(&itt).expect("present");
+            self.pending_bytes -= task.buf.as_ref().map_or(0, |b| b.len());
+            let data = task.buf.map(|buf| (buf, task.received));
+            self.execute(&task.command, task.lun, data, task.early, task.next_r2t_sn);
+        }
+        Ok(())
+    }
+
+    fn on_data_out(&mut self, data: DataOut, bhs: &Bhs) -> Result<(), Ending> {
+        let len = bhs.data_len();
+        let itt = data.initiator_task_tag;
+        let Some(task) = self.pending.get_mut(&itt) else {
+            return self.reject(bhs, RejectReason::InvalidPduField);
+        };
+        let (offset, end) = (data.buffer_offset, data.buffer_offset.checked_add(len));
+        let Some(end) = end else {
+            self.reader.skip_data(len)?;
+            return self.violation(bhs, "Data-Out offset overflows".into());
+        };
+        if data.target_transfer_tag == RESERVED_TAG {
+            if !task.unsolicited_open {
+                return self.reject(bhs, RejectReason::ProtocolError);
+            }
+            if data.data_sn != task.unsolicited_next_data_sn
+                || offset != task.unsolicited_next_offset
+                || end > task.unsolicited_limit
+            {
+                self.reader.skip_data(len)?;
+                return self.violation(
+                    bhs,
+                    format!(
+                        "unsolicited Data-Out out of sequence (DataSN {} offset {offset} len {len})",
+                        data.data_sn
+                    ),
+                );
+            }
+            match &mut task.buf {
+                Some(buf) => self
+                    .reader
+                    .read_data(&mut buf[offset as usize..end as usize])?,
+                None => self.reader.skip_data(len)?,
+            }
+            task.unsolicited_next_data_sn += 1;
+            task.unsolicited_next_offset = end;
+            task.received = task.received.max(end);
+            if data.final_bit {
+                task.unsolicited_open = false;
+                if task.buf.is_some() {
+                    task.next_request = task.next_request.max(end);
+                }
+            }
+        } else {
+            let Some(index) = task
+                .r2ts
+                .iter()
+                .position(|r| r.target_transfer_tag == data.target_transfer_tag)
+            else {
+                return self.reject(bhs, RejectReason::InvalidPduField);
+            };
+            let r2t = &mut task.r2ts[index];
+            if data.data_sn != r2t.next_data_sn
+                || offset != r2t.next_offset
+                || end > r2t.offset + r2t.len
+            {
+                self.reader.skip_data(len)?;
+                return self.violation(
+                    bhs,
+                    format!(
+                        "Data-Out out of sequence (DataSN {} offset {offset} len {len})",
+                        data.data_sn
+                    ),
+                );
+            }
+            r2t.next_data_sn += 1;
+            r2t.next_offset = end;
+            let finished = r2t.next_offset == r2t.offset + r2t.len;
+            if data.final_bit && !finished {
+                self.reader.skip_data(len)?;
+                return self.violation(
+                    bhs,
+                    "Data-Out sequence ended before the R2T's length".into(),
+                );
+            }
+            match &mut task.buf {
+                Some(buf) => self
+                    .reader
+                    .read_data(&mut buf[offset as usize..end as usize])?,
+                None => self.reader.skip_data(len)?,
+            }
+            task.received = task.received.max(end);
+            if data.final_bit {
+                task.r2ts.remove(index);
+            }
+        }
+        self.advance(itt)
+    }
+}
+
+impl Connection {
+    /// Runs a command on the worker pool; the worker sends its answer.
+    fn execute(
+        &self,
+        command: &ScsiCommand,
+        lun: Option<u64>,
+        data: Option<(IoBuf, u32)>,
+        early: Option<Response>,
+        r2t_count: u32,
+    ) {
+        let session = self.session.clone();
+        let itt = command.initiator_task_tag;
+        let cdb = command.cdb.clone();
+        let lun_field = command.lun;
+        let expected_len = command.expected_data_transfer_length;
+        let (reads, writes) = (command.read, command.write);
+        let max_burst = self.negotiated.max_burst_length;
+        session.start_executing(itt);
+        self.shared.pool.submit(move || {
+            let response = early.unwrap_or_else(|| {
+                let scsi = session.scsi.as_ref().expect("normal session");
+                let data_out = match &data {
+                    Some((buf, received)) => &buf[..*received as usize],
+                    None => &[][..],
+                };
+                scsi.execute(
+                    lun.unwrap_or(NO_SUCH_LUN),
+                    &Command {
+                        nexus: &session.nexus,
+                        cdb: &cdb,
+                        data_out,
+                    },
+                )
+            });
+            drop(data);
+            let reply = Reply {
+                initiator_task_tag: itt,
+                lun_field,
+                expected_len,
+                reads,
+                writes,
+                r2t_count,
+                max_burst,
+                response: &response,
+            };
+            if let Err(e) = send_reply(&session.writer, &*session, &reply) {
+                tracing::debug!("cannot send a response: {e}");
+                session.writer.shutdown();
+            }
+            session.finish_executing(itt);
+        });
+    }
+
+    /// Drops the commands of `lun` (every LUN with None) still gathering data:
+    /// aborted tasks get no response (RFC 7143 §4.2.3.3).
+    fn drop_pending(&mut self, lun: Option<u64>) {
+        let doomed: Vec<u32> = self
+            .pending
+            .iter()
+            .filter(|(_, task)| lun.is_none() || task.lun == lun)
+            .map(|(&itt, _)| itt)
+            .collect();
+        for itt in doomed {
+            if let Some(task) = self.pending.remove(&itt) {
+                self.pending_bytes -= task.buf.as_ref().map_or(0, |b| b.len());
+            }
+        }
+    }
+
+    fn on_task_management(&mut self, request: TaskMgmtRequest, bhs: &Bhs) -> Result<(), Ending> {
+        self.reader.skip_data(bhs.data_len())?;
+        if self.session.check_cmd_sn(request.cmd_sn, request.immediate) == CmdSnCheck::Ignore {
+            return Ok(());
+        }
+        let scsi = self.session.scsi.clone().expect("normal session");
+        let lun = decode_lun(request.lun);
+        let lun_exists = lun.is_some_and(|lun| scsi.luns().contains(&lun));
+        // Responses (§11.6.1): 0 complete, 1 no such task, 2 no such LUN,
+        // 4 reassignment not supported, 5 function not supported.
+        let response = match request.function {
+            TaskFunction::AbortTask => {
+                let itt = request.referenced_task_tag;
+                if let Some(task) = self.pending.remove(&itt) {
+                    self.pending_bytes -= task.buf.as_ref().map_or(0, |b| b.len());
+                    0
+                } else if self.session.is_executing(itt) {
+                    // Already running on the device: it finishes and answers first,
+                    // and then no longer exists.
+                    self.session.wait_executing(Some(itt));
+                    1
+                } else {
+                    1
+                }
+            }
+            TaskFunction::AbortTaskSet | TaskFunction::ClearTaskSet if !lun_exists => 2,
+            TaskFunction::AbortTaskSet | TaskFunction::ClearTaskSet => {
+                self.drop_pending(lun);
+                self.session.wait_executing(None);
+                0
+            }
+            TaskFunction::LogicalUnitReset if !lun_exists => 2,
+            TaskFunction::LogicalUnitReset => {
+                self.drop_pending(lun);
+                self.session.wait_executing(None);
+                scsi.reset(
+                    ResetKind::LogicalUnit(lun.expect("exists")),
+                    &self.session.nexus,
+                );
+                0
+            }
+            TaskFunction::TargetWarmReset | TaskFunction::TargetColdReset => {
+                self.drop_pending(None);
+                self.session.wait_executing(None);
+                let kind = if request.function == TaskFunction::TargetColdReset {
+                    ResetKind::TargetCold
+                } else {
+                    ResetKind::TargetWarm
+                };
+                scsi.reset(kind, &self.session.nexus);
+                0
+            }
+            TaskFunction::TaskReassign => 4,
+            TaskFunction::ClearAca | TaskFunction::Other(_) => 5,
+        };
+        let pdu = Pdu::TaskMgmtResponse(TaskMgmtResponse {
+            response,
+            initiator_task_tag: request.initiator_task_tag,
+            ..TaskMgmtResponse::default()
+        });
+        self.send(pdu, StatSn::Advance, &[])?;
+        if request.function == TaskFunction::TargetColdReset && response == 0 {
+            // A cold reset ends the connection after the response (§11.5.1).
+            return Err(Ending::Closed);
+        }
+        Ok(())
+    }
+
+    fn on_nop_out(&mut self, nop: NopOut, bhs: &Bhs) -> Result<(), Ending> {
+        let len = bhs.data_len();
+        if nop.initiator_task_tag == RESERVED_TAG {
+            // The answer to our ping; it carries no CmdSN of its own.
+            self.reader.skip_data(len)?;
+            if self
+                .ping
+                .is_some_and(|(ttt, _)| ttt == nop.target_transfer_tag)
+            {
+                self.ping = None;
+            }
+            return Ok(());
+        }
+        let data = self.reader.read_data_vec(len)?;
+        if self.session.check_cmd_sn(nop.cmd_sn, nop.immediate) == CmdSnCheck::Ignore {
+            return Ok(());
+        }
+        let echo = &data[..data.len().min(self.session.writer.max_data() as usize)];
+        let pdu = Pdu::NopIn(NopIn {
+            lun: nop.lun,
+            initiator_task_tag: nop.initiator_task_tag,
+            target_transfer_tag: RESERVED_TAG,
+            ..NopIn::default()
+        });
+        self.send(pdu, StatSn::Advance, echo)
+    }
+
+    fn on_text(&mut self, request: TextRequest, bhs: &Bhs) -> Result<(), Ending> {
+        let data = self.reader.read_data_vec(bhs.data_len())?;
+        if self.session.check_cmd_sn(request.cmd_sn, request.immediate) == CmdSnCheck::Ignore {
+            return Ok(());
+        }
+        let reply = |final_bit: bool, continue_bit: bool, ttt: u32| {
+            Pdu::TextResponse(TextResponse {
+                final_bit,
+                continue_bit,
+                lun: request.lun,
+                initiator_task_tag: request.initiator_task_tag,
+                target_transfer_tag: ttt,
+                ..TextResponse::default()
+            })
+        };
+        let answer = if request.target_transfer_tag != RESERVED_TAG {
+            // The initiator asks for the rest of a long answer (§11.10.4).
+            match self.text_out.take() {
+                Some((ttt, rest)) if ttt == request.target_transfer_tag => rest,
+                _ => return self.send_reject(bhs, RejectReason::InvalidPduField),
+            }
+        } else {
+            self.text_out = None;
+            if self.text_in.len() + data.len() > MAX_TEXT {
+                self.text_in.clear();
+                return self.send_reject(bhs, RejectReason::ProtocolError);
+            }
+            self.text_in.extend_from_slice(&data);
+            if request.continue_bit {
+                // More text follows: acknowledge with an empty response.
+                let ttt = self.new_ttt();
+                return self.send(reply(false, false, ttt), StatSn::Advance, &[]);
+            }
+            let text = std::mem::take(&mut self.text_in);
+            match crate::login::answer_text(&self.login, &self.negotiated, &text) {
+                Ok(answer) => answer,
+                Err(_) => return self.send_reject(bhs, RejectReason::ProtocolError),
+            }
+        };
+        let max = self.session.writer.max_data() as usize;
+        if answer.len() > max {
+            let ttt = self.new_ttt();
+            let (now, rest) = answer.split_at(max);
+            self.text_out = Some((ttt, rest.to_vec()));
+            self.send(reply(false, true, ttt), StatSn::Advance, now)
+        } else {
+            self.send(reply(true, false, RESERVED_TAG), StatSn::Advance, &answer)
+        }
+    }
+
+    fn on_logout(&mut self, request: LogoutRequest, bhs: &Bhs) -> Result<(), Ending> {
+        self.reader.skip_data(bhs.data_len())?;
+        if self.session.check_cmd_sn(request.cmd_sn, request.immediate) == CmdSnCheck::Ignore {
+            return Ok(());
+        }
+        // Responses (§11.15.1): 0 closed, 1 CID not found, 2 recovery not supported.
+        let response = match request.reason {
+            LogoutReason::CloseSession => 0,
+            LogoutReason::CloseConnection if request.cid == self.negotiated.cid => 0,
+            LogoutReason::CloseConnection => 1,
+            LogoutReason::RemoveConnectionForRecovery | LogoutReason::Other(_) => 2,
+        };
+        if response == 0 {
+            // Everything accepted is answered before the logout is (§4.2.3.4).
+            self.drop_pending(None);
+            self.session.wait_executing(None);
+        }
+        let pdu = Pdu::LogoutResponse(LogoutResponse {
+            response,
+            initiator_task_tag: request.initiator_task_tag,
+            time2wait: self.negotiated.default_time2wait,
+            time2retain: self.negotiated.default_time2retain,
+            ..LogoutResponse::default()
+        });
+        self.send(pdu, StatSn::Advance, &[])?;
+        if response == 0 {
+            Err(Ending::LoggedOut)
+        } else {
+            Ok(())
+        }
+    }
+}

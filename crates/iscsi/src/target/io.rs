@@ -1,0 +1,348 @@
+//! Reading and writing PDUs on a connection: digests, padding, and the sequence
+//! numbers a target stamps on what it sends.
+//!
+//! The reader hands the header and the data segment over separately so that a
+//! Data-Out's data lands straight in its command's buffer. The writer is shared by
+//! the connection thread and the workers that finish commands; StatSN is assigned
+//! under its lock, in send order, as RFC 7143 §4.2.2.2 wants.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::pdu::{
+    data_digest, digest_bytes, digest_value, header_digest, padded, Bhs, BHS_LEN, DIGEST_LEN,
+};
+
+/// What reading a header found.
+pub enum Incoming {
+    /// A header (and its AHS); the data segment is still to be read.
+    Header { bhs: Bhs, ahs: Vec<u8> },
+    /// Nothing arrived for the idle interval (only between PDUs).
+    Idle,
+    /// The peer closed the connection cleanly between PDUs.
+    Closed,
+}
+
+/// Why a connection must end while reading.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    #[error("header digest mismatch")]
+    HeaderDigest,
+    #[error("data digest mismatch")]
+    DataDigest,
+    #[error("data segment of {len} bytes exceeds the negotiated {max}")]
+    SegmentTooLong { len: u32, max: u32 },
+}
+
+/// The receive half of a connection.
+pub struct PduReader {
+    stream: io::BufReader<TcpStream>,
+    header_digest: bool,
+    data_digest: bool,
+    /// The most data one PDU may carry (what we declared as MaxRecvDataSegmentLength,
+    /// or the login phase's 8 KiB default).
+    max_data: u32,
+}
+
+/// Login PDUs may carry at most 8192 bytes of text before the keys say otherwise
+/// (RFC 7143 §13.12: MaxRecvDataSegmentLength's default).
+pub const LOGIN_MAX_DATA: u32 = 8192;
+
+impl PduReader {
+    pub fn new(stream: TcpStream) -> PduReader {
+        PduReader {
+            stream: io::BufReader::with_capacity(64 * 1024, stream),
+            header_digest: false,
+            data_digest: false,
+            max_data: LOGIN_MAX_DATA,
+        }
+    }
+
+    /// Applies what the login negotiated.
+    pub fn set_parameters(&mut self, header_digest: bool, data_digest: bool, max_data: u32) {
+        self.header_digest = header_digest;
+        self.data_digest = data_digest;
+        self.max_data = max_data;
+    }
+
+    /// How long a read may wait between PDUs before [`Incoming::Idle`].
+    pub fn set_idle_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.stream.get_ref().set_read_timeout(timeout)
+    }
+
+    /// Reads the next header. A timeout counts only between PDUs: once the first
+    /// byte of a header is in, the rest is awaited however long it takes.
+    pub fn read_header(&mut self) -> Result<Incoming, ReadError> {
+        let mut bhs = Bhs::default();
+        let mut filled = 0;
+        while filled < BHS_LEN {
+            match self.stream.read(&mut bhs.0[filled..]) {
+                Ok(0) if filled == 0 => return Ok(Incoming::Closed),
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
+                Ok(n) => filled += n,
+                Err(e) if is_timeout(&e) && filled == 0 => return Ok(Incoming::Idle),
+                Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mut ahs = vec![0u8; bhs.ahs_len()];
+        self.read_exact(&mut ahs)?;
+        if self.header_digest {
+            let mut digest = [0u8; DIGEST_LEN];
+            self.read_exact(&mut digest)?;
+            if digest_value(digest) != header_digest(&bhs, &ahs) {
+                return Err(ReadError::HeaderDigest);
+            }
+        }
+        let len = bhs.data_len();
+        if len > self.max_data {
+            return Err(ReadError::SegmentTooLong {
+                len,
+                max: self.max_data,
+            });
+        }
+        Ok(Incoming::Header { bhs, ahs })
+    }
+
+    /// Reads a data segment of `buf.len()` bytes (the header's DataSegmentLength)
+    /// into `buf`, then its padding and digest.
+    pub fn read_data(&mut self, buf: &mut [u8]) -> Result<(), ReadError> {
+        self.read_exact(buf)?;
+        let mut pad = [0u8; 3];
+        let pad_len = padded(buf.len()) - buf.len();
+        self.read_exact(&mut pad[..pad_len])?;
+        if self.data_digest && !buf.is_empty() {
+            let mut digest = [0u8; DIGEST_LEN];
+            self.read_exact(&mut digest)?;
+            let computed = crate::pdu::crc32c_append(crate::pdu::crc32c(buf), &pad[..pad_len]);
+            if digest_value(digest) != computed {
+                return Err(ReadError::DataDigest);
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads a data segment into a new vector.
+    pub fn read_data_vec(&mut self, len: u32) -> Result<Vec<u8>, ReadError> {
+        let mut data = vec![0u8; len as usize];
+        self.read_data(&mut data)?;
+        Ok(data)
+    }
+
+    /// Reads and drops a data segment of `len` bytes.
+    pub fn skip_data(&mut self, len: u32) -> Result<(), ReadError> {
+        let mut remaining = len as usize;
+        let mut scratch = [0u8; 4096];
+        // Checking the digest of data we drop buys nothing: read it as plain bytes.
+        let total = padded(remaining)
+            + if self.data_digest && len > 0 {
+                DIGEST_LEN
+            } else {
+                0
+            };
+        remaining = total;
+        while remaining > 0 {
+            let n = remaining.min(scratch.len());
+            self.read_exact(&mut scratch[..n])?;
+            remaining -= n;
+        }
+        Ok(())
+    }
+
+    fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        let mut filled = 0;
+        while filled < buf.len() {
+            match self.stream.read(&mut buf[filled..]) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => filled += n,
+                Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// How a sent PDU treats StatSN (RFC 7143 §4.2.2.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatSn {
+    /// A status the initiator acknowledges: takes the next StatSN.
+    Advance,
+    /// Carries the current StatSN without taking one (R2T, a target's NOP-In ping).
+    Current,
+    /// The field is reserved (Data-In without status).
+    Reserved,
+}
+
+/// The command window a session grants, read when a PDU is stamped.
+pub trait Window: Send + Sync {
+    /// (ExpCmdSN, MaxCmdSN).
+    fn window(&self) -> (u32, u32);
+}
+
+struct WriterState {
+    stream: TcpStream,
+    stat_sn: u32,
+    scratch: Vec<u8>,
+}
+
+/// The send half of a connection, shared by every thread that answers on it.
+pub struct PduWriter {
+    state: Mutex<WriterState>,
+    header_digest: AtomicBool,
+    data_digest: AtomicBool,
+    /// Largest data segment the initiator accepts in one PDU.
+    max_data: AtomicU32,
+}
+
+/// One PDU to send: its encoded header, how it takes StatSN, and its data.
+pub struct Outgoing<'a> {
+    pub bhs: Bhs,
+    pub ahs: &'a [u8],
+    pub stat_sn: StatSn,
+    pub data: &'a [u8],
+}
+
+impl PduWriter {
+    pub fn new(stream: TcpStream, stat_sn: u32) -> PduWriter {
+        PduWriter {
+            state: Mutex::new(WriterState {
+                stream,
+                stat_sn,
+                scratch: Vec::new(),
+            }),
+            header_digest: AtomicBool::new(false),
+            data_digest: AtomicBool::new(false),
+            max_data: AtomicU32::new(LOGIN_MAX_DATA),
+        }
+    }
+
+    /// Applies what the login negotiated (after the last login response is sent).
+    pub fn set_parameters(
+        &self,
+        header_digest: bool,
+        data_digest: bool,
+        max_data: u32,
+        stat_sn: u32,
+    ) {
+        self.header_digest.store(header_digest, Ordering::Relaxed);
+        self.data_digest.store(data_digest, Ordering::Relaxed);
+        self.max_data.store(max_data, Ordering::Relaxed);
+        self.lock().stat_sn = stat_sn;
+    }
+
+    /// Largest data segment the initiator accepts in one PDU.
+    pub fn max_data(&self) -> u32 {
+        self.max_data.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, WriterState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends a PDU as encoded, without stamping sequence numbers (login responses,
+    /// whose numbers the login machine keeps).
+    pub fn send_unstamped(&self, bhs: &Bhs, data: &[u8]) -> io::Result<()> {
+        let mut state = self.lock();
+        let pad = padded(data.len()) - data.len();
+        let mut slices = [
+            IoSlice::new(&bhs.0),
+            IoSlice::new(data),
+            IoSlice::new(&[0u8; 3][..pad]),
+        ];
+        write_all_vectored(&mut state.stream, &mut slices)
+    }
+
+    /// Sends one PDU.
+    pub fn send(&self, pdu: Outgoing<'_>, window: &dyn Window) -> io::Result<()> {
+        self.send_all(std::slice::from_mut(&mut { pdu }), window)
+    }
+
+    /// Sends several PDUs back to back in as few system calls as the kernel allows,
+    /// stamping sequence numbers in order.
+    pub fn send_all(&self, pdus: &mut [Outgoing<'_>], window: &dyn Window) -> io::Result<()> {
+        let header_digest_on = self.header_digest.load(Ordering::Relaxed);
+        let data_digest_on = self.data_digest.load(Ordering::Relaxed);
+        let mut state = self.lock();
+        let (exp_cmd_sn, max_cmd_sn) = window.window();
+        // Headers, digests and padding live in one scratch buffer; data is sent
+        // from where it is.
+        state.scratch.clear();
+        let mut layout = Vec::with_capacity(pdus.len());
+        for pdu in pdus.iter_mut() {
+            match pdu.stat_sn {
+                StatSn::Advance => {
+                    pdu.bhs.put_u32(24, state.stat_sn);
+                    state.stat_sn = state.stat_sn.wrapping_add(1);
+                }
+                StatSn::Current => pdu.bhs.put_u32(24, state.stat_sn),
+                StatSn::Reserved => {}
+            }
+            pdu.bhs.put_u32(28, exp_cmd_sn);
+            pdu.bhs.put_u32(32, max_cmd_sn);
+            let head_start = state.scratch.len();
+            state.scratch.extend_from_slice(&pdu.bhs.0);
+            state.scratch.extend_from_slice(pdu.ahs);
+            if header_digest_on {
+                let digest = header_digest(&pdu.bhs, pdu.ahs);
+                state.scratch.extend_from_slice(&digest_bytes(digest));
+            }
+            let head_end = state.scratch.len();
+            let pad = padded(pdu.data.len()) - pdu.data.len();
+            state.scratch.extend_from_slice(&[0u8; 3][..pad]);
+            if data_digest_on && !pdu.data.is_empty() {
+                state
+                    .scratch
+                    .extend_from_slice(&digest_bytes(data_digest(pdu.data)));
+            }
+            layout.push((head_start, head_end, state.scratch.len()));
+        }
+        let WriterState {
+            stream, scratch, ..
+        } = &mut *state;
+        let mut slices = Vec::with_capacity(pdus.len() * 3);
+        for (pdu, &(head_start, head_end, tail_end)) in pdus.iter().zip(&layout) {
+            slices.push(IoSlice::new(&scratch[head_start..head_end]));
+            if !pdu.data.is_empty() {
+                slices.push(IoSlice::new(pdu.data));
+            }
+            if tail_end > head_end {
+                slices.push(IoSlice::new(&scratch[head_end..tail_end]));
+            }
+        }
+        write_all_vectored(stream, &mut slices)
+    }
+
+    /// Closes both directions of the socket (wakes a blocked reader too).
+    pub fn shutdown(&self) {
+        let _ = self.lock().stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Writes every slice, in order (writev may write part).
+fn write_all_vectored(stream: &mut TcpStream, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+    // Linux accepts at most IOV_MAX (1024) slices per call.
+    const IOV_MAX: usize = 1024;
+    while !slices.is_empty() {
+        let take = slices.len().min(IOV_MAX);
+        match stream.write_vectored(&slices[..take]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

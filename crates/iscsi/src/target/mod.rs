@@ -1,0 +1,382 @@
+//! The iSCSI target: listeners, connections, sessions and an orderly shutdown.
+//!
+//! [`IscsiTarget::bind`] opens the listeners (so the caller can print real
+//! addresses, port 0 included); [`IscsiTarget::run`] serves until a
+//! [`ShutdownHandle`] fires, then stops accepting, asks every logged-in initiator
+//! to log out (an Asynchronous Message, RFC 7143 §11.9), waits for them for a grace
+//! period, closes what is left and returns. Flushing the devices is the caller's:
+//! one export may be served over several protocols.
+
+mod command;
+mod connection;
+mod io;
+mod naming;
+mod session;
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use blockwire_blockdev::workers::WorkerPool;
+use blockwire_scsi::ScsiTarget;
+
+use crate::login::{ChapConfig, LoginConfig, TargetEntry, TargetLimits};
+use crate::pdu::{AsyncMessage, Pdu};
+
+pub use naming::{decode_lun, encode_lun, initiator_port, transport_id};
+
+/// One iSCSI target (an IQN) and the SCSI target behind it.
+pub struct TargetDefinition {
+    pub name: String,
+    pub alias: Option<String>,
+    pub scsi: Arc<ScsiTarget>,
+    /// Initiator names allowed to log in (empty: everyone).
+    pub allowed_initiators: Vec<String>,
+    /// CHAP the initiator must pass to log in to this target.
+    pub chap: Option<ChapConfig>,
+}
+
+/// Where and how the target listens.
+pub struct IscsiConfig {
+    pub listen: Vec<SocketAddr>,
+    pub targets: Vec<TargetDefinition>,
+    /// CHAP the initiator must pass for a discovery session.
+    pub discovery_chap: Option<ChapConfig>,
+    pub limits: TargetLimits,
+    /// Threads that run commands.
+    pub workers: usize,
+    /// Connections beyond this are closed at once.
+    pub max_connections: usize,
+    /// Connections from one address that have not finished their login, at most.
+    pub max_logins_per_address: usize,
+    /// A login must finish within this time.
+    pub login_timeout: Duration,
+    /// A connection silent this long gets a NOP-In ping...
+    pub nop_interval: Duration,
+    /// ...and is closed when the ping is not answered within this time.
+    pub nop_timeout: Duration,
+    /// A send blocked this long (an initiator that stopped reading) ends the
+    /// connection.
+    pub send_timeout: Duration,
+    /// How long a shutdown waits for initiators to log out.
+    pub shutdown_grace: Duration,
+}
+
+impl IscsiConfig {
+    /// A configuration with defaults for everything but the addresses and targets.
+    pub fn new(listen: Vec<SocketAddr>, targets: Vec<TargetDefinition>) -> IscsiConfig {
+        IscsiConfig {
+            listen,
+            targets,
+            discovery_chap: None,
+            limits: TargetLimits::default(),
+            workers: 16,
+            max_connections: 256,
+            max_logins_per_address: 16,
+            login_timeout: Duration::from_secs(15),
+            nop_interval: Duration::from_secs(30),
+            nop_timeout: Duration::from_secs(30),
+            send_timeout: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// State shared by the acceptors, connections and the shutdown.
+pub(crate) struct Shared {
+    config: IscsiConfig,
+    login: Arc<LoginConfig>,
+    scsi_targets: HashMap<String, Arc<ScsiTarget>>,
+    registry: session::Registry,
+    pool: WorkerPool,
+    stopping: AtomicBool,
+    stop: Mutex<bool>,
+    stopped: Condvar,
+    next_id: AtomicU64,
+    /// Every open connection (logged in or not): a clone of its socket and the
+    /// address it came from.
+    connections: Mutex<HashMap<u64, (TcpStream, std::net::IpAddr)>>,
+    connections_changed: Condvar,
+}
+
+impl Shared {
+    /// The login configuration for a connection that arrived on `portal`: a
+    /// listener on a wildcard address reports the address the initiator reached.
+    fn login_config_for(&self, portal: Option<SocketAddr>) -> Arc<LoginConfig> {
+        match portal {
+            Some(addr)
+                if self
+                    .config
+                    .listen
+                    .iter()
+                    .any(|l| l.ip().is_unspecified() && l.port() == addr.port()) =>
+            {
+                let mut login = (*self.login).clone();
+                login.portals = vec![portal_text(&addr)];
+                Arc::new(login)
+            }
+            _ => self.login.clone(),
+        }
+    }
+
+    fn lock_connections(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<u64, (TcpStream, std::net::IpAddr)>> {
+        self.connections.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// "addr:port,tpgt" as SendTargets reports a portal (RFC 7143 §13.9).
+fn portal_text(addr: &SocketAddr) -> String {
+    match addr {
+        SocketAddr::V4(v4) => format!("{}:{},1", v4.ip(), v4.port()),
+        SocketAddr::V6(v6) => format!("[{}]:{},1", v6.ip(), v6.port()),
+    }
+}
+
+/// Asks a running target to stop. Cheap to clone; safe from a signal thread.
+#[derive(Clone)]
+pub struct ShutdownHandle(Arc<Shared>);
+
+impl ShutdownHandle {
+    pub fn shutdown(&self) {
+        self.0.stopping.store(true, Ordering::SeqCst);
+        *self.0.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.0.stopped.notify_all();
+    }
+}
+
+/// An iSCSI target server.
+pub struct IscsiTarget {
+    listeners: Vec<TcpListener>,
+    shared: Arc<Shared>,
+}
+
+impl IscsiTarget {
+    /// Opens every listener.
+    pub fn bind(config: IscsiConfig) -> std::io::Result<IscsiTarget> {
+        if config.targets.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "no iSCSI targets to serve",
+            ));
+        }
+        let mut listeners = Vec::new();
+        for addr in &config.listen {
+            let listener = TcpListener::bind(addr).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"))
+            })?;
+            listeners.push(listener);
+        }
+        if listeners.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "no iSCSI address to listen on",
+            ));
+        }
+        let bound: Vec<SocketAddr> = listeners
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect();
+        let mut config = config;
+        // Port 0 becomes the port the kernel gave, for SendTargets and portals.
+        config.listen = bound.clone();
+        let login = LoginConfig {
+            targets: config
+                .targets
+                .iter()
+                .map(|t| TargetEntry {
+                    name: t.name.clone(),
+                    alias: t.alias.clone(),
+                    portal_group_tag: 1,
+                    allowed_initiators: t.allowed_initiators.clone(),
+                    chap: t.chap.clone(),
+                })
+                .collect(),
+            discovery_chap: config.discovery_chap.clone(),
+            limits: config.limits.clone(),
+            portals: bound.iter().map(portal_text).collect(),
+        };
+        let scsi_targets = config
+            .targets
+            .iter()
+            .map(|t| (t.name.clone(), t.scsi.clone()))
+            .collect();
+        let pool = WorkerPool::new("iscsi-worker", config.workers);
+        Ok(IscsiTarget {
+            listeners,
+            shared: Arc::new(Shared {
+                config,
+                login: Arc::new(login),
+                scsi_targets,
+                registry: session::Registry::default(),
+                pool,
+                stopping: AtomicBool::new(false),
+                stop: Mutex::new(false),
+                stopped: Condvar::new(),
+                next_id: AtomicU64::new(0),
+                connections: Mutex::new(HashMap::new()),
+                connections_changed: Condvar::new(),
+            }),
+        })
+    }
+
+    /// The addresses actually bound (useful with port 0).
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.shared.config.listen.clone()
+    }
+
+    /// The targets' names, in configuration order.
+    pub fn target_names(&self) -> Vec<String> {
+        self.shared
+            .config
+            .targets
+            .iter()
+            .map(|t| t.name.clone())
+            .collect()
+    }
+
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(self.shared.clone())
+    }
+
+    /// Serves until shut down; then asks initiators to log out and waits for them.
+    pub fn run(self) -> std::io::Result<()> {
+        let listeners: Vec<Arc<TcpListener>> = self.listeners.into_iter().map(Arc::new).collect();
+        let acceptors: Vec<_> = listeners
+            .iter()
+            .map(|listener| {
+                let listener = listener.clone();
+                let shared = self.shared.clone();
+                thread::Builder::new()
+                    .name("iscsi-accept".into())
+                    .spawn(move || accept_loop(&listener, &shared))
+            })
+            .collect::<std::io::Result<_>>()?;
+        let shared = &self.shared;
+        let mut stop = shared.stop.lock().unwrap_or_else(|e| e.into_inner());
+        while !*stop {
+            stop = shared.stopped.wait(stop).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(stop);
+        tracing::info!("iSCSI: shutting down; asking initiators to log out");
+        for listener in &listeners {
+            // SAFETY: shutdown(2) on a listening socket we own wakes a blocked accept().
+            unsafe { libc::shutdown(listener.as_raw_fd(), libc::SHUT_RDWR) };
+        }
+        for acceptor in acceptors {
+            let _ = acceptor.join();
+        }
+        let grace = shared.config.shutdown_grace;
+        for session in shared.registry.all() {
+            // AsyncEvent 1: "logout requested", Parameter3 = seconds to do it in.
+            let message = Pdu::AsyncMessage(AsyncMessage {
+                event: AsyncMessage::REQUEST_LOGOUT,
+                parameter3: grace.as_secs().min(u64::from(u16::MAX)) as u16,
+                ..AsyncMessage::default()
+            })
+            .encode(0);
+            let _ = session.writer.send(
+                io::Outgoing {
+                    bhs: message.bhs,
+                    ahs: &[],
+                    stat_sn: io::StatSn::Advance,
+                    data: &[],
+                },
+                &*session,
+            );
+        }
+        let deadline = Instant::now() + grace;
+        let mut connections = shared.lock_connections();
+        let mut forced = false;
+        while !connections.is_empty() {
+            let now = Instant::now();
+            if now >= deadline && !forced {
+                tracing::warn!(
+                    "{} iSCSI connection(s) did not log out; closing them",
+                    connections.len()
+                );
+                for (stream, _) in connections.values() {
+                    let _ = stream.shutdown(std::net::Shutdown::Both);
+                }
+                forced = true;
+            }
+            let wait = deadline
+                .saturating_duration_since(now)
+                .max(Duration::from_millis(100));
+            connections = shared
+                .connections_changed
+                .wait_timeout(connections, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        tracing::info!("iSCSI: stopped");
+        Ok(())
+    }
+}
+
+fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
+    loop {
+        let accepted = listener.accept();
+        if shared.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!("iSCSI accept failed: {e}");
+                thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut connections = shared.lock_connections();
+            if connections.len() >= shared.config.max_connections {
+                tracing::warn!(%peer, "too many iSCSI connections ({}); closing", connections.len());
+                continue;
+            }
+            // Connections still logging in, from this address: one address that
+            // opens many and never logs in must not lock the others out.
+            let logged_in: std::collections::HashSet<_> = shared
+                .registry
+                .all()
+                .iter()
+                .map(|s| s.connection_id)
+                .collect();
+            let unfinished = connections
+                .iter()
+                .filter(|(cid, (_, ip))| *ip == peer.ip() && !logged_in.contains(*cid))
+                .count();
+            if unfinished >= shared.config.max_logins_per_address {
+                tracing::warn!(%peer, "too many unfinished iSCSI logins from this address; closing");
+                continue;
+            }
+            match stream.try_clone() {
+                Ok(clone) => connections.insert(id, (clone, peer.ip())),
+                Err(e) => {
+                    tracing::warn!("cannot track connection: {e}");
+                    continue;
+                }
+            };
+        }
+        let shared_for_thread = shared.clone();
+        let spawned = thread::Builder::new()
+            .name(format!("iscsi-conn-{id}"))
+            .spawn(move || {
+                connection::serve(stream, id, shared_for_thread.clone());
+                let mut connections = shared_for_thread.lock_connections();
+                connections.remove(&id);
+                shared_for_thread.connections_changed.notify_all();
+            });
+        if let Err(e) = spawned {
+            tracing::error!("cannot start a connection thread: {e}");
+            shared.lock_connections().remove(&id);
+            shared.connections_changed.notify_all();
+        }
+    }
+}
