@@ -429,6 +429,24 @@ impl LoginMachine {
         answers: &mut Vec<(String, String)>,
     ) -> Result<Reply, Failure> {
         let required = self.required_chap();
+        // Once CHAP is under way, each request must carry its next step: CHAP_A
+        // after AuthMethod=CHAP, CHAP_N and CHAP_R after our challenge (§12.1.3).
+        let has = |name: &str| pairs.iter().any(|(key, _)| key == name);
+        match self.auth {
+            Auth::ChapAlgorithm if !has("CHAP_A") => {
+                return Err(fail(
+                    status::AUTHENTICATION_FAILURE,
+                    "CHAP_A expected after AuthMethod=CHAP",
+                ));
+            }
+            Auth::ChapResponse { .. } if !has("CHAP_R") => {
+                return Err(fail(
+                    status::AUTHENTICATION_FAILURE,
+                    "CHAP_N and CHAP_R expected after our challenge",
+                ));
+            }
+            _ => {}
+        }
         let mut chap_keys: Vec<(&str, &str)> = Vec::new();
         let mut offered_method = false;
         for (key, value) in pairs {
@@ -720,11 +738,27 @@ impl LoginMachine {
         }
     }
 
+    /// The response text: each key once. A key an initiator sends that only a target
+    /// may send (TargetAlias) already has our declaration as its answer.
+    fn reply_text(reply: &Reply) -> Vec<u8> {
+        let mut keys = HashSet::new();
+        let unique: Vec<&(String, String)> = reply
+            .pairs
+            .iter()
+            .filter(|(key, _)| keys.insert(key.as_str()))
+            .collect();
+        let pairs: Vec<(&str, &str)> = unique
+            .iter()
+            .map(|(key, value)| (key.as_str(), value.as_str()))
+            .collect();
+        text::encode(&pairs)
+    }
+
     fn continue_step(&mut self, request: &LoginRequest, reply: Reply) -> LoginStep {
         let response = self.response(request, &reply, status::SUCCESS);
         LoginStep::Continue {
             response,
-            data: text::encode(&reply.pairs),
+            data: Self::reply_text(&reply),
         }
     }
 
@@ -767,7 +801,7 @@ impl LoginMachine {
         };
         LoginStep::Complete {
             response,
-            data: text::encode(&reply.pairs),
+            data: Self::reply_text(&reply),
             negotiated,
         }
     }
