@@ -277,7 +277,7 @@ fn lba_len(cdb: &[u8]) -> Result<(u64, u32), CdbError> {
 /// Decodes a CDB.
 pub fn decode(cdb: &[u8]) -> Result<Cdb, CdbError> {
     let opcode = *cdb.first().ok_or(CdbError::UnsupportedOpcode)?;
-    if cdb.len() > 16 {
+    if cdb.len() > 16 || !crate::opcodes::SUPPORTED.iter().any(|s| s.opcode == opcode) {
         return Err(CdbError::UnsupportedOpcode);
     }
     let len = cdb_len(opcode);

@@ -134,7 +134,7 @@ impl LogicalUnit {
         }
         let info = *device.info();
         let minimum = info.block_sizes.minimum.max(1);
-        if block_size % minimum != 0 {
+        if !block_size.is_multiple_of(minimum) {
             return Err(LunError::DeviceBlockSize {
                 block_size,
                 device_minimum: minimum,

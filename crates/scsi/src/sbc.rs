@@ -91,7 +91,7 @@ impl LogicalUnit {
         let len = len as usize;
         let got = if data.len() >= len {
             len
-        } else if data.len() % self.block_size as usize == 0 {
+        } else if data.len().is_multiple_of(self.block_size as usize) {
             data.len()
         } else {
             return self.fail(codes::INVALID_FIELD_IN_INFORMATION_UNIT, expected);

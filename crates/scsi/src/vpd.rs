@@ -71,7 +71,7 @@ fn designator(code_set: u8, association: u8, kind: u8, id: &[u8]) -> Vec<u8> {
 fn name_string(name: &str) -> Vec<u8> {
     let mut bytes: Vec<u8> = name.bytes().filter(|&b| b != 0).take(250).collect();
     bytes.push(0);
-    while bytes.len() % 4 != 0 {
+    while !bytes.len().is_multiple_of(4) {
         bytes.push(0);
     }
     bytes
