@@ -7,7 +7,7 @@ cd "$(dirname "$0")"
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(nbd_wire nbd_server aoe_wire aoe_target netperf_wire)
+[ ${#targets[@]} -gt 0 ] || targets=(nbd_wire nbd_server aoe_wire aoe_target netperf_wire iscsi_pdu iscsi_login)
 triple=$(rustc -vV | sed -n 's/^host: //p')
 RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
