@@ -6,9 +6,34 @@
 //! control, CHAP (MD5 and SHA-256, one-way and mutual) and the operational keys.
 //! [`answer_text`] answers Text Requests in the full feature phase (SendTargets).
 //!
-//! The connection driver owns the socket and the session table: it assigns the TSIH
-//! of a new session (or checks the one an initiator names), reinstates sessions with
-//! the same initiator name and ISID, and splits long text answers into PDUs.
+//! The connection driver owns the socket and the session table. Its duties:
+//! - Read each Login Request's header and data segment (at most 8192 bytes during
+//!   login, §13.12) and pass them to [`LoginMachine::handle`]; send what it returns.
+//!   Close the connection after a `Fail`; a login that ends no other way within the
+//!   driver's login timeout should be closed too.
+//! - On `Complete`, settle the session: `negotiated.tsih == 0` asks for a new session,
+//!   so give it a fresh non-zero TSIH; if a session with the same initiator name and
+//!   ISID exists, that is session reinstatement (§6.3.5): close the old session's
+//!   connections and drop its tasks first. A non-zero TSIH names an existing session
+//!   to add a connection to; with MaxConnections=1 and ErrorRecoveryLevel=0 refuse it
+//!   with [`failure_response`] and `status::SESSION_DOES_NOT_EXIST` (unknown TSIH) or
+//!   `status::TOO_MANY_CONNECTIONS`. Write the TSIH into `response.tsih` before
+//!   sending.
+//! - Use `Negotiated`: digests from the next PDU after the final response on,
+//!   `stat_sn` and `exp_cmd_sn` to continue the sequence numbers,
+//!   `initiator_max_recv_data_segment_length` to size Data-In and Text Responses.
+//! - For Text Requests in the full feature phase, gather C-bit continued requests,
+//!   then call [`answer_text`] and send its answer in Text Responses of at most the
+//!   initiator's MaxRecvDataSegmentLength: all but the last with C set and a target
+//!   transfer tag the initiator echoes in an empty Text Request for the next piece;
+//!   the last with F set and TTT 0xffffffff. An error from `answer_text` is answered
+//!   with a Reject PDU (reason 0x04, protocol error).
+//!
+//! Keys the initiator does not offer keep their RFC defaults (MaxBurstLength 256 KiB,
+//! FirstBurstLength 64 KiB, InitialR2T Yes, ...) even when [`TargetLimits`] is
+//! stricter: the target never offers keys itself, since libiscsi answers a
+//! response without T by sending all its keys again. Keep the limits at or above
+//! those defaults.
 
 mod chap;
 mod keys;
@@ -175,7 +200,6 @@ impl Default for TargetLimits {
 
 /// What to do after one Login Request.
 #[derive(Debug, Clone)]
-#[allow(clippy::large_enum_variant)]
 pub enum LoginStep {
     /// Send this response (with this text data), then read the next Login Request.
     Continue {
