@@ -3,6 +3,7 @@
 //! test (saying why) when a peer program is missing.
 
 pub mod aoe;
+pub mod iscsi;
 pub mod netns;
 
 use std::io::{BufRead, BufReader};
@@ -78,8 +79,11 @@ pub fn assert_success(output: &Output) {
 /// SIGKILL) when dropped.
 pub struct Served {
     pub child: Child,
+    /// The NBD port it announced (0 when it serves no NBD on TCP).
     pub port: u16,
     pub name: String,
+    /// The iSCSI URLs it announced (`iscsi://127.0.0.1:PORT/IQN/0`), in order.
+    pub iscsi: Vec<String>,
 }
 
 impl Served {
@@ -104,15 +108,32 @@ impl Served {
         Served::spawn_announced(command, name)
     }
 
+    /// Starts `blockwire serve ARGS... --iscsi 127.0.0.1:0` and waits until all its
+    /// targets are up ("press Ctrl-C to stop"); [`iscsi_url`](Self::iscsi_url) is
+    /// then the URL it announced. Add `--listen 127.0.0.1:0` to `args` to serve NBD
+    /// as well ([`uri`](Self::uri)).
+    pub fn start_iscsi(args: &[&str], name: &str) -> Served {
+        let mut command = Command::new(blockwire_bin());
+        command
+            .arg("serve")
+            .args(args)
+            .args(["--iscsi", "127.0.0.1:0"]);
+        Served::spawn_ready(command, name)
+    }
+
+    /// Starts `blockwire serve --config CONFIG` and waits until all its targets are
+    /// up ("press Ctrl-C to stop"), for configs that serve iSCSI or AoE.
+    pub fn start_config_ready(config: &Path, name: &str) -> Served {
+        let mut command = Command::new(blockwire_bin());
+        command.arg("serve").arg("--config").arg(config);
+        Served::spawn_ready(command, name)
+    }
+
     /// Spawns the server and reads its announcement (`  nbd://127.0.0.1:PORT/...`)
     /// for the port; keeps draining its stdout afterwards.
     fn spawn_announced(command: Command, name: &str) -> Served {
-        Served::spawn_until(command, name, |line| {
-            line.trim()
-                .strip_prefix("nbd://127.0.0.1:")
-                .and_then(|rest| rest.split('/').next())
-                .and_then(|port| port.parse::<u16>().ok())
-        })
+        let (child, port) = spawn_until(command, |line| nbd_port(line));
+        Served::new(child, port, name, Vec::new())
     }
 
     /// Spawns `command` (a `blockwire serve ...`, possibly run through `ip netns
@@ -120,17 +141,18 @@ impl Served {
     /// `port` is then 0 unless it also announced an NBD port.
     pub fn spawn_ready(command: Command, name: &str) -> Served {
         let mut port = 0;
-        Served::spawn_until(command, name, move |line| {
-            if let Some(p) = line
-                .trim()
-                .strip_prefix("nbd://127.0.0.1:")
-                .and_then(|rest| rest.split('/').next())
-                .and_then(|p| p.parse::<u16>().ok())
-            {
+        let mut iscsi = Vec::new();
+        let (child, (port, iscsi)) = spawn_until(command, move |line| {
+            if let Some(p) = nbd_port(line) {
                 port = p;
             }
-            line.contains("press Ctrl-C to stop").then_some(port)
-        })
+            if let Some(url) = line.trim().strip_prefix("iscsi://") {
+                iscsi.push(format!("iscsi://{url}"));
+            }
+            line.contains("press Ctrl-C to stop")
+                .then(|| (port, std::mem::take(&mut iscsi)))
+        });
+        Served::new(child, port, name, iscsi)
     }
 
     /// Starts `blockwire netserve ARGS... --listen 127.0.0.1:0` and waits until it
@@ -142,7 +164,7 @@ impl Served {
             .args(args)
             .args(["--listen", "127.0.0.1:0"]);
         let mut port = 0;
-        Served::spawn_until(command, "", move |line| {
+        let (child, port) = spawn_until(command, move |line| {
             if let Some(p) = line
                 .strip_prefix("netserve: listening on 127.0.0.1:")
                 .and_then(|rest| rest.split(' ').next())
@@ -151,47 +173,50 @@ impl Served {
                 port = p;
             }
             line.contains("press Ctrl-C to stop").then_some(port)
-        })
+        });
+        Served::new(child, port, "", Vec::new())
     }
 
-    /// Spawns the server and feeds its stdout lines to `ready` until that returns
-    /// the port; keeps draining its stdout afterwards.
-    fn spawn_until(
-        mut command: Command,
-        name: &str,
-        mut ready: impl FnMut(&str) -> Option<u16> + Send + 'static,
-    ) -> Served {
-        let mut child = command
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start blockwire serve");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (found, port) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(port) = ready(&line) {
-                    let _ = found.send(port);
-                }
-            }
-        });
-        match port.recv_timeout(Duration::from_secs(20)) {
-            Ok(port) => Served {
-                child,
-                port,
-                name: name.to_string(),
-            },
-            Err(e) => {
-                let _ = child.kill();
-                let status = child.wait();
-                panic!("{command:?} did not come up ({e}); exit status {status:?}");
-            }
+    fn new(child: Child, port: u16, name: &str, iscsi: Vec<String>) -> Served {
+        Served {
+            child,
+            port,
+            name: name.to_string(),
+            iscsi,
         }
     }
 
     /// `nbd://127.0.0.1:PORT/NAME`.
     pub fn uri(&self) -> String {
         format!("nbd://127.0.0.1:{}/{}", self.port, self.name)
+    }
+
+    /// The first iSCSI URL it announced, `iscsi://127.0.0.1:PORT/IQN/0`.
+    pub fn iscsi_url(&self) -> &str {
+        self.iscsi
+            .first()
+            .expect("the server announced an iSCSI URL (was it started with --iscsi?)")
+    }
+
+    /// `127.0.0.1:PORT` of the first iSCSI URL: the portal, for discovery.
+    pub fn iscsi_portal(&self) -> &str {
+        let rest = &self.iscsi_url()["iscsi://".len()..];
+        &rest[..rest.find('/').expect("iscsi://HOST:PORT/IQN/LUN")]
+    }
+
+    /// The port of the first iSCSI URL.
+    pub fn iscsi_port(&self) -> u16 {
+        let portal = self.iscsi_portal();
+        portal[portal.rfind(':').expect("HOST:PORT") + 1..]
+            .parse()
+            .expect("a port number")
+    }
+
+    /// The target name (IQN) of the first iSCSI URL.
+    pub fn iqn(&self) -> &str {
+        let rest = &self.iscsi_url()["iscsi://".len()..];
+        let after_portal = &rest[rest.find('/').expect("iscsi://HOST:PORT/IQN/LUN") + 1..];
+        &after_portal[..after_portal.rfind('/').expect("IQN/LUN")]
     }
 
     pub fn pid(&self) -> i32 {
@@ -230,6 +255,44 @@ impl Drop for Served {
             }
             let _ = self.child.kill();
             let _ = self.child.wait();
+        }
+    }
+}
+
+/// The port of an announcement line `  nbd://127.0.0.1:PORT/NAME`.
+fn nbd_port(line: &str) -> Option<u16> {
+    line.trim()
+        .strip_prefix("nbd://127.0.0.1:")
+        .and_then(|rest| rest.split('/').next())
+        .and_then(|port| port.parse::<u16>().ok())
+}
+
+/// Spawns a server and feeds its stdout lines to `ready` until that returns what
+/// the caller waits for; keeps draining its stdout afterwards.
+fn spawn_until<T: Send + 'static>(
+    mut command: Command,
+    mut ready: impl FnMut(&str) -> Option<T> + Send + 'static,
+) -> (Child, T) {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start blockwire serve");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (found, announced) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(value) = ready(&line) {
+                let _ = found.send(value);
+            }
+        }
+    });
+    match announced.recv_timeout(Duration::from_secs(20)) {
+        Ok(value) => (child, value),
+        Err(e) => {
+            let _ = child.kill();
+            let status = child.wait();
+            panic!("{command:?} did not come up ({e}); exit status {status:?}");
         }
     }
 }
