@@ -67,7 +67,7 @@ impl Bhs {
     }
 
     pub fn set_ahs_len(&mut self, bytes: usize) {
-        debug_assert!(bytes % 4 == 0 && bytes / 4 <= 255);
+        debug_assert!(bytes.is_multiple_of(4) && bytes / 4 <= 255);
         self.0[4] = (bytes / 4) as u8;
     }
 

@@ -51,10 +51,11 @@ pub fn parse(data: &[u8]) -> Result<Vec<(String, String)>, TextError> {
         if key.len() > MAX_KEY_LEN {
             return Err(TextError::KeyTooLong(key.chars().take(16).collect()));
         }
-        // Key names use letters, digits, '.', '-', '+', '@', '_' (§6.1).
+        // Key names use letters, digits, '.', '-', '+', '@', '_', and '#' in the
+        // X# extension keys of §13.5.2 (§6.1).
         if !key
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b".-+@_".contains(&b))
+            .all(|b| b.is_ascii_alphanumeric() || b".-+@_#".contains(&b))
         {
             return Err(TextError::BadKeyCharacter(key.chars().take(16).collect()));
         }
@@ -130,5 +131,9 @@ mod tests {
         );
         let chap = format!("CHAP_R=0x{}", "ab".repeat(1000));
         assert!(parse(chap.as_bytes()).is_ok());
+        assert_eq!(
+            parse(b"X#example.com=1\0").unwrap(),
+            vec![("X#example.com".into(), "1".into())]
+        );
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blockwire_blockdev::IoBuf;
-use blockwire_scsi::sense::codes;
+use blockwire_scsi::sense::{codes, key, Code};
 use blockwire_scsi::{Command, DataDirection, ResetKind, Response, Status};
 
 use crate::login::{LoginConfig, LoginMachine, LoginStep, Negotiated, SessionType};
@@ -37,6 +37,10 @@ const MAX_TEXT: usize = 64 * 1024;
 /// A LUN number no target has: commands with an unusable LUN field go to it, so
 /// the SCSI layer answers them as for any missing LUN.
 const NO_SUCH_LUN: u64 = u64::MAX;
+
+/// ABORTED COMMAND / DATA PHASE ERROR (SPC-4 table D.1): the answer to a command
+/// whose Data-Out broke its sequence.
+const DATA_PHASE_ERROR: Code = Code::new(key::ABORTED_COMMAND, 0x4b, 0x00);
 
 /// Why a connection ended.
 enum Ending {
@@ -591,43 +595,17 @@ impl Connection {
         let Some(task) = self.pending.get_mut(&itt) else {
             return self.reject(bhs, RejectReason::InvalidPduField);
         };
-        let (offset, end) = (data.buffer_offset, data.buffer_offset.checked_add(len));
-        let Some(end) = end else {
-            self.reader.skip_data(len)?;
-            return self.violation(bhs, "Data-Out offset overflows".into());
-        };
-        if data.target_transfer_tag == RESERVED_TAG {
+        let offset = data.buffer_offset;
+        let end = offset.checked_add(len).unwrap_or(u32::MAX);
+        // Which sequence the PDU belongs to, and whether it is the one expected there.
+        let (in_order, index) = if data.target_transfer_tag == RESERVED_TAG {
             if !task.unsolicited_open {
                 return self.reject(bhs, RejectReason::ProtocolError);
             }
-            if data.data_sn != task.unsolicited_next_data_sn
-                || offset != task.unsolicited_next_offset
-                || end > task.unsolicited_limit
-            {
-                self.reader.skip_data(len)?;
-                return self.violation(
-                    bhs,
-                    format!(
-                        "unsolicited Data-Out out of sequence (DataSN {} offset {offset} len {len})",
-                        data.data_sn
-                    ),
-                );
-            }
-            match &mut task.buf {
-                Some(buf) => self
-                    .reader
-                    .read_data(&mut buf[offset as usize..end as usize])?,
-                None => self.reader.skip_data(len)?,
-            }
-            task.unsolicited_next_data_sn += 1;
-            task.unsolicited_next_offset = end;
-            task.received = task.received.max(end);
-            if data.final_bit {
-                task.unsolicited_open = false;
-                if task.buf.is_some() {
-                    task.next_request = task.next_request.max(end);
-                }
-            }
+            let in_order = data.data_sn == task.unsolicited_next_data_sn
+                && offset == task.unsolicited_next_offset
+                && end <= task.unsolicited_limit;
+            (in_order, None)
         } else {
             let Some(index) = task
                 .r2ts
@@ -636,42 +614,76 @@ impl Connection {
             else {
                 return self.reject(bhs, RejectReason::InvalidPduField);
             };
-            let r2t = &mut task.r2ts[index];
-            if data.data_sn != r2t.next_data_sn
-                || offset != r2t.next_offset
-                || end > r2t.offset + r2t.len
-            {
-                self.reader.skip_data(len)?;
-                return self.violation(
-                    bhs,
-                    format!(
-                        "Data-Out out of sequence (DataSN {} offset {offset} len {len})",
-                        data.data_sn
-                    ),
-                );
+            let r2t = &task.r2ts[index];
+            let ends_sequence = end == r2t.offset + r2t.len;
+            let in_order = data.data_sn == r2t.next_data_sn
+                && offset == r2t.next_offset
+                && end <= r2t.offset + r2t.len
+                && (!data.final_bit || ends_sequence);
+            (in_order, Some(index))
+        };
+        if !in_order && task.buf.is_some() {
+            // At ErrorRecoveryLevel 0 a sequence error ends the task, not the
+            // connection: its data is dropped and, once the initiator closes the
+            // sequence, the command fails with DATA PHASE ERROR.
+            tracing::debug!(
+                itt,
+                data_sn = data.data_sn,
+                offset,
+                len,
+                "Data-Out out of sequence; failing the command"
+            );
+            let buf = task.buf.take().expect("checked");
+            self.pending_bytes -= buf.len();
+            task.early = Some(Response::code(DATA_PHASE_ERROR, u64::from(task.want)));
+            task.next_request = task.want;
+            // Only the sequence this PDU belongs to may still send data.
+            let keep = index.map(|i| task.r2ts.swap_remove(i));
+            task.r2ts.clear();
+            task.r2ts.extend(keep);
+            let index = index.map(|_| 0);
+            self.reader.skip_data(len)?;
+            close_sequence(task, index, data.final_bit);
+            return self.advance(itt);
+        }
+        match &mut task.buf {
+            Some(buf) if in_order => {
+                self.reader.read_data(&mut buf[offset as usize..end as usize])?
             }
-            r2t.next_data_sn += 1;
-            r2t.next_offset = end;
-            let finished = r2t.next_offset == r2t.offset + r2t.len;
-            if data.final_bit && !finished {
-                self.reader.skip_data(len)?;
-                return self.violation(
-                    bhs,
-                    "Data-Out sequence ended before the R2T's length".into(),
-                );
-            }
-            match &mut task.buf {
-                Some(buf) => self
-                    .reader
-                    .read_data(&mut buf[offset as usize..end as usize])?,
-                None => self.reader.skip_data(len)?,
-            }
+            _ => self.reader.skip_data(len)?,
+        }
+        if in_order {
             task.received = task.received.max(end);
-            if data.final_bit {
-                task.r2ts.remove(index);
+            match index {
+                None => {
+                    task.unsolicited_next_data_sn += 1;
+                    task.unsolicited_next_offset = end;
+                    if data.final_bit {
+                        task.next_request = task.next_request.max(end);
+                    }
+                }
+                Some(i) => {
+                    task.r2ts[i].next_data_sn += 1;
+                    task.r2ts[i].next_offset = end;
+                }
             }
         }
+        close_sequence(task, index, data.final_bit);
         self.advance(itt)
+    }
+}
+
+/// Ends the sequence a Data-Out with the F bit closes: the unsolicited one, or the
+/// R2T at `index`.
+fn close_sequence(task: &mut PendingWrite, index: Option<usize>, final_bit: bool) {
+    if !final_bit {
+        return;
+    }
+    match index {
+        None => task.unsolicited_open = false,
+        Some(i) => {
+            task.r2ts.remove(i);
+        }
     }
 }
 
