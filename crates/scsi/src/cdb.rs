@@ -35,6 +35,7 @@ pub mod op {
     pub const PERSISTENT_RESERVE_OUT: u8 = 0x5f;
     pub const READ_16: u8 = 0x88;
     pub const COMPARE_AND_WRITE: u8 = 0x89;
+    pub const ORWRITE_16: u8 = 0x8b;
     pub const WRITE_16: u8 = 0x8a;
     pub const WRITE_AND_VERIFY_16: u8 = 0x8e;
     pub const VERIFY_16: u8 = 0x8f;
@@ -124,6 +125,8 @@ pub enum Cdb {
     },
     Read(Rw),
     Write(Rw),
+    /// ORWRITE(16): each block becomes itself OR the data-out (SBC-3 5.12).
+    OrWrite(Rw),
     WriteAndVerify {
         rw: Rw,
         bytchk: bool,
@@ -361,6 +364,10 @@ fn decode_fields(opcode: u8, cdb: &[u8]) -> Result<Cdb, CdbError> {
             let (lba, blocks) = lba_len(cdb)?;
             Cdb::Write(rw(cdb, lba, blocks)?)
         }
+        ORWRITE_16 => {
+            let (lba, blocks) = lba_len(cdb)?;
+            Cdb::OrWrite(rw(cdb, lba, blocks)?)
+        }
         WRITE_AND_VERIFY_10 | WRITE_AND_VERIFY_12 | WRITE_AND_VERIFY_16 => {
             let (lba, blocks) = lba_len(cdb)?;
             let mut rw = rw(cdb, lba, blocks)?;
@@ -554,6 +561,7 @@ impl Cdb {
             | Cdb::GetLbaStatus { .. }
             | Cdb::ReadDefectData { .. } => Access::Read,
             Cdb::Write(_)
+            | Cdb::OrWrite(_)
             | Cdb::WriteAndVerify { .. }
             | Cdb::WriteSame { .. }
             | Cdb::Unmap { .. }
@@ -570,6 +578,7 @@ impl Cdb {
         matches!(
             self,
             Cdb::Write(_)
+                | Cdb::OrWrite(_)
                 | Cdb::WriteAndVerify { .. }
                 | Cdb::WriteSame { .. }
                 | Cdb::Unmap { .. }
@@ -583,7 +592,9 @@ impl Cdb {
         let blocks = |n: u32| u64::from(n) * u64::from(block_size);
         match *self {
             Cdb::Read(rw) => T::data_in(blocks(rw.blocks)),
-            Cdb::Write(rw) | Cdb::WriteAndVerify { rw, .. } => T::data_out(blocks(rw.blocks)),
+            Cdb::Write(rw) | Cdb::OrWrite(rw) | Cdb::WriteAndVerify { rw, .. } => {
+                T::data_out(blocks(rw.blocks))
+            }
             Cdb::Verify {
                 blocks: n, bytchk, ..
             } => match bytchk {

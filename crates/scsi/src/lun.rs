@@ -344,6 +344,7 @@ impl LogicalUnit {
             }
             Cdb::Read(rw) => self.read(rw, expected),
             Cdb::Write(rw) => self.write(rw, data, expected),
+            Cdb::OrWrite(rw) => self.or_write(rw, data, expected),
             // Verification reads the medium, so the data must be on it first.
             Cdb::WriteAndVerify { rw, .. } => self.write(Rw { fua: true, ..rw }, data, expected),
             Cdb::Verify {

@@ -167,6 +167,13 @@ pub const SUPPORTED: &[Supported] = &[
         ],
     ),
     cmd(
+        op::ORWRITE_16,
+        &[
+            0x8b, 0x1a, LBA8, LBA8, LBA8, LBA8, LBA8, LBA8, LBA8, LBA8, 0xff, 0xff, 0xff, 0xff,
+            0x1f, 0,
+        ],
+    ),
+    cmd(
         op::WRITE_AND_VERIFY_16,
         &[
             0x8e, 0x12, LBA8, LBA8, LBA8, LBA8, LBA8, LBA8, LBA8, LBA8, 0xff, 0xff, 0xff, 0xff,

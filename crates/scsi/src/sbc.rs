@@ -21,8 +21,10 @@ const MAX_LBA_STATUS_DESCRIPTORS: usize = 1024;
 const MAPPED: u8 = 0;
 const DEALLOCATED: u8 = 1;
 
+/// A transfer length beyond our limits (no field pointer: the field's place varies
+/// with the CDB size).
 fn invalid_length() -> Sense {
-    CdbError::InvalidField { byte: 0, bit: None }.sense()
+    Sense::new(codes::INVALID_FIELD_IN_CDB)
 }
 
 fn miscompare(offset: usize) -> Sense {
@@ -88,12 +90,7 @@ impl LogicalUnit {
             Ok(range) => range,
             Err(sense) => return self.fail(sense, expected),
         };
-        let len = len as usize;
-        let got = if data.len() >= len {
-            len
-        } else if data.len().is_multiple_of(self.block_size as usize) {
-            data.len()
-        } else {
+        let Some(got) = self.received(data, len as usize) else {
             return self.fail(codes::INVALID_FIELD_IN_INFORMATION_UNIT, expected);
         };
         if got == 0 {
@@ -104,6 +101,45 @@ impl LogicalUnit {
             .device
             .write(&data[..got], offset, self.write_flags(rw.fua))
         {
+            Ok(()) => Response::good(expected),
+            Err(err) => self.device_error(&err, expected),
+        }
+    }
+
+    /// How much of `data` a write of `len` bytes uses: all it asks for, or the whole
+    /// blocks that came; `None` when a block is cut.
+    fn received(&self, data: &[u8], len: usize) -> Option<usize> {
+        if data.len() >= len {
+            Some(len)
+        } else if data.len().is_multiple_of(self.block_size as usize) {
+            Some(data.len())
+        } else {
+            None
+        }
+    }
+
+    /// ORWRITE(16) (SBC-3 5.12): each byte becomes itself OR the data-out's, with
+    /// other writes held off between the read and the write.
+    pub(crate) fn or_write(&self, rw: Rw, data: &[u8], expected: u64) -> Response {
+        let (offset, len) = match self.transfer_range(rw.lba, rw.blocks) {
+            Ok(range) => range,
+            Err(sense) => return self.fail(sense, expected),
+        };
+        let Some(got) = self.received(data, len as usize) else {
+            return self.fail(codes::INVALID_FIELD_IN_INFORMATION_UNIT, expected);
+        };
+        if got == 0 {
+            return Response::good(expected);
+        }
+        let _exclusive = self.write_lock.write().unwrap_or_else(|e| e.into_inner());
+        let mut buf = IoBuf::new(got);
+        if let Err(err) = self.device.read(&mut buf, offset) {
+            return self.device_error(&err, expected);
+        }
+        for (byte, with) in buf.iter_mut().zip(data) {
+            *byte |= with;
+        }
+        match self.device.write(&buf, offset, self.write_flags(rw.fua)) {
             Ok(()) => Response::good(expected),
             Err(err) => self.device_error(&err, expected),
         }
@@ -196,8 +232,8 @@ impl LogicalUnit {
     }
 
     /// WRITE SAME(10)/(16) (SBC-3 5.44): NUMBER OF LOGICAL BLOCKS 0 means to the end
-    /// of the medium (WSNZ is 0). A zero block (or NDOB) becomes write-zeroes, which
-    /// deallocates with UNMAP and keeps the blocks mapped without it.
+    /// of the medium (WSNZ is 0). UNMAP deallocates; otherwise a zero block (or NDOB)
+    /// becomes write-zeroes and any other block is replicated.
     pub(crate) fn write_same(
         &self,
         lba: u64,
@@ -223,10 +259,7 @@ impl LogicalUnit {
             None
         } else if data.len() != bs {
             // The data-out must be exactly one block.
-            return self.fail(
-                CdbError::InvalidField { byte: 0, bit: None }.sense(),
-                expected,
-            );
+            return self.fail(codes::INVALID_FIELD_IN_CDB, expected);
         } else {
             Some(data)
         };
@@ -235,13 +268,18 @@ impl LogicalUnit {
         }
         let _shared = self.write_shared();
         let zero = pattern.is_none_or(|p| p.iter().all(|&b| b == 0));
-        let result = if zero {
+        let result = if unmap && self.deallocate != Deallocate::None {
+            // SBC-3 4.7.3.4: with UNMAP the blocks are deallocated whatever the
+            // data block holds, and then read as LBPRZ says.
+            self.deallocate_range(offset, len)
+        } else if zero {
+            // Zeroes without UNMAP keep the blocks mapped.
             self.device.write_zeroes(
                 offset,
                 len,
                 ZeroFlags {
                     fua: self.write_flags(false).fua,
-                    no_hole: !unmap || self.deallocate == Deallocate::None,
+                    no_hole: true,
                     fast: false,
                 },
             )
@@ -362,6 +400,18 @@ impl LogicalUnit {
             );
         }
         if blocks == 0 {
+            // Nothing to compare; data-out with it means the length field is wrong
+            // (an initiator that put 256 into the one-byte field, say).
+            if !data.is_empty() {
+                return self.fail(
+                    CdbError::InvalidField {
+                        byte: 13,
+                        bit: None,
+                    }
+                    .sense(),
+                    expected,
+                );
+            }
             return Response::good(expected);
         }
         let len = len as usize;

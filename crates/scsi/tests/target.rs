@@ -233,6 +233,30 @@ fn compare_and_write_is_atomic_under_concurrency() {
 }
 
 #[test]
+fn or_write_ors_and_write_same_unmap_ignores_the_pattern() {
+    let t = target();
+    let a = nexus("a");
+    write(&t, &a, 0, &[0x0f; BS]);
+    let or = run(&t, &a, &rw16(0x8b, 0, 1, 0), &[0xa0; BS]);
+    assert_eq!(or.status, Status::Good, "{:?}", or);
+    assert!(read(&t, &a, 0, 1).data().iter().all(|&b| b == 0xaf));
+    // WRITE SAME with UNMAP deallocates whatever the block holds (LBPRZ: zeroes).
+    let ws = run(&t, &a, &rw10(0x41, 0, 1, 0x08), &[0xff; BS]);
+    assert_eq!(ws.status, Status::Good);
+    assert!(read(&t, &a, 0, 1).data().iter().all(|&b| b == 0));
+}
+
+#[test]
+fn compare_and_write_with_zero_blocks() {
+    let t = target();
+    let a = nexus("a");
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x89;
+    assert_eq!(run(&t, &a, &cdb, &[]).status, Status::Good);
+    assert!(matches!(code(&run(&t, &a, &cdb, &[0; 2 * BS])), Some(c) if c.asc == 0x24));
+}
+
+#[test]
 fn verify_bytchk() {
     let t = target();
     let a = nexus("a");
@@ -579,7 +603,7 @@ proptest! {
         opcode in proptest::sample::select(vec![
             0x00u8, 0x03, 0x08, 0x0a, 0x12, 0x15, 0x16, 0x17, 0x1a, 0x1b, 0x1e, 0x25, 0x28,
             0x2a, 0x2e, 0x2f, 0x34, 0x35, 0x37, 0x41, 0x42, 0x55, 0x56, 0x57, 0x5a, 0x5e,
-            0x5f, 0x88, 0x89, 0x8a, 0x8e, 0x8f, 0x90, 0x91, 0x93, 0x9e, 0xa0, 0xa3, 0xa8,
+            0x5f, 0x88, 0x89, 0x8a, 0x8b, 0x8e, 0x8f, 0x90, 0x91, 0x93, 0x9e, 0xa0, 0xa3, 0xa8,
             0xaa, 0xae, 0xaf, 0xb7]),
         rest in proptest::collection::vec(any::<u8>(), 15),
         data in proptest::collection::vec(any::<u8>(), 0..1100)) {
@@ -588,7 +612,7 @@ proptest! {
         let mut cdb = vec![opcode];
         cdb.extend_from_slice(&rest);
         // Keep transfers small so the case stays fast.
-        if matches!(opcode, 0x88 | 0x8a | 0x8e | 0x8f | 0x93 | 0x90 | 0x91) {
+        if matches!(opcode, 0x88 | 0x8a | 0x8b | 0x8e | 0x8f | 0x93 | 0x90 | 0x91) {
             cdb[10] = 0; cdb[11] = 0; cdb[12] = 0;
         }
         if matches!(opcode, 0xa8 | 0xaa | 0xae | 0xaf) {
