@@ -13,7 +13,9 @@ use blockwire_blockdev::IoBuf;
 use blockwire_scsi::sense::{codes, key, Code};
 use blockwire_scsi::{Command, DataDirection, ResetKind, Response, Status};
 
-use crate::login::{LoginConfig, LoginMachine, LoginStep, Negotiated, SessionType};
+use crate::login::{
+    failure_response, status, LoginConfig, LoginMachine, LoginStep, Negotiated, SessionType,
+};
 use crate::pdu::{
     Bhs, DataOut, LoginResponse, LogoutReason, LogoutRequest, LogoutResponse, NopIn, NopOut, Pdu,
     R2t, Reject, RejectReason, ScsiCommand, TaskFunction, TaskMgmtRequest, TaskMgmtResponse,
@@ -197,12 +199,9 @@ fn login_phase(
             } => {
                 let session = match establish(shared, writer, id, &negotiated) {
                     Ok(session) => session,
-                    Err((detail, reason)) => {
+                    Err((status, reason)) => {
                         tracing::warn!(%peer, "login refused: {reason}");
-                        response.transit = false;
-                        response.status_class = 2;
-                        response.status_detail = detail;
-                        let _ = send_login(writer, &response, &[]);
+                        let _ = send_login(writer, &failure_response(&response, status), &[]);
                         return None;
                     }
                 };
@@ -234,13 +233,13 @@ fn send_login(writer: &PduWriter, response: &LoginResponse, data: &[u8]) -> io::
 }
 
 /// Creates (or reinstates) the session a completed login asked for. Errors carry
-/// the login status detail (class 2) and a reason for the log.
+/// the login status (RFC 7143 §11.13.5) and a reason for the log.
 fn establish(
     shared: &Arc<Shared>,
     writer: &Arc<PduWriter>,
     id: u64,
     negotiated: &Negotiated,
-) -> Result<Arc<Session>, (u8, String)> {
+) -> Result<Arc<Session>, (u16, String)> {
     let key = SessionKey {
         initiator_name: negotiated.initiator_name.clone(),
         isid: negotiated.isid,
@@ -253,8 +252,12 @@ fn establish(
     } else {
         match shared.registry.by_tsih(negotiated.tsih) {
             Some((old_key, old)) if old_key == key => Some(old),
-            // 0x0a: session does not exist (§11.13.5).
-            _ => return Err((0x0a, format!("no session with TSIH {}", negotiated.tsih))),
+            _ => {
+                return Err((
+                    status::SESSION_DOES_NOT_EXIST,
+                    format!("no session with TSIH {}", negotiated.tsih),
+                ))
+            }
         }
     };
     if let Some(old) = old {
@@ -265,18 +268,22 @@ fn establish(
         );
         old.writer.shutdown();
         if !shared.registry.wait_removed(&old, Duration::from_secs(10)) {
-            return Err((0x00, "the old session did not end in time".into()));
+            return Err((
+                status::TARGET_ERROR,
+                "the old session did not end in time".into(),
+            ));
         }
     }
     if shared.stopping.load(Ordering::SeqCst) {
-        // 0x0300-class would be better, but class 2 detail 0 is what we can set
-        // here; the target is going away either way.
-        return Err((0x00, "the target is shutting down".into()));
+        return Err((
+            status::SERVICE_UNAVAILABLE,
+            "the target is shutting down".into(),
+        ));
     }
     let scsi = match (&negotiated.session_type, &negotiated.target_name) {
         (SessionType::Normal, Some(name)) => match shared.scsi_targets.get(name) {
             Some(scsi) => Some(scsi.clone()),
-            None => return Err((0x03, format!("target {name} not found"))),
+            None => return Err((status::TARGET_NOT_FOUND, format!("target {name} not found"))),
         },
         _ => None,
     };
@@ -647,9 +654,9 @@ impl Connection {
             return self.advance(itt);
         }
         match &mut task.buf {
-            Some(buf) if in_order => {
-                self.reader.read_data(&mut buf[offset as usize..end as usize])?
-            }
+            Some(buf) if in_order => self
+                .reader
+                .read_data(&mut buf[offset as usize..end as usize])?,
             _ => self.reader.skip_data(len)?,
         }
         if in_order {

@@ -1,0 +1,467 @@
+//! The target against a hand-driven initiator over loopback: login, the data paths
+//! (immediate data, R2T), and what RFC 7143 prescribes for bad input. Each case
+//! checks that a bad PDU gets its Reject or a closed connection, and that the target
+//! keeps serving.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use blockwire_blockdev::{Device, MemoryDevice};
+use blockwire_iscsi::pdu::{
+    digest_bytes, header_digest, padded, text, Bhs, DataOut, LoginRequest, Pdu, RejectReason,
+    ScsiCommand, TextRequest, BHS_LEN, RESERVED_TAG,
+};
+use blockwire_iscsi::{IscsiConfig, IscsiTarget, ShutdownHandle, TargetDefinition};
+use blockwire_scsi::{LogicalUnit, LunConfig, ScsiTarget};
+
+const IQN: &str = "iqn.2026-11.dev.blockwire:test";
+const INITIATOR: &str = "iqn.2026-11.dev.blockwire:initiator";
+const SIZE: u64 = 16 << 20;
+
+struct Running {
+    addr: SocketAddr,
+    stop: ShutdownHandle,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.shutdown();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn start() -> Running {
+    let device = Device::from_device(MemoryDevice::new(SIZE));
+    let unit = LogicalUnit::new(
+        device,
+        LunConfig {
+            block_size: 512,
+            vendor: "BLKWIRE".into(),
+            product: "test".into(),
+            revision: "0.1".into(),
+            serial: "1".into(),
+            unique_id: 1,
+            target_name: IQN.into(),
+        },
+    )
+    .expect("logical unit");
+    let mut scsi = ScsiTarget::new();
+    scsi.add_lun(0, Arc::new(unit));
+    let mut config = IscsiConfig::new(
+        vec!["127.0.0.1:0".parse().unwrap()],
+        vec![TargetDefinition {
+            name: IQN.into(),
+            alias: None,
+            scsi: Arc::new(scsi),
+            allowed_initiators: Vec::new(),
+            chap: None,
+        }],
+    );
+    config.workers = 4;
+    config.shutdown_grace = Duration::from_secs(2);
+    let target = IscsiTarget::bind(config).expect("bind");
+    let addr = target.local_addrs()[0];
+    let stop = target.shutdown_handle();
+    let thread = thread::spawn(move || target.run().expect("run"));
+    Running {
+        addr,
+        stop,
+        thread: Some(thread),
+    }
+}
+
+/// A minimal initiator: sends PDUs and reads whole PDUs back.
+struct Initiator {
+    stream: TcpStream,
+    cmd_sn: u32,
+    exp_stat_sn: u32,
+    header_digest: bool,
+}
+
+struct Received {
+    pdu: Pdu,
+    data: Vec<u8>,
+}
+
+impl Initiator {
+    fn connect(addr: SocketAddr) -> Initiator {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        Initiator {
+            stream,
+            cmd_sn: 1,
+            exp_stat_sn: 0,
+            header_digest: false,
+        }
+    }
+
+    fn send(&mut self, pdu: Pdu, data: &[u8]) {
+        let header = pdu.encode(data.len() as u32);
+        self.send_raw(&header.bhs, data);
+    }
+
+    fn send_raw(&mut self, bhs: &Bhs, data: &[u8]) {
+        let mut out = bhs.0.to_vec();
+        if self.header_digest {
+            out.extend_from_slice(&digest_bytes(header_digest(bhs, &[])));
+        }
+        out.extend_from_slice(data);
+        out.resize(
+            BHS_LEN + padded(data.len()) + if self.header_digest { 4 } else { 0 },
+            0,
+        );
+        self.stream.write_all(&out).expect("send");
+    }
+
+    /// The next PDU, or None when the target closed the connection.
+    fn receive(&mut self) -> Option<Received> {
+        let mut bhs = Bhs::default();
+        if self.stream.read_exact(&mut bhs.0).is_err() {
+            return None;
+        }
+        if self.header_digest {
+            let mut digest = [0u8; 4];
+            self.stream.read_exact(&mut digest).ok()?;
+        }
+        let mut data = vec![0u8; padded(bhs.data_len() as usize)];
+        self.stream.read_exact(&mut data).ok()?;
+        data.truncate(bhs.data_len() as usize);
+        let pdu = Pdu::decode(&bhs, &[]).expect("target PDUs decode");
+        if bhs.opcode() != 0x25 || bhs.0[1] & 1 != 0 {
+            self.exp_stat_sn = bhs.u32_at(24).wrapping_add(1);
+        }
+        Some(Received { pdu, data })
+    }
+
+    /// Whether the target closes the connection (reading it to the end).
+    fn closed(&mut self) -> bool {
+        loop {
+            match self.receive() {
+                None => return true,
+                Some(_) => continue,
+            }
+        }
+    }
+
+    fn login(&mut self, keys: &[(&str, &str)]) -> Received {
+        let request = LoginRequest {
+            transit: true,
+            current_stage: 1,
+            next_stage: 3,
+            isid: 0x8000_0000_0001,
+            cmd_sn: self.cmd_sn,
+            cid: 1,
+            ..LoginRequest::default()
+        };
+        self.send(Pdu::LoginRequest(request), &text::encode(keys));
+        let response = self.receive().expect("login response");
+        if let Pdu::LoginResponse(r) = &response.pdu {
+            if r.status_class == 0 {
+                self.exp_stat_sn = r.stat_sn.wrapping_add(1);
+            }
+        }
+        response
+    }
+
+    fn login_normal(&mut self) {
+        let response = self.login(&[
+            ("InitiatorName", INITIATOR),
+            ("TargetName", IQN),
+            ("SessionType", "Normal"),
+            ("HeaderDigest", "None"),
+            ("DataDigest", "None"),
+            ("ImmediateData", "No"),
+            ("InitialR2T", "Yes"),
+            ("MaxBurstLength", "65536"),
+        ]);
+        match response.pdu {
+            Pdu::LoginResponse(r) => assert_eq!((r.status_class, r.status_detail), (0, 0)),
+            other => panic!("expected a login response, got {other:?}"),
+        }
+    }
+
+    fn command(&mut self, itt: u32, cdb: &[u8], read: u32, write: u32) -> ScsiCommand {
+        let command = ScsiCommand {
+            final_bit: true,
+            read: read > 0,
+            write: write > 0,
+            initiator_task_tag: itt,
+            expected_data_transfer_length: read.max(write),
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: self.exp_stat_sn,
+            cdb: cdb.to_vec(),
+            ..ScsiCommand::default()
+        };
+        self.cmd_sn += 1;
+        command
+    }
+
+    fn test_unit_ready(&mut self, itt: u32) -> u8 {
+        let command = self.command(itt, &[0; 6], 0, 0);
+        self.send(Pdu::ScsiCommand(command), &[]);
+        match self.receive().expect("response").pdu {
+            Pdu::ScsiResponse(r) => {
+                assert_eq!(r.initiator_task_tag, itt);
+                r.status
+            }
+            other => panic!("expected a SCSI response, got {other:?}"),
+        }
+    }
+}
+
+fn read10(lba: u32, blocks: u16) -> Vec<u8> {
+    let mut cdb = vec![0x28, 0];
+    cdb.extend_from_slice(&lba.to_be_bytes());
+    cdb.push(0);
+    cdb.extend_from_slice(&blocks.to_be_bytes());
+    cdb.push(0);
+    cdb
+}
+
+fn write10(lba: u32, blocks: u16) -> Vec<u8> {
+    let mut cdb = read10(lba, blocks);
+    cdb[0] = 0x2a;
+    cdb
+}
+
+#[test]
+fn writes_through_r2ts_and_reads_back() {
+    let target = start();
+    let mut initiator = Initiator::connect(target.addr);
+    initiator.login_normal();
+    let len = 256 * 1024u32;
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let command = initiator.command(7, &write10(8, (len / 512) as u16), 0, len);
+    initiator.send(Pdu::ScsiCommand(command), &[]);
+    // InitialR2T=Yes and MaxBurstLength 64 KiB: the target asks for 4 bursts.
+    let mut asked = 0;
+    loop {
+        let received = initiator.receive().expect("target answers");
+        match received.pdu {
+            Pdu::R2t(r2t) => {
+                assert!(r2t.desired_data_transfer_length <= 65536);
+                let (offset, want) = (r2t.buffer_offset, r2t.desired_data_transfer_length);
+                let mut sent = 0;
+                let mut data_sn = 0;
+                while sent < want {
+                    let piece = (want - sent).min(8192);
+                    let out = DataOut {
+                        final_bit: sent + piece == want,
+                        initiator_task_tag: 7,
+                        target_transfer_tag: r2t.target_transfer_tag,
+                        exp_stat_sn: initiator.exp_stat_sn,
+                        data_sn,
+                        buffer_offset: offset + sent,
+                        ..DataOut::default()
+                    };
+                    let at = (offset + sent) as usize;
+                    initiator.send(Pdu::DataOut(out), &data[at..at + piece as usize]);
+                    sent += piece;
+                    data_sn += 1;
+                }
+                asked += want;
+            }
+            Pdu::ScsiResponse(response) => {
+                assert_eq!(response.status, 0);
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(asked, len);
+    let command = initiator.command(8, &read10(8, (len / 512) as u16), len, 0);
+    initiator.send(Pdu::ScsiCommand(command), &[]);
+    let mut back = Vec::new();
+    loop {
+        let received = initiator.receive().expect("data");
+        match received.pdu {
+            Pdu::DataIn(data_in) => {
+                assert_eq!(data_in.buffer_offset as usize, back.len());
+                back.extend_from_slice(&received.data);
+                if data_in.status.is_some() {
+                    assert_eq!(data_in.status, Some(0));
+                    break;
+                }
+            }
+            Pdu::ScsiResponse(response) => {
+                assert_eq!(response.status, 0);
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(back, data);
+}
+
+#[test]
+fn unknown_opcodes_are_rejected_and_the_session_carries_on() {
+    let target = start();
+    let mut initiator = Initiator::connect(target.addr);
+    initiator.login_normal();
+    let mut bhs = Bhs::default();
+    bhs.0[0] = 0x1e;
+    bhs.0[1] = 0x80;
+    initiator.send_raw(&bhs, &[]);
+    let reject = initiator.receive().expect("a Reject");
+    match reject.pdu {
+        Pdu::Reject(r) => assert_eq!(r.reason, RejectReason::CommandNotSupported),
+        other => panic!("expected a Reject, got {other:?}"),
+    }
+    assert_eq!(&reject.data[..BHS_LEN], &bhs.0);
+    assert_eq!(initiator.test_unit_ready(3), 0);
+}
+
+#[test]
+fn a_data_segment_beyond_the_negotiated_length_closes_the_connection() {
+    let target = start();
+    let mut initiator = Initiator::connect(target.addr);
+    initiator.login_normal();
+    // The target declared a MaxRecvDataSegmentLength of 256 KiB; send more.
+    let command = initiator.command(1, &[0; 6], 0, 0);
+    let mut header = Pdu::ScsiCommand(command).encode(0).bhs;
+    header.set_data_len(1 << 20);
+    initiator.send_raw(&header, &[]);
+    assert!(initiator.closed());
+    // Other initiators are served as before.
+    let mut other = Initiator::connect(target.addr);
+    other.login_normal();
+    assert_eq!(other.test_unit_ready(1), 0);
+}
+
+#[test]
+fn commands_outside_the_cmdsn_window_are_ignored() {
+    let target = start();
+    let mut initiator = Initiator::connect(target.addr);
+    initiator.login_normal();
+    let mut command = initiator.command(5, &[0; 6], 0, 0);
+    command.cmd_sn = command.cmd_sn.wrapping_add(100_000);
+    initiator.cmd_sn -= 1;
+    initiator.send(Pdu::ScsiCommand(command), &[]);
+    // The next answer is for the next command, not the ignored one.
+    assert_eq!(initiator.test_unit_ready(6), 0);
+}
+
+#[test]
+fn commands_before_login_close_the_connection() {
+    let target = start();
+    let mut initiator = Initiator::connect(target.addr);
+    let command = initiator.command(1, &[0; 6], 0, 0);
+    initiator.send(Pdu::ScsiCommand(command), &[]);
+    assert!(initiator.closed());
+}
+
+#[test]
+fn a_bad_header_digest_closes_the_connection() {
+    let target = start();
+    let mut initiator = Initiator::connect(target.addr);
+    let response = initiator.login(&[
+        ("InitiatorName", INITIATOR),
+        ("TargetName", IQN),
+        ("HeaderDigest", "CRC32C"),
+        ("DataDigest", "None"),
+    ]);
+    assert!(matches!(response.pdu, Pdu::LoginResponse(r) if r.status_class == 0));
+    initiator.header_digest = true;
+    assert_eq!(initiator.test_unit_ready(1), 0);
+    let command = initiator.command(2, &[0; 6], 0, 0);
+    let bhs = Pdu::ScsiCommand(command).encode(0).bhs;
+    let mut out = bhs.0.to_vec();
+    out.extend_from_slice(&digest_bytes(header_digest(&bhs, &[]) ^ 1));
+    initiator.stream.write_all(&out).unwrap();
+    assert!(initiator.closed());
+}
+
+#[test]
+fn data_out_for_an_unknown_task_is_rejected() {
+    let target = start();
+    let mut initiator = Initiator::connect(target.addr);
+    initiator.login_normal();
+    let out = DataOut {
+        final_bit: true,
+        initiator_task_tag: 99,
+        target_transfer_tag: 1234,
+        ..DataOut::default()
+    };
+    initiator.send(Pdu::DataOut(out), &[0u8; 512]);
+    match initiator.receive().expect("a Reject").pdu {
+        Pdu::Reject(r) => assert_eq!(r.reason, RejectReason::InvalidPduField),
+        other => panic!("expected a Reject, got {other:?}"),
+    }
+    assert_eq!(initiator.test_unit_ready(2), 0);
+}
+
+#[test]
+fn discovery_sessions_list_targets_and_refuse_commands() {
+    let target = start();
+    let mut initiator = Initiator::connect(target.addr);
+    let response = initiator.login(&[("InitiatorName", INITIATOR), ("SessionType", "Discovery")]);
+    assert!(matches!(response.pdu, Pdu::LoginResponse(r) if r.status_class == 0));
+    let request = TextRequest {
+        immediate: true,
+        final_bit: true,
+        initiator_task_tag: 1,
+        target_transfer_tag: RESERVED_TAG,
+        cmd_sn: initiator.cmd_sn,
+        exp_stat_sn: initiator.exp_stat_sn,
+        ..TextRequest::default()
+    };
+    initiator.send(
+        Pdu::TextRequest(request),
+        &text::encode(&[("SendTargets", "All")]),
+    );
+    let answer = initiator.receive().expect("text response");
+    assert!(matches!(answer.pdu, Pdu::TextResponse(_)));
+    let pairs = text::parse(&answer.data).unwrap();
+    assert!(pairs.contains(&("TargetName".to_string(), IQN.to_string())));
+    assert!(pairs
+        .iter()
+        .any(|(k, v)| k == "TargetAddress" && v == &format!("{},1", target.addr)));
+    let command = initiator.command(2, &[0; 6], 0, 0);
+    initiator.send(Pdu::ScsiCommand(command), &[]);
+    match initiator.receive().expect("a Reject").pdu {
+        Pdu::Reject(r) => assert_eq!(r.reason, RejectReason::ProtocolError),
+        other => panic!("expected a Reject, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_login_text_fails_the_login() {
+    let target = start();
+    let mut initiator = Initiator::connect(target.addr);
+    let request = LoginRequest {
+        transit: true,
+        current_stage: 1,
+        next_stage: 3,
+        isid: 1,
+        ..LoginRequest::default()
+    };
+    initiator.send(Pdu::LoginRequest(request), b"InitiatorName=\xff\xfe\0");
+    match initiator.receive().expect("login response").pdu {
+        Pdu::LoginResponse(r) => assert_eq!(r.status_class, 2),
+        other => panic!("expected a login response, got {other:?}"),
+    }
+    assert!(initiator.closed());
+}
+
+#[test]
+fn shutdown_asks_initiators_to_log_out() {
+    let target = start();
+    let mut initiator = Initiator::connect(target.addr);
+    initiator.login_normal();
+    assert_eq!(initiator.test_unit_ready(1), 0);
+    target.stop.shutdown();
+    match initiator.receive().expect("an async message").pdu {
+        Pdu::AsyncMessage(message) => assert_eq!(message.event, 1),
+        other => panic!("expected an Asynchronous Message, got {other:?}"),
+    }
+    // Ignoring the request, the initiator is cut off after the grace period.
+    assert!(initiator.closed());
+}
