@@ -434,7 +434,6 @@ impl Connection {
                 self.reject(&bhs, RejectReason::ProtocolError)
             }
             Pdu::LoginRequest(_) => {
-                let bhs = bhs;
                 self.reader.skip_data(bhs.data_len())?;
                 self.violation(&bhs, "a Login Request in the full feature phase".into())
             }
@@ -603,7 +602,7 @@ impl Connection {
             return self.reject(bhs, RejectReason::InvalidPduField);
         };
         let offset = data.buffer_offset;
-        let end = offset.checked_add(len).unwrap_or(u32::MAX);
+        let end = offset.saturating_add(len);
         // Which sequence the PDU belongs to, and whether it is the one expected there.
         let (in_order, index) = if data.target_transfer_tag == RESERVED_TAG {
             if !task.unsolicited_open {
