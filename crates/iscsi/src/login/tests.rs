@@ -510,7 +510,7 @@ fn base64(bytes: &[u8]) -> String {
             out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
         }
     }
-    while out.len() % 4 != 0 {
+    while !out.len().is_multiple_of(4) {
         out.push('=');
     }
     out
