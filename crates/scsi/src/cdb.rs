@@ -33,6 +33,8 @@ pub mod op {
     pub const MODE_SENSE_10: u8 = 0x5a;
     pub const PERSISTENT_RESERVE_IN: u8 = 0x5e;
     pub const PERSISTENT_RESERVE_OUT: u8 = 0x5f;
+    pub const EXTENDED_COPY: u8 = 0x83;
+    pub const RECEIVE_COPY_RESULTS: u8 = 0x84;
     pub const READ_16: u8 = 0x88;
     pub const COMPARE_AND_WRITE: u8 = 0x89;
     pub const ORWRITE_16: u8 = 0x8b;
@@ -54,6 +56,8 @@ pub mod op {
     /// SERVICE ACTION IN(16) service actions.
     pub const SA_READ_CAPACITY_16: u16 = 0x10;
     pub const SA_GET_LBA_STATUS: u16 = 0x12;
+    /// RECEIVE COPY RESULTS service action.
+    pub const SA_OPERATING_PARAMETERS: u16 = 0x03;
     /// MAINTENANCE IN service action.
     pub const SA_REPORT_SUPPORTED_OPCODES: u16 = 0x0c;
 }
@@ -204,6 +208,14 @@ pub enum Cdb {
     },
     ReadDefectData {
         ten: bool,
+        alloc: u32,
+    },
+    /// EXTENDED COPY(LID1) (SPC-4 6.4).
+    ExtendedCopy {
+        param_len: u32,
+    },
+    /// RECEIVE COPY RESULTS OPERATING PARAMETERS (SPC-4 6.18.4).
+    ReceiveCopyParameters {
         alloc: u32,
     },
 }
@@ -511,6 +523,23 @@ fn decode_fields(opcode: u8, cdb: &[u8]) -> Result<Cdb, CdbError> {
             }
             _ => return Err(CdbError::field(1, Some(4))),
         },
+        EXTENDED_COPY => {
+            // Service action 00h: EXTENDED COPY(LID1); LID4 is not supported.
+            if byte(cdb, 1)? & 0x1f != 0 {
+                return Err(CdbError::field(1, Some(4)));
+            }
+            Cdb::ExtendedCopy {
+                param_len: be32(cdb, 10, 4)?,
+            }
+        }
+        RECEIVE_COPY_RESULTS => match u16::from(byte(cdb, 1)? & 0x1f) {
+            SA_OPERATING_PARAMETERS => Cdb::ReceiveCopyParameters {
+                alloc: be32(cdb, 10, 4)?,
+            },
+            // COPY STATUS and friends: no copy is ever held (LIST ID USAGE is
+            // treated as "discard").
+            _ => return Err(CdbError::field(1, Some(4))),
+        },
         READ_DEFECT_DATA_10 => Cdb::ReadDefectData {
             ten: true,
             alloc: be32(cdb, 7, 2)?,
@@ -559,6 +588,7 @@ impl Cdb {
             | Cdb::Verify { .. }
             | Cdb::PreFetch { .. }
             | Cdb::GetLbaStatus { .. }
+            | Cdb::ReceiveCopyParameters { .. }
             | Cdb::ReadDefectData { .. } => Access::Read,
             Cdb::Write(_)
             | Cdb::OrWrite(_)
@@ -569,6 +599,7 @@ impl Cdb {
             | Cdb::SynchronizeCache { .. }
             | Cdb::ModeSense { .. }
             | Cdb::ModeSelect { .. }
+            | Cdb::ExtendedCopy { .. }
             | Cdb::StartStopUnit { .. } => Access::Write,
         }
     }
@@ -612,6 +643,7 @@ impl Cdb {
             Cdb::CompareAndWrite { blocks: n, .. } => T::data_out(2 * blocks(n)),
             Cdb::Unmap { param_len }
             | Cdb::ModeSelect { param_len, .. }
+            | Cdb::ExtendedCopy { param_len }
             | Cdb::PersistentReserveOut { param_len, .. } => T::data_out(u64::from(param_len)),
             Cdb::RequestSense { alloc, .. }
             | Cdb::Inquiry { alloc, .. }
@@ -621,6 +653,7 @@ impl Cdb {
             | Cdb::ModeSense { alloc, .. }
             | Cdb::PersistentReserveIn { alloc, .. }
             | Cdb::ReportSupportedOpcodes { alloc, .. }
+            | Cdb::ReceiveCopyParameters { alloc }
             | Cdb::ReadDefectData { alloc, .. } => T::data_in(u64::from(alloc)),
             Cdb::ReadCapacity10 => T::data_in(8),
             Cdb::TestUnitReady

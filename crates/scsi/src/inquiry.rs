@@ -29,6 +29,7 @@ pub fn standard(config: &LunConfig, peripheral: u8) -> Vec<u8> {
     out[2] = 0x06; // SPC-4
     out[3] = 0x12; // HISUP, response data format 2
     out[4] = (out.len() - 5) as u8;
+    out[5] = 0x08; // 3PC: EXTENDED COPY
     out[7] = 0x02; // CMDQUE
     out[8..16].copy_from_slice(&ascii_field(&config.vendor, 8));
     out[16..32].copy_from_slice(&ascii_field(&config.product, 16));

@@ -10,7 +10,8 @@
 //! the one table between device errors and sense codes, [`inquiry`] and [`vpd`] build
 //! INQUIRY data, [`mode`] the mode pages, [`reservation`] the reservation state
 //! machine (pure), [`sbc`] the block commands, [`lun`] the per-LU dispatch and
-//! [`target`] LUN addressing, REPORT LUNS and unit attentions.
+//! [`target`] LUN addressing, REPORT LUNS and unit attentions; [`xcopy`] EXTENDED
+//! COPY between logical units.
 
 pub mod cdb;
 pub mod command;
@@ -26,6 +27,7 @@ pub mod sense;
 pub mod target;
 mod unit_attention;
 pub mod vpd;
+pub mod xcopy;
 
 pub use command::{Command, DataDirection, Response, Status, TransferInfo};
 pub use errors::{error_kind_for_sense, sense_for_error};

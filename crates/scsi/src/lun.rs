@@ -8,7 +8,7 @@ use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use blockwire_blockdev::{Device, IoBuf};
 
-use crate::cdb::{self, Cdb, CdbError, Rw};
+use crate::cdb::{self, Access, Cdb, CdbError, Rw};
 use crate::command::{Command, Response, TransferInfo};
 use crate::inquiry::{self, DISK};
 use crate::mode::{Geometry, ModeState};
@@ -290,27 +290,48 @@ impl LogicalUnit {
         self.attentions.clear(nexus);
     }
 
+    /// Whether a command of class `access` from `nexus` meets a reservation conflict;
+    /// free when no reservation exists.
+    pub(crate) fn conflicts(&self, nexus: &Nexus, access: Access) -> bool {
+        self.reserved.load(Ordering::Acquire) && self.reservations().conflicts(nexus, access)
+    }
+
+    /// The sense for a write refused because the unit is write-protected.
+    pub(crate) fn write_protection(&self) -> Option<Code> {
+        if self.read_only {
+            Some(codes::WRITE_PROTECTED)
+        } else if self.mode.software_write_protect() {
+            Some(codes::SOFTWARE_WRITE_PROTECTED)
+        } else {
+            None
+        }
+    }
+
     /// Executes one command (unit attentions are the caller's, [`crate::ScsiTarget`]).
+    /// EXTENDED COPY may only name this logical unit; through the target it may name
+    /// any of the target's.
     pub fn execute(&self, command: &Command<'_>) -> Response {
+        self.execute_among(command, &[])
+    }
+
+    /// [`execute`](LogicalUnit::execute), with `others` the logical units EXTENDED COPY
+    /// may also name.
+    pub(crate) fn execute_among(&self, command: &Command<'_>, others: &[&LogicalUnit]) -> Response {
         let decoded = match cdb::decode(command.cdb) {
             Ok(decoded) => decoded,
             Err(err) => return self.fail(err.sense(), 0),
         };
         let expected = decoded.transfer(self.block_size).len;
-        if self.reserved.load(Ordering::Acquire)
-            && self
-                .reservations()
-                .conflicts(command.nexus, decoded.access())
-        {
+        if self.conflicts(command.nexus, decoded.access()) {
             return Response::reservation_conflict(expected);
         }
         if decoded.writes_medium() {
-            if self.read_only {
-                return self.fail(codes::WRITE_PROTECTED, expected);
+            if let Some(code) = self.write_protection() {
+                return self.fail(code, expected);
             }
-            if self.mode.software_write_protect() {
-                return self.fail(codes::SOFTWARE_WRITE_PROTECTED, expected);
-            }
+        }
+        if let Cdb::ExtendedCopy { param_len } = decoded {
+            return crate::xcopy::extended_copy(self, others, command, param_len);
         }
         self.dispatch(decoded, command, expected)
     }
@@ -435,6 +456,12 @@ impl LogicalUnit {
                     expected,
                 ),
             },
+            Cdb::ExtendedCopy { param_len } => {
+                crate::xcopy::extended_copy(self, &[], command, param_len)
+            }
+            Cdb::ReceiveCopyParameters { alloc } => {
+                Response::with_allocation(&crate::xcopy::operating_parameters(), alloc)
+            }
             Cdb::ReadDefectData { ten, alloc } => {
                 // No defects: an empty list in the format asked for (SBC-3 5.18).
                 let out = if ten {

@@ -146,6 +146,20 @@ pub const SUPPORTED: &[Supported] = &[
         6,
         &[0x5f, 0x06, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0],
     ),
+    sa(
+        op::EXTENDED_COPY,
+        0,
+        &[
+            0x83, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0,
+        ],
+    ),
+    sa(
+        op::RECEIVE_COPY_RESULTS,
+        op::SA_OPERATING_PARAMETERS,
+        &[
+            0x84, 0x03, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0,
+        ],
+    ),
     cmd(
         op::READ_16,
         &[

@@ -37,7 +37,7 @@ fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
 
 impl LogicalUnit {
     /// Byte offset and length of `blocks` blocks at `lba`, or LBA OUT OF RANGE.
-    fn range(&self, lba: u64, blocks: u64) -> Result<(u64, u64), Sense> {
+    pub(crate) fn range(&self, lba: u64, blocks: u64) -> Result<(u64, u64), Sense> {
         match lba.checked_add(blocks) {
             Some(end) if end <= self.num_blocks => {
                 let bs = u64::from(self.block_size);
@@ -58,7 +58,7 @@ impl LogicalUnit {
 
     /// FUA for a write: asked for, or implied by a disabled write cache; dropped
     /// when the device has no cache to bypass.
-    fn write_flags(&self, fua: bool) -> WriteFlags {
+    pub(crate) fn write_flags(&self, fua: bool) -> WriteFlags {
         WriteFlags {
             fua: self.fua && (fua || !self.mode.write_cache()),
         }

@@ -12,6 +12,7 @@ pub mod key {
     pub const ILLEGAL_REQUEST: u8 = 0x05;
     pub const UNIT_ATTENTION: u8 = 0x06;
     pub const DATA_PROTECT: u8 = 0x07;
+    pub const COPY_ABORTED: u8 = 0x0a;
     pub const ABORTED_COMMAND: u8 = 0x0b;
     pub const MISCOMPARE: u8 = 0x0e;
 }
@@ -44,6 +45,14 @@ pub mod codes {
     pub const INVALID_FIELD_IN_PARAMETER_LIST: Code = Code::new(key::ILLEGAL_REQUEST, 0x26, 0x00);
     pub const INVALID_RELEASE_OF_PERSISTENT_RESERVATION: Code =
         Code::new(key::ILLEGAL_REQUEST, 0x26, 0x04);
+    pub const TOO_MANY_TARGET_DESCRIPTORS: Code = Code::new(key::ILLEGAL_REQUEST, 0x26, 0x06);
+    pub const UNSUPPORTED_TARGET_DESCRIPTOR_TYPE_CODE: Code =
+        Code::new(key::ILLEGAL_REQUEST, 0x26, 0x07);
+    pub const TOO_MANY_SEGMENT_DESCRIPTORS: Code = Code::new(key::ILLEGAL_REQUEST, 0x26, 0x08);
+    pub const UNSUPPORTED_SEGMENT_DESCRIPTOR_TYPE_CODE: Code =
+        Code::new(key::ILLEGAL_REQUEST, 0x26, 0x09);
+    pub const COPY_ABORTED: Code = Code::new(key::COPY_ABORTED, 0x00, 0x00);
+    pub const COPY_TARGET_DEVICE_NOT_REACHABLE: Code = Code::new(key::COPY_ABORTED, 0x0d, 0x02);
     pub const SAVING_PARAMETERS_NOT_SUPPORTED: Code = Code::new(key::ILLEGAL_REQUEST, 0x39, 0x00);
     pub const MEDIUM_REMOVAL_PREVENTED: Code = Code::new(key::ILLEGAL_REQUEST, 0x53, 0x02);
     pub const WRITE_PROTECTED: Code = Code::new(key::DATA_PROTECT, 0x27, 0x00);

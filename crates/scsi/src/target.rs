@@ -129,6 +129,15 @@ impl ScsiTarget {
                 return unit.fail(code, expected);
             }
         }
+        if opcode == Some(op::EXTENDED_COPY) {
+            let others: Vec<&LogicalUnit> = self
+                .luns
+                .values()
+                .filter(|other| !Arc::ptr_eq(other, unit))
+                .map(|other| other.as_ref())
+                .collect();
+            return unit.execute_among(command, &others);
+        }
         unit.execute(command)
     }
 

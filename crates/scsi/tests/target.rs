@@ -256,6 +256,97 @@ fn compare_and_write_with_zero_blocks() {
     assert!(matches!(code(&run(&t, &a, &cdb, &[0; 2 * BS])), Some(c) if c.asc == 0x24));
 }
 
+fn xcopy_params(targets: &[u64], segments: &[(u16, u16, u16, u64, u64)]) -> Vec<u8> {
+    let mut out = vec![0u8; 16];
+    out[0] = 1;
+    out[2..4].copy_from_slice(&((32 * targets.len()) as u16).to_be_bytes());
+    out[8..12].copy_from_slice(&((28 * segments.len()) as u32).to_be_bytes());
+    for &id in targets {
+        let mut d = [0u8; 32];
+        d[0] = 0xe4;
+        d[4] = 1;
+        d[5] = 3;
+        d[7] = 8;
+        d[8..16].copy_from_slice(&blockwire_scsi::vpd::naa(id));
+        d[30] = 0x02;
+        out.extend_from_slice(&d);
+    }
+    for &(src, dst, blocks, from, to) in segments {
+        let mut d = [0u8; 28];
+        d[0] = 0x02;
+        d[3] = 0x18;
+        d[4..6].copy_from_slice(&src.to_be_bytes());
+        d[6..8].copy_from_slice(&dst.to_be_bytes());
+        d[10..12].copy_from_slice(&blocks.to_be_bytes());
+        d[12..20].copy_from_slice(&from.to_be_bytes());
+        d[20..28].copy_from_slice(&to.to_be_bytes());
+        out.extend_from_slice(&d);
+    }
+    out
+}
+
+fn xcopy_cdb(len: usize) -> [u8; 16] {
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x83;
+    cdb[10..14].copy_from_slice(&(len as u32).to_be_bytes());
+    cdb
+}
+
+#[test]
+fn extended_copy_within_and_between_luns() {
+    let mut t = ScsiTarget::new();
+    for id in [10u64, 11] {
+        let config = LunConfig {
+            unique_id: id,
+            ..LunConfig::default()
+        };
+        let device = Device::from_device(MemoryDevice::new(BLOCKS * BS as u64));
+        t.add_lun(id - 10, Arc::new(LogicalUnit::new(device, config).unwrap()));
+    }
+    let a = nexus("a");
+    let data: Vec<u8> = (0..8 * BS).map(|i| (i / 7) as u8).collect();
+    write(&t, &a, 0, &data);
+    // Within LUN 0: blocks 0..8 to 100..108.
+    let params = xcopy_params(&[10], &[(0, 0, 8, 0, 100)]);
+    let r = run(&t, &a, &xcopy_cdb(params.len()), &params);
+    assert_eq!(r.status, Status::Good, "{r:?}");
+    assert_eq!(read(&t, &a, 100, 8).data(), &data[..]);
+    // From LUN 0 to LUN 1.
+    let params = xcopy_params(&[10, 11], &[(0, 1, 8, 0, 5)]);
+    assert_eq!(
+        run(&t, &a, &xcopy_cdb(params.len()), &params).status,
+        Status::Good
+    );
+    let on_lun1 = t.execute(
+        1,
+        &Command {
+            nexus: &a,
+            cdb: &rw10(0x28, 5, 8, 0),
+            data_out: &[],
+        },
+    );
+    assert_eq!(on_lun1.data(), &data[..]);
+    // Unknown designator, bad index, beyond the end: COPY ABORTED, nothing copied.
+    for params in [
+        xcopy_params(&[99], &[(0, 0, 1, 0, 1)]),
+        xcopy_params(&[10], &[(0, 1, 1, 0, 1)]),
+        xcopy_params(&[10], &[(0, 0, 8, 0, 200), (0, 0, 8, 0, BLOCKS - 1)]),
+    ] {
+        let r = run(&t, &a, &xcopy_cdb(params.len()), &params);
+        assert_eq!(code(&r).map(|c| c.key), Some(0x0a), "{r:?}");
+    }
+    assert!(read(&t, &a, 200, 8).data().iter().all(|&b| b == 0));
+    // An empty parameter list is fine; the operating parameters are reported.
+    assert_eq!(run(&t, &a, &xcopy_cdb(0), &[]).status, Status::Good);
+    let mut rcr = [0u8; 16];
+    rcr[0] = 0x84;
+    rcr[1] = 0x03;
+    rcr[13] = 255;
+    let op = run(&t, &a, &rcr, &[]);
+    assert_eq!(op.status, Status::Good);
+    assert_eq!(&op.data()[44..46], &[0x02, 0xe4]);
+}
+
 #[test]
 fn verify_bytchk() {
     let t = target();
@@ -603,7 +694,7 @@ proptest! {
         opcode in proptest::sample::select(vec![
             0x00u8, 0x03, 0x08, 0x0a, 0x12, 0x15, 0x16, 0x17, 0x1a, 0x1b, 0x1e, 0x25, 0x28,
             0x2a, 0x2e, 0x2f, 0x34, 0x35, 0x37, 0x41, 0x42, 0x55, 0x56, 0x57, 0x5a, 0x5e,
-            0x5f, 0x88, 0x89, 0x8a, 0x8b, 0x8e, 0x8f, 0x90, 0x91, 0x93, 0x9e, 0xa0, 0xa3, 0xa8,
+            0x5f, 0x83, 0x84, 0x88, 0x89, 0x8a, 0x8b, 0x8e, 0x8f, 0x90, 0x91, 0x93, 0x9e, 0xa0, 0xa3, 0xa8,
             0xaa, 0xae, 0xaf, 0xb7]),
         rest in proptest::collection::vec(any::<u8>(), 15),
         data in proptest::collection::vec(any::<u8>(), 0..1100)) {
