@@ -56,7 +56,8 @@ pub mod op {
     /// SERVICE ACTION IN(16) service actions.
     pub const SA_READ_CAPACITY_16: u16 = 0x10;
     pub const SA_GET_LBA_STATUS: u16 = 0x12;
-    /// RECEIVE COPY RESULTS service action.
+    /// RECEIVE COPY RESULTS service actions.
+    pub const SA_COPY_STATUS: u16 = 0x00;
     pub const SA_OPERATING_PARAMETERS: u16 = 0x03;
     /// MAINTENANCE IN service action.
     pub const SA_REPORT_SUPPORTED_OPCODES: u16 = 0x0c;
@@ -216,6 +217,11 @@ pub enum Cdb {
     },
     /// RECEIVE COPY RESULTS OPERATING PARAMETERS (SPC-4 6.18.4).
     ReceiveCopyParameters {
+        alloc: u32,
+    },
+    /// RECEIVE COPY RESULTS COPY STATUS(LID1) (SPC-4 6.18.2).
+    ReceiveCopyStatus {
+        list_id: u8,
         alloc: u32,
     },
 }
@@ -536,8 +542,11 @@ fn decode_fields(opcode: u8, cdb: &[u8]) -> Result<Cdb, CdbError> {
             SA_OPERATING_PARAMETERS => Cdb::ReceiveCopyParameters {
                 alloc: be32(cdb, 10, 4)?,
             },
-            // COPY STATUS and friends: no copy is ever held (LIST ID USAGE is
-            // treated as "discard").
+            SA_COPY_STATUS => Cdb::ReceiveCopyStatus {
+                list_id: byte(cdb, 2)?,
+                alloc: be32(cdb, 10, 4)?,
+            },
+            // RECEIVE DATA and FAILED SEGMENT DETAILS: nothing is ever held for them.
             _ => return Err(CdbError::field(1, Some(4))),
         },
         READ_DEFECT_DATA_10 => Cdb::ReadDefectData {
@@ -583,12 +592,13 @@ impl Cdb {
             | Cdb::PersistentReserveIn { .. }
             | Cdb::PersistentReserveOut { .. }
             | Cdb::PreventAllow { .. }
+            | Cdb::ReceiveCopyParameters { .. }
+            | Cdb::ReceiveCopyStatus { .. }
             | Cdb::Reserve => Access::Allowed,
             Cdb::Read(_)
             | Cdb::Verify { .. }
             | Cdb::PreFetch { .. }
             | Cdb::GetLbaStatus { .. }
-            | Cdb::ReceiveCopyParameters { .. }
             | Cdb::ReadDefectData { .. } => Access::Read,
             Cdb::Write(_)
             | Cdb::OrWrite(_)
@@ -654,6 +664,7 @@ impl Cdb {
             | Cdb::PersistentReserveIn { alloc, .. }
             | Cdb::ReportSupportedOpcodes { alloc, .. }
             | Cdb::ReceiveCopyParameters { alloc }
+            | Cdb::ReceiveCopyStatus { alloc, .. }
             | Cdb::ReadDefectData { alloc, .. } => T::data_in(u64::from(alloc)),
             Cdb::ReadCapacity10 => T::data_in(8),
             Cdb::TestUnitReady

@@ -105,6 +105,8 @@ pub struct LogicalUnit {
     pub(crate) write_lock: RwLock<()>,
     /// Nexuses with PREVENT MEDIUM REMOVAL in effect (SPC-4 6.13).
     prevent: Mutex<HashSet<NexusKey>>,
+    /// Outcomes of EXTENDED COPY commands for RECEIVE COPY RESULTS.
+    pub(crate) copy_results: crate::xcopy::HeldResults,
 }
 
 impl std::fmt::Debug for LogicalUnit {
@@ -200,6 +202,7 @@ impl LogicalUnit {
             attentions: UnitAttentions::default(),
             write_lock: RwLock::new(()),
             prevent: Mutex::new(HashSet::new()),
+            copy_results: Default::default(),
         })
     }
 
@@ -461,6 +464,16 @@ impl LogicalUnit {
             }
             Cdb::ReceiveCopyParameters { alloc } => {
                 Response::with_allocation(&crate::xcopy::operating_parameters(), alloc)
+            }
+            Cdb::ReceiveCopyStatus { list_id, alloc } => {
+                match self.copy_results.copy_status(nexus, list_id) {
+                    Some(out) => Response::with_allocation(&out, alloc),
+                    // No such copy (SPC-4 6.18.1).
+                    None => self.fail(
+                        CdbError::InvalidField { byte: 2, bit: None }.sense(),
+                        expected,
+                    ),
+                }
             }
             Cdb::ReadDefectData { ten, alloc } => {
                 // No defects: an empty list in the format asked for (SBC-3 5.18).

@@ -155,6 +155,13 @@ pub const SUPPORTED: &[Supported] = &[
     ),
     sa(
         op::RECEIVE_COPY_RESULTS,
+        op::SA_COPY_STATUS,
+        &[
+            0x84, 0x00, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0,
+        ],
+    ),
+    sa(
+        op::RECEIVE_COPY_RESULTS,
         op::SA_OPERATING_PARAMETERS,
         &[
             0x84, 0x03, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0,

@@ -6,14 +6,18 @@
 //!
 //! Supported: identification target descriptors (E4h) naming a logical unit by the
 //! NAA designator of its VPD page 83h, and block-to-block segment descriptors (02h).
-//! Copies run to completion inside the command; nothing is held for RECEIVE COPY
-//! RESULTS to fetch later.
+//! Copies run to completion inside the command; unless the list identifier is to be
+//! discarded, their outcome is kept for RECEIVE COPY RESULTS COPY STATUS.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
 
 use blockwire_blockdev::IoBuf;
 
 use crate::cdb::Access;
 use crate::command::{Command, Response};
 use crate::lun::LogicalUnit;
+use crate::nexus::{Nexus, NexusKey};
 use crate::sense::{codes, Sense};
 use crate::vpd;
 
@@ -54,8 +58,57 @@ pub struct Segment {
 /// A parsed EXTENDED COPY parameter list.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CopyList {
+    pub list_id: u8,
+    /// LIST ID USAGE 11b: keep nothing for RECEIVE COPY RESULTS.
+    pub discard: bool,
     pub targets: Vec<CopyTarget>,
     pub segments: Vec<Segment>,
+}
+
+/// Copy results kept per logical unit.
+const HELD_RESULTS: usize = 32;
+
+/// The outcome of a finished EXTENDED COPY, for COPY STATUS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Outcome {
+    failed: bool,
+    segments: u16,
+    bytes: u64,
+}
+
+/// Outcomes of recent copies by I_T nexus and list identifier (SPC-4 5.17.4.3).
+#[derive(Debug, Default)]
+pub(crate) struct HeldResults(Mutex<VecDeque<(NexusKey, u8, Outcome)>>);
+
+impl HeldResults {
+    fn record(&self, nexus: &Nexus, list_id: u8, outcome: Outcome) {
+        let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        held.retain(|(who, id, _)| !(nexus.is(who) && *id == list_id));
+        if held.len() == HELD_RESULTS {
+            held.pop_front();
+        }
+        held.push_back((nexus.key(), list_id, outcome));
+    }
+
+    /// COPY STATUS(LID1) data for the nexus's copy `list_id` (SPC-4 6.18.2).
+    pub(crate) fn copy_status(&self, nexus: &Nexus, list_id: u8) -> Option<Vec<u8>> {
+        let held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (_, _, outcome) = held
+            .iter()
+            .find(|(who, id, _)| nexus.is(who) && *id == list_id)?;
+        let mut out = vec![0u8; 12];
+        out[3] = 8;
+        out[4] = u8::from(outcome.failed); // 00h done, 01h done with error
+        out[5..7].copy_from_slice(&outcome.segments.to_be_bytes());
+        // Bytes while they fit the field, else KiB (transfer count units F1h).
+        let (units, count) = match u32::try_from(outcome.bytes) {
+            Ok(bytes) => (0x00, bytes),
+            Err(_) => (0xf1, (outcome.bytes >> 10).min(u64::from(u32::MAX)) as u32),
+        };
+        out[7] = units;
+        out[8..12].copy_from_slice(&count.to_be_bytes());
+        Some(out)
+    }
 }
 
 fn u16_at(b: &[u8], at: usize) -> usize {
@@ -102,7 +155,11 @@ pub fn parse(params: &[u8]) -> Result<CopyList, Sense> {
     if target_len / TARGET_DESCRIPTOR_LEN > MAX_TARGET_DESCRIPTORS {
         return Err(Sense::new(codes::TOO_MANY_TARGET_DESCRIPTORS));
     }
-    let mut list = CopyList::default();
+    let mut list = CopyList {
+        list_id: params[0],
+        discard: (params[1] >> 3) & 0x03 == 0x03,
+        ..CopyList::default()
+    };
     for d in params[16..16 + target_len].chunks_exact(TARGET_DESCRIPTOR_LEN) {
         if d[0] != IDENTIFICATION_DESCRIPTOR {
             return Err(Sense::new(codes::UNSUPPORTED_TARGET_DESCRIPTOR_TYPE_CODE));
@@ -229,13 +286,27 @@ pub(crate) fn extended_copy<'a>(
         }
         plan.push((source, destination, from, to));
     }
+    let mut outcome = Outcome {
+        failed: false,
+        segments: 0,
+        bytes: 0,
+    };
+    let mut result = Response::good(expected);
     for (source, destination, (from, len), (to, _)) in plan {
         if let Err(err) = copy(source, destination, from, to, len) {
             tracing::debug!(%err, "extended copy failed");
-            return unit.fail(aborted(codes::COPY_ABORTED), expected);
+            outcome.failed = true;
+            result = unit.fail(aborted(codes::COPY_ABORTED), expected);
+            break;
         }
+        outcome.segments += 1;
+        outcome.bytes += len;
     }
-    Response::good(expected)
+    if !list.discard && !list.segments.is_empty() {
+        unit.copy_results
+            .record(command.nexus, list.list_id, outcome);
+    }
+    result
 }
 
 fn copy(
@@ -305,6 +376,7 @@ mod tests {
         params.extend(target(vpd::naa(5)));
         params.extend(segment(8, 1, 100));
         let list = parse(&params).unwrap();
+        assert_eq!((list.list_id, list.discard), (1, false));
         assert_eq!(list.targets[0].designator, vpd::naa(5));
         assert_eq!(list.targets[0].block_size, 2);
         assert_eq!(

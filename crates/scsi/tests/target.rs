@@ -345,6 +345,14 @@ fn extended_copy_within_and_between_luns() {
     let op = run(&t, &a, &rcr, &[]);
     assert_eq!(op.status, Status::Good);
     assert_eq!(&op.data()[44..46], &[0x02, 0xe4]);
+    // COPY STATUS of list 1: the last copy that ran (refused ones never start).
+    rcr[1] = 0x00;
+    rcr[2] = 1;
+    let status = run(&t, &a, &rcr, &[]);
+    assert_eq!(status.status, Status::Good);
+    assert_eq!(&status.data()[4..12], &[0x00, 0, 1, 0, 0, 0, 0x10, 0x00]);
+    rcr[2] = 2;
+    assert!(matches!(code(&run(&t, &a, &rcr, &[])), Some(c) if c.asc == 0x24));
 }
 
 #[test]
