@@ -82,57 +82,65 @@ impl LogicalUnit {
         self.data(buf, expected)
     }
 
-    /// WRITE and WRITE AND VERIFY. Data-out shorter than the CDB asks for writes the
-    /// whole blocks that came (FCP-4 9.4.2 a: process the command, transfer no more
-    /// than was sent); a cut block is refused whole.
+    /// WRITE and WRITE AND VERIFY. Data-out shorter than the CDB asks for is written
+    /// as far as it goes and no further (FCP-4 9.4.2 a: process the command, transfer
+    /// no more than was sent); a cut last block keeps the rest of its old bytes.
     pub(crate) fn write(&self, rw: Rw, data: &[u8], expected: u64) -> Response {
         let (offset, len) = match self.transfer_range(rw.lba, rw.blocks) {
             Ok(range) => range,
             Err(sense) => return self.fail(sense, expected),
         };
-        let Some(got) = self.received(data, len as usize) else {
-            return self.fail(codes::INVALID_FIELD_IN_INFORMATION_UNIT, expected);
-        };
+        let got = data.len().min(len as usize);
         if got == 0 {
             return Response::good(expected);
         }
-        let _shared = self.write_shared();
-        match self
-            .device
-            .write(&data[..got], offset, self.write_flags(rw.fua))
-        {
+        let bs = self.block_size as usize;
+        let flags = self.write_flags(rw.fua);
+        let result = if got.is_multiple_of(bs) {
+            let _shared = self.write_shared();
+            self.device.write(&data[..got], offset, flags)
+        } else {
+            self.write_partial(&data[..got], offset, flags)
+        };
+        match result {
             Ok(()) => Response::good(expected),
             Err(err) => self.device_error(&err, expected),
         }
     }
 
-    /// How much of `data` a write of `len` bytes uses: all it asks for, or the whole
-    /// blocks that came; `None` when a block is cut.
-    fn received(&self, data: &[u8], len: usize) -> Option<usize> {
-        if data.len() >= len {
-            Some(len)
-        } else if data.len().is_multiple_of(self.block_size as usize) {
-            Some(data.len())
-        } else {
-            None
-        }
+    /// Writes `data`, whose last block is cut, merged over the old contents of that
+    /// block; other writes wait so the merge does not lose theirs.
+    fn write_partial(
+        &self,
+        data: &[u8],
+        offset: u64,
+        flags: WriteFlags,
+    ) -> Result<(), blockwire_blockdev::Error> {
+        let bs = self.block_size as usize;
+        let span = data.len().div_ceil(bs) * bs;
+        let _exclusive = self.write_lock.write().unwrap_or_else(|e| e.into_inner());
+        let mut buf = IoBuf::new(span);
+        self.device
+            .read(&mut buf[span - bs..], offset + (span - bs) as u64)?;
+        buf[..data.len()].copy_from_slice(data);
+        self.device.write(&buf, offset, flags)
     }
 
     /// ORWRITE(16) (SBC-3 5.12): each byte becomes itself OR the data-out's, with
-    /// other writes held off between the read and the write.
+    /// other writes held off between the read and the write. Bytes the initiator did
+    /// not send are left alone.
     pub(crate) fn or_write(&self, rw: Rw, data: &[u8], expected: u64) -> Response {
         let (offset, len) = match self.transfer_range(rw.lba, rw.blocks) {
             Ok(range) => range,
             Err(sense) => return self.fail(sense, expected),
         };
-        let Some(got) = self.received(data, len as usize) else {
-            return self.fail(codes::INVALID_FIELD_IN_INFORMATION_UNIT, expected);
-        };
+        let got = data.len().min(len as usize);
         if got == 0 {
             return Response::good(expected);
         }
+        let span = got.div_ceil(self.block_size as usize) * self.block_size as usize;
         let _exclusive = self.write_lock.write().unwrap_or_else(|e| e.into_inner());
-        let mut buf = IoBuf::new(got);
+        let mut buf = IoBuf::new(span);
         if let Err(err) = self.device.read(&mut buf, offset) {
             return self.device_error(&err, expected);
         }
