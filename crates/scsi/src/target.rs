@@ -1,7 +1,7 @@
 //! The SCSI target device: logical units by number, REPORT LUNS, unknown LUNs, unit
 //! attentions and task management resets.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
 use crate::cdb::{self, op, Cdb};
@@ -23,9 +23,10 @@ pub enum ResetKind {
 #[derive(Debug, Default)]
 pub struct ScsiTarget {
     luns: BTreeMap<u64, Arc<LogicalUnit>>,
-    /// Every nexus that has sent a command since it formed: resets raise unit
-    /// attentions for each of them.
-    nexuses: RwLock<HashSet<NexusKey>>,
+    /// Every nexus that has sent a command since it formed, as initiator port to
+    /// relative target ports (looked up by `&str`, without allocating, on every
+    /// command): resets raise unit attentions for each of them.
+    nexuses: RwLock<HashMap<String, Vec<u16>>>,
 }
 
 /// Standard INQUIRY identity for LUNs that do not exist.
@@ -70,22 +71,27 @@ impl ScsiTarget {
             .nexuses
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .any(|k| nexus.is(k));
+            .get(nexus.initiator_port.as_str())
+            .is_some_and(|ports| ports.contains(&nexus.relative_target_port));
         if !known {
-            self.nexuses
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(nexus.key());
+            let mut nexuses = self.nexuses.write().unwrap_or_else(|e| e.into_inner());
+            let ports = nexuses.entry(nexus.initiator_port.clone()).or_default();
+            if !ports.contains(&nexus.relative_target_port) {
+                ports.push(nexus.relative_target_port);
+            }
         }
     }
 
     fn known_nexuses(&self) -> Vec<NexusKey> {
-        self.nexuses
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+        let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+        nexuses
             .iter()
-            .cloned()
+            .flat_map(|(port, targets)| {
+                targets.iter().map(|&relative_target_port| NexusKey {
+                    initiator_port: port.clone(),
+                    relative_target_port,
+                })
+            })
             .collect()
     }
 
@@ -203,9 +209,12 @@ impl ScsiTarget {
         for unit in self.luns.values() {
             unit.nexus_lost(nexus);
         }
-        self.nexuses
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|k| !nexus.is(k));
+        let mut nexuses = self.nexuses.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(ports) = nexuses.get_mut(nexus.initiator_port.as_str()) {
+            ports.retain(|&port| port != nexus.relative_target_port);
+            if ports.is_empty() {
+                nexuses.remove(nexus.initiator_port.as_str());
+            }
+        }
     }
 }
