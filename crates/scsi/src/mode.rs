@@ -3,7 +3,7 @@
 //! MODE SELECT. Values live in atomics: the data path reads WCE, SWP and D_SENSE on
 //! every command without a lock.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::sense::{codes, FieldPointer, Sense};
 
@@ -33,6 +33,8 @@ pub struct ModeState {
     wce: AtomicBool,
     d_sense: AtomicBool,
     swp: AtomicBool,
+    /// Counts MODE SELECTs that changed something.
+    changes: AtomicU64,
 }
 
 /// Values of the changeable fields.
@@ -68,7 +70,14 @@ impl ModeState {
             wce: AtomicBool::new(volatile_cache),
             d_sense: AtomicBool::new(false),
             swp: AtomicBool::new(false),
+            changes: AtomicU64::new(0),
         }
+    }
+
+    /// How many times MODE SELECT changed a parameter: lets the target tell the
+    /// other nexuses (MODE PARAMETERS CHANGED, SPC-4 6.9).
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
     }
 
     /// Write cache enabled: without it every write is forced unit access.
@@ -306,6 +315,9 @@ impl ModeState {
         self.wce.store(next.wce, Ordering::Relaxed);
         self.d_sense.store(next.d_sense, Ordering::Relaxed);
         self.swp.store(next.swp, Ordering::Relaxed);
+        if changed {
+            self.changes.fetch_add(1, Ordering::AcqRel);
+        }
         Ok(changed)
     }
 }

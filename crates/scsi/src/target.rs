@@ -144,6 +144,19 @@ impl ScsiTarget {
                 .collect();
             return unit.execute_among(command, &others);
         }
+        if matches!(opcode, Some(op::MODE_SELECT_6) | Some(op::MODE_SELECT_10)) {
+            let before = unit.mode.changes();
+            let response = unit.execute(command);
+            if unit.mode.changes() != before {
+                // SPC-4 6.9: the other nexuses learn of it by a unit attention.
+                for nexus in self.known_nexuses() {
+                    if !command.nexus.is(&nexus) {
+                        unit.attentions.add(nexus, codes::MODE_PARAMETERS_CHANGED);
+                    }
+                }
+            }
+            return response;
+        }
         unit.execute(command)
     }
 

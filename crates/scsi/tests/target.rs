@@ -627,6 +627,34 @@ fn mode_select_d_sense_and_swp() {
     assert_eq!(sel.status, Status::Good);
     let oob = read(&t, &a, BLOCKS as u32, 1);
     assert_eq!(oob.sense[0], 0x72);
+    // Another nexus that had been talking to the LU hears of the change once.
+    let b = nexus("b");
+    assert_eq!(run(&t, &b, &[0, 0, 0, 0, 0, 0], &[]).status, Status::Good);
+    params[4 + 2] |= 0x04;
+    assert_eq!(
+        run(&t, &a, &[0x15, 0x10, 0, 0, params.len() as u8, 0], &params).status,
+        Status::Good
+    );
+    assert_eq!(
+        run(&t, &b, &[0, 0, 0, 0, 0, 0], &[]).status,
+        Status::Good,
+        "no change, no attention"
+    );
+    params[4 + 2] &= !0x04;
+    assert_eq!(
+        run(&t, &a, &[0x15, 0x10, 0, 0, params.len() as u8, 0], &params).status,
+        Status::Good
+    );
+    assert_eq!(
+        run(&t, &b, &[0, 0, 0, 0, 0, 0], &[]).sense_code(),
+        Some(codes::MODE_PARAMETERS_CHANGED)
+    );
+    assert_eq!(run(&t, &a, &[0, 0, 0, 0, 0, 0], &[]).status, Status::Good);
+    params[4 + 2] |= 0x04;
+    assert_eq!(
+        run(&t, &a, &[0x15, 0x10, 0, 0, params.len() as u8, 0], &params).status,
+        Status::Good
+    );
     assert_eq!(oob.sense_code(), Some(codes::LBA_OUT_OF_RANGE));
     params[4 + 2] &= !0x04;
     params[4 + 4] |= 0x08; // SWP
