@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use blockwire_blockdev::{Device, MemoryDevice};
 use blockwire_iscsi::pdu::{
-    digest_bytes, header_digest, padded, text, Bhs, DataOut, LoginRequest, Pdu, RejectReason,
-    ScsiCommand, TextRequest, BHS_LEN, RESERVED_TAG,
+    data_digest, digest_bytes, header_digest, padded, text, Bhs, DataOut, LoginRequest, NopOut,
+    Pdu, RejectReason, ScsiCommand, TextRequest, BHS_LEN, RESERVED_TAG,
 };
 use blockwire_iscsi::{IscsiConfig, IscsiTarget, ShutdownHandle, TargetDefinition};
 use blockwire_scsi::{LogicalUnit, LunConfig, ScsiTarget};
@@ -82,6 +82,7 @@ struct Initiator {
     cmd_sn: u32,
     exp_stat_sn: u32,
     header_digest: bool,
+    data_digest: bool,
 }
 
 struct Received {
@@ -100,6 +101,7 @@ impl Initiator {
             cmd_sn: 1,
             exp_stat_sn: 0,
             header_digest: false,
+            data_digest: false,
         }
     }
 
@@ -118,6 +120,9 @@ impl Initiator {
             BHS_LEN + padded(data.len()) + if self.header_digest { 4 } else { 0 },
             0,
         );
+        if self.data_digest && !data.is_empty() {
+            out.extend_from_slice(&digest_bytes(data_digest(data)));
+        }
         self.stream.write_all(&out).expect("send");
     }
 
@@ -133,6 +138,10 @@ impl Initiator {
         }
         let mut data = vec![0u8; padded(bhs.data_len() as usize)];
         self.stream.read_exact(&mut data).ok()?;
+        if self.data_digest && bhs.data_len() > 0 {
+            let mut digest = [0u8; 4];
+            self.stream.read_exact(&mut digest).ok()?;
+        }
         data.truncate(bhs.data_len() as usize);
         let pdu = Pdu::decode(&bhs, &[]).expect("target PDUs decode");
         if bhs.opcode() != 0x25 || bhs.0[1] & 1 != 0 {
@@ -377,6 +386,44 @@ fn a_bad_header_digest_closes_the_connection() {
     out.extend_from_slice(&digest_bytes(header_digest(&bhs, &[]) ^ 1));
     initiator.stream.write_all(&out).unwrap();
     assert!(initiator.closed());
+}
+
+#[test]
+fn a_bad_data_digest_is_rejected_and_the_session_carries_on() {
+    let target = start();
+    let mut initiator = Initiator::connect(target.addr);
+    let response = initiator.login(&[
+        ("InitiatorName", INITIATOR),
+        ("TargetName", IQN),
+        ("HeaderDigest", "None"),
+        ("DataDigest", "CRC32C"),
+    ]);
+    assert!(matches!(response.pdu, Pdu::LoginResponse(r) if r.status_class == 0));
+    initiator.data_digest = true;
+    // A NOP-Out whose ping data fails its digest.
+    let nop = NopOut {
+        immediate: true,
+        initiator_task_tag: 4,
+        target_transfer_tag: RESERVED_TAG,
+        cmd_sn: initiator.cmd_sn,
+        exp_stat_sn: initiator.exp_stat_sn,
+        ..NopOut::default()
+    };
+    let bhs = Pdu::NopOut(nop.clone()).encode(8).bhs;
+    let mut out = bhs.0.to_vec();
+    out.extend_from_slice(b"pingping");
+    out.extend_from_slice(&digest_bytes(data_digest(b"pingping") ^ 1));
+    initiator.stream.write_all(&out).unwrap();
+    match initiator.receive().expect("a Reject").pdu {
+        Pdu::Reject(r) => assert_eq!(r.reason, RejectReason::DataDigestError),
+        other => panic!("expected a Reject, got {other:?}"),
+    }
+    // The same ping with a good digest is echoed.
+    initiator.send(Pdu::NopOut(nop), b"pingping");
+    let echo = initiator.receive().expect("a NOP-In");
+    assert!(matches!(echo.pdu, Pdu::NopIn(n) if n.initiator_task_tag == 4));
+    assert_eq!(echo.data, b"pingping");
+    assert_eq!(initiator.test_unit_ready(5), 0);
 }
 
 #[test]

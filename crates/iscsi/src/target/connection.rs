@@ -43,6 +43,9 @@ const NO_SUCH_LUN: u64 = u64::MAX;
 /// ABORTED COMMAND / DATA PHASE ERROR (SPC-4 table D.1): the answer to a command
 /// whose Data-Out broke its sequence.
 const DATA_PHASE_ERROR: Code = Code::new(key::ABORTED_COMMAND, 0x4b, 0x00);
+/// ABORTED COMMAND / PROTOCOL SERVICE CRC ERROR: the answer to a command whose data
+/// failed its digest.
+const CRC_ERROR: Code = Code::new(key::ABORTED_COMMAND, 0x47, 0x05);
 
 /// Why a connection ended.
 enum Ending {
@@ -392,6 +395,19 @@ impl Connection {
         Err(Ending::Violation(reason))
     }
 
+    /// Reads a PDU's data segment; a data digest error is answered with a Reject
+    /// and the PDU dropped (None).
+    fn read_payload(&mut self, bhs: &Bhs) -> Result<Option<Vec<u8>>, Ending> {
+        match self.reader.read_data_vec(bhs.data_len()) {
+            Ok(data) => Ok(Some(data)),
+            Err(ReadError::DataDigest) => {
+                self.send_reject(bhs, RejectReason::DataDigestError)?;
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn on_idle(&mut self) -> Result<(), Ending> {
         match self.ping {
             Some((_, sent)) if sent.elapsed() >= self.shared.config.nop_timeout => Err(
@@ -491,9 +507,18 @@ impl Connection {
         } else {
             buf = Some(IoBuf::new(edtl as usize));
         }
-        match &mut buf {
-            Some(buf) => self.reader.read_data(&mut buf[..data_len as usize])?,
-            None => self.reader.skip_data(data_len)?,
+        let read = match &mut buf {
+            Some(buf) => self.reader.read_data(&mut buf[..data_len as usize]),
+            None => self.reader.skip_data(data_len),
+        };
+        match read {
+            Ok(()) => {}
+            Err(ReadError::DataDigest) => {
+                // RFC 7143 §7.8: the command is rejected and dropped; the initiator
+                // sends it again or recovers the session.
+                return self.send_reject(bhs, RejectReason::DataDigestError);
+            }
+            Err(e) => return Err(e.into()),
         }
         let unsolicited_open = !command.final_bit;
         let task = PendingWrite {
@@ -628,36 +653,39 @@ impl Connection {
                 && (!data.final_bit || ends_sequence);
             (in_order, Some(index))
         };
-        if !in_order && task.buf.is_some() {
-            // At ErrorRecoveryLevel 0 a sequence error ends the task, not the
-            // connection: its data is dropped and, once the initiator closes the
-            // sequence, the command fails with DATA PHASE ERROR.
+        // Read the data where it belongs; a data digest error leaves the stream
+        // in step (the whole segment was read), so only the command suffers.
+        let mut failure = (!in_order).then_some(DATA_PHASE_ERROR);
+        let read = match &mut task.buf {
+            Some(buf) if in_order => self
+                .reader
+                .read_data(&mut buf[offset as usize..end as usize]),
+            _ => self.reader.skip_data(len),
+        };
+        match read {
+            Ok(()) => {}
+            Err(ReadError::DataDigest) => failure = Some(CRC_ERROR),
+            Err(e) => return Err(e.into()),
+        }
+        if let Some(code) = failure {
+            if code == CRC_ERROR {
+                // RFC 7143 §7.8: a payload digest error is rejected and the PDU
+                // dropped; at ErrorRecoveryLevel 0 its data cannot be asked for again.
+                self.send_reject(bhs, RejectReason::DataDigestError)?;
+            }
+            let task = self.pending.get_mut(&itt).expect("present");
             tracing::debug!(
                 itt,
                 data_sn = data.data_sn,
                 offset,
                 len,
-                "Data-Out out of sequence; failing the command"
+                "Data-Out out of sequence or damaged; failing the command"
             );
-            let buf = task.buf.take().expect("checked");
-            self.pending_bytes -= buf.len();
-            task.early = Some(Response::code(DATA_PHASE_ERROR, u64::from(task.want)));
-            task.next_request = task.want;
-            // Only the sequence this PDU belongs to may still send data.
-            let keep = index.map(|i| task.r2ts.swap_remove(i));
-            task.r2ts.clear();
-            task.r2ts.extend(keep);
-            let index = index.map(|_| 0);
-            self.reader.skip_data(len)?;
+            let index = fail_task(task, index, code, &mut self.pending_bytes);
             close_sequence(task, index, data.final_bit);
             return self.advance(itt);
         }
-        match &mut task.buf {
-            Some(buf) if in_order => self
-                .reader
-                .read_data(&mut buf[offset as usize..end as usize])?,
-            _ => self.reader.skip_data(len)?,
-        }
+        let task = self.pending.get_mut(&itt).expect("present");
         if in_order {
             task.received = task.received.max(end);
             match index {
@@ -677,6 +705,30 @@ impl Connection {
         close_sequence(task, index, data.final_bit);
         self.advance(itt)
     }
+}
+
+/// Fails a command whose data went wrong: its buffer is dropped, the command will be
+/// answered with `code`, and only the sequence at `index` (the one the bad PDU
+/// belongs to) may still send data, so that the initiator can close it. Returns the
+/// sequence's new index. At ErrorRecoveryLevel 0 this ends the task, not the
+/// connection.
+fn fail_task(
+    task: &mut PendingWrite,
+    index: Option<usize>,
+    code: Code,
+    pending_bytes: &mut usize,
+) -> Option<usize> {
+    if let Some(buf) = task.buf.take() {
+        *pending_bytes -= buf.len();
+    }
+    if task.early.is_none() {
+        task.early = Some(Response::code(code, u64::from(task.want)));
+    }
+    task.next_request = task.want;
+    let keep = index.map(|i| task.r2ts.swap_remove(i));
+    task.r2ts.clear();
+    task.r2ts.extend(keep);
+    index.map(|_| 0)
 }
 
 /// Ends the sequence a Data-Out with the F bit closes: the unsolicited one, or the
@@ -843,7 +895,9 @@ impl Connection {
             }
             return Ok(());
         }
-        let data = self.reader.read_data_vec(len)?;
+        let Some(data) = self.read_payload(bhs)? else {
+            return Ok(());
+        };
         if self.session.check_cmd_sn(nop.cmd_sn, nop.immediate) == CmdSnCheck::Ignore {
             return Ok(());
         }
@@ -858,7 +912,9 @@ impl Connection {
     }
 
     fn on_text(&mut self, request: TextRequest, bhs: &Bhs) -> Result<(), Ending> {
-        let data = self.reader.read_data_vec(bhs.data_len())?;
+        let Some(data) = self.read_payload(bhs)? else {
+            return Ok(());
+        };
         if self.session.check_cmd_sn(request.cmd_sn, request.immediate) == CmdSnCheck::Ignore {
             return Ok(());
         }

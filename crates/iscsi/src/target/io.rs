@@ -33,6 +33,8 @@ pub enum ReadError {
     Io(#[from] io::Error),
     #[error("header digest mismatch")]
     HeaderDigest,
+    /// The whole segment was read (the stream is still in step), but its digest
+    /// is wrong.
     #[error("data digest mismatch")]
     DataDigest,
     #[error("data segment of {len} bytes exceeds the negotiated {max}")]
