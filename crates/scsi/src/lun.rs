@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use blockwire_blockdev::{Device, IoBuf};
+use blockwire_blockdev::Device;
 
 use crate::cdb::{self, Access, Cdb, CdbError, Rw};
 use crate::command::{Command, Response, TransferInfo};
@@ -206,18 +206,22 @@ impl LogicalUnit {
         })
     }
 
+    /// The checked device handle the unit serves.
     pub fn device(&self) -> &Device {
         &self.device
     }
 
+    /// How the unit presents itself.
     pub fn config(&self) -> &LunConfig {
         &self.config
     }
 
+    /// Logical block size in bytes.
     pub fn block_size(&self) -> u32 {
         self.block_size
     }
 
+    /// Capacity in logical blocks.
     pub fn num_blocks(&self) -> u64 {
         self.num_blocks
     }
@@ -591,10 +595,5 @@ impl LogicalUnit {
         let code = crate::errors::code_for_error(err.kind(), err.op());
         let lba = err.offset() / u64::from(self.block_size);
         self.fail(Sense::new(code).with_information(lba), expected)
-    }
-
-    /// A zero-length or empty IoBuf response.
-    pub(crate) fn data(&self, buf: IoBuf, expected: u64) -> Response {
-        Response::with_data(buf, expected)
     }
 }

@@ -12,10 +12,9 @@ pub const PAGE_CONTROL: u8 = 0x0a;
 pub const PAGE_INFORMATIONAL_EXCEPTIONS: u8 = 0x1c;
 pub const PAGE_ALL: u8 = 0x3f;
 
-/// Page control values of MODE SENSE.
+/// Page control values of MODE SENSE (2 is default, 3 saved).
 const PC_CURRENT: u8 = 0;
 const PC_CHANGEABLE: u8 = 1;
-const PC_DEFAULT: u8 = 2;
 
 /// The logical unit facts a mode parameter header and block descriptor report.
 #[derive(Debug, Clone, Copy)]
@@ -173,7 +172,6 @@ impl ModeState {
         subpage: u8,
         geometry: Geometry,
     ) -> Result<Vec<u8>, Sense> {
-        let _ = PC_DEFAULT;
         // Subpages: only "all pages and subpages" with page 3Fh (SPC-4 6.11).
         if subpage != 0 && !(page == PAGE_ALL && subpage == 0xff) {
             return Err(invalid_cdb(3));

@@ -358,7 +358,7 @@ impl Reservations {
                     (RESERVE, Some(kind)) => self.reserve(nexus, kind),
                     (RELEASE, Some(kind)) => self.release(nexus, kind),
                     (CLEAR, _) => Ok(self.clear(nexus)),
-                    (_, Some(kind)) => self.preempt(nexus, key, kind, request.action_key),
+                    (_, Some(kind)) => self.preempt(nexus, kind, request.action_key),
                     _ => Err(PrError::Check(codes::INVALID_FIELD_IN_CDB)),
                 }
             }
@@ -434,7 +434,6 @@ impl Reservations {
     fn preempt(
         &mut self,
         nexus: &Nexus,
-        own_key: u64,
         kind: PrType,
         target_key: u64,
     ) -> Result<Attentions, PrError> {
@@ -476,7 +475,6 @@ impl Reservations {
                 if target_key == 0 {
                     return Err(PrError::Check(codes::INVALID_FIELD_IN_PARAMETER_LIST));
                 }
-                let _ = own_key;
                 let removed = self.remove_key(nexus, target_key);
                 if removed.is_empty() {
                     return Err(PrError::Conflict);

@@ -79,7 +79,7 @@ impl LogicalUnit {
                 return self.device_error(&err, expected);
             }
         }
-        self.data(buf, expected)
+        Response::with_data(buf, expected)
     }
 
     /// WRITE and WRITE AND VERIFY. Data-out shorter than the CDB asks for is written

@@ -50,18 +50,22 @@ pub fn encode_lun(lun: u64) -> [u8; 8] {
 }
 
 impl ScsiTarget {
+    /// A target without logical units.
     pub fn new() -> ScsiTarget {
         ScsiTarget::default()
     }
 
+    /// Adds (or replaces) the logical unit at `lun`.
     pub fn add_lun(&mut self, lun: u64, unit: Arc<LogicalUnit>) {
         self.luns.insert(lun, unit);
     }
 
+    /// The LUN numbers, in order.
     pub fn luns(&self) -> Vec<u64> {
         self.luns.keys().copied().collect()
     }
 
+    /// The logical unit at `lun`.
     pub fn lun(&self, lun: u64) -> Option<&Arc<LogicalUnit>> {
         self.luns.get(&lun)
     }
