@@ -9,7 +9,8 @@
 //! Layout: [`cdb`] decodes CDBs (sans-IO), [`sense`] encodes sense data, [`errors`] is
 //! the one table between device errors and sense codes, [`inquiry`] and [`vpd`] build
 //! INQUIRY data, [`mode`] the mode pages, [`reservation`] the reservation state
-//! machine (pure), [`sbc`] the block commands, [`lun`] the per-LU dispatch and
+//! machine (pure), [`sbc`] the block commands, [`lun`] the per-LU state and dispatch, `spc` INQUIRY and the reservation
+//! commands, and
 //! [`target`] LUN addressing, REPORT LUNS and unit attentions; [`xcopy`] EXTENDED
 //! COPY between logical units.
 
@@ -24,6 +25,7 @@ pub mod opcodes;
 pub mod reservation;
 pub mod sbc;
 pub mod sense;
+mod spc;
 pub mod target;
 mod unit_attention;
 pub mod vpd;
