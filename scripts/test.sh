@@ -13,6 +13,9 @@ peers=(
   fio:fio nbdkit:nbdkit nbd-server:nbd-server iperf3:iperf3
   bon_csv2txt:bonnie++ mkfs.ext4:e2fsprogs
   ip:iproute2 vblade:vblade aoe-sancheck:aoetools aoeping:aoetools tshark:tshark
+  iscsi-test-cu:libiscsi-bin iscsi-ls:libiscsi-bin iscsi-inq:libiscsi-bin
+  iscsi-readcapacity16:libiscsi-bin iscsi-swp:libiscsi-bin iscsi-perf:libiscsi-bin
+  tgtd:tgt tgtadm:tgt stdbuf:coreutils
 )
 missing=()
 for pair in "${peers[@]}"; do
@@ -28,6 +31,20 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $packages >/dev/null
   else
     echo "== warning: missing $packages (not root); tests that need them will be skipped" >&2
+  fi
+fi
+# qemu's iSCSI driver (qemu-img/qemu-io iscsi://) is a module in qemu-block-extra,
+# which must be the very version of the installed qemu-utils (a backport, say): pin
+# it, and never let apt remove anything for it; without it those tests skip.
+iscsi_module=$(dpkg -L qemu-block-extra 2>/dev/null | grep -c 'block-iscsi\.so$' || true)
+qemu_version=$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null || true)
+if [ "$iscsi_module" = 0 ] && [ -n "$qemu_version" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 &&
+     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-remove \
+       "qemu-block-extra=$qemu_version" >/dev/null 2>&1; then
+    echo "== installed qemu-block-extra $qemu_version (qemu's iSCSI driver)"
+  else
+    echo "== warning: no qemu-block-extra $qemu_version; qemu-over-iSCSI tests will be skipped" >&2
   fi
 fi
 
