@@ -161,24 +161,30 @@ impl LogicalUnit {
         };
         let bs = u64::from(block_size);
         let max_transfer_blocks = (u64::from(info.block_sizes.maximum) / bs).max(1) as u32;
+        // The device's preferred size goes into the block limits page as the optimal
+        // transfer granularity, and the logical block is reported as the physical
+        // one (exponent 0), as file-backed targets usually do: libiscsi's
+        // GET LBA STATUS checks assume it, and an initiator still learns to align
+        // to the granularity.
         let physical = info.block_sizes.preferred.max(block_size);
-        let lbppbe = if physical.is_power_of_two() && physical / block_size <= 1 << 4 {
-            (physical / block_size).trailing_zeros() as u8
+        let granularity = if physical.is_power_of_two() && physical / block_size <= 1 << 4 {
+            physical / block_size
         } else {
-            0
+            1
         };
+        let lbppbe = 0;
         let limit = match deallocate {
             Deallocate::Zeroes => info.limits.max_write_zeroes,
             _ => info.limits.max_trim,
         };
         let facts = BlockFacts {
             max_transfer_blocks,
-            optimal_transfer_blocks: 1 << lbppbe,
+            optimal_transfer_blocks: granularity,
             max_compare_and_write_blocks: MAX_COMPARE_AND_WRITE_BLOCKS.min(max_transfer_blocks)
                 as u8,
             max_unmap_blocks: (limit / bs).clamp(1, u64::from(u32::MAX)) as u32,
             max_unmap_descriptors: MAX_UNMAP_DESCRIPTORS,
-            unmap_granularity: 1 << lbppbe,
+            unmap_granularity: granularity,
             max_write_same_blocks: MAX_WRITE_SAME_BYTES / bs,
             unmap: deallocate != Deallocate::None,
             lbprz: deallocate == Deallocate::Zeroes,
