@@ -60,7 +60,7 @@ pub fn chap_response(algorithm: ChapAlgorithm, id: u8, secret: &[u8], challenge:
 }
 
 /// Encodes binary data as a hex constant ("0x" and lowercase digits).
-pub(super) fn encode_hex(bytes: &[u8]) -> String {
+pub(crate) fn encode_hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(2 + bytes.len() * 2);
     out.push_str("0x");
@@ -73,7 +73,7 @@ pub(super) fn encode_hex(bytes: &[u8]) -> String {
 
 /// Decodes a binary value: "0x"/"0X" hex (an odd digit count has an implied
 /// leading zero) or "0b"/"0B" base64 (§6.1). None if malformed or empty.
-pub(super) fn decode_binary(value: &str) -> Option<Vec<u8>> {
+pub(crate) fn decode_binary(value: &str) -> Option<Vec<u8>> {
     let (prefix, rest) = (value.get(..2)?, value.get(2..)?);
     let bytes = match prefix {
         "0x" | "0X" => decode_hex(rest)?,
@@ -137,7 +137,7 @@ fn decode_base64(text: &str) -> Option<Vec<u8>> {
 
 /// Compares two byte strings in time that depends only on their lengths, so a
 /// wrong CHAP response does not reveal how many leading bytes were right.
-pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

@@ -133,7 +133,7 @@ pub(super) fn classify(key: &str) -> KeyClass {
 
 /// Parses a numerical value: decimal or "0x" hex (§6.1); None when malformed or
 /// beyond u64.
-pub(super) fn parse_number(value: &str) -> Option<u64> {
+pub(crate) fn parse_number(value: &str) -> Option<u64> {
     let (digits, radix) = match value.get(..2) {
         Some("0x" | "0X") => (&value[2..], 16),
         _ => (value, 10),

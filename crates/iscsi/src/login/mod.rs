@@ -44,6 +44,9 @@ mod text;
 mod tests;
 
 pub use chap::{chap_response, ChapAlgorithm};
+// For the initiator's side of CHAP and key negotiation (crate::initiator::login).
+pub(crate) use chap::{constant_time_eq, decode_binary, encode_hex};
+pub(crate) use keys::parse_number;
 pub use keys::DigestChoice;
 pub use machine::{failure_response, LoginMachine};
 pub use text::{answer_text, TextAnswerError};

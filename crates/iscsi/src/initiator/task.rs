@@ -1,0 +1,216 @@
+//! One command in flight: where its Data-In goes, where its Data-Out comes from,
+//! and who learns the result — a caller blocked in `Connection::execute`, or a
+//! request queue.
+//!
+//! Ownership rule: a task is completed exactly once, by the connection's reader
+//! thread (for a response, or for the connection's end). Its buffers are written
+//! (Data-In) or read (R2T Data-Out) only by that thread before completion, and by
+//! the submitting thread while it sends the command's unsolicited data. A waiting
+//! caller lent its buffers and touches them again only after completion; a queued
+//! request's buffer is owned by the task and handed back with the completion, on a
+//! channel that only the submitting thread reads, after its send returned.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+use blockwire_blockdev::{Completion, Error, IoBuf, Op};
+use crossbeam_channel::Sender;
+
+use super::scsi;
+use super::session::Outcome;
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A buffer lent to the task (see the module comment).
+#[derive(Clone, Copy)]
+struct RawBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: dereferenced only by the threads the module comment names, while the
+// memory is lent to or owned by the task.
+unsafe impl Send for RawBuf {}
+// SAFETY: as above; Data-In writes happen on the reader thread only.
+unsafe impl Sync for RawBuf {}
+
+/// Who learns a task's result.
+enum Waiter {
+    Thread {
+        result: Mutex<Option<Result<Outcome, Error>>>,
+        ready: Condvar,
+    },
+    Queue {
+        done: Sender<Completion>,
+        tag: u64,
+        buf: Mutex<Option<IoBuf>>,
+    },
+}
+
+/// A command waiting for its status.
+pub(crate) struct Task {
+    /// For error messages: the operation and byte range the command serves.
+    pub op: Op,
+    pub offset: u64,
+    pub len: u64,
+    read: Option<RawBuf>,
+    write: Option<RawBuf>,
+    /// Data-In bytes received (written by the reader thread only).
+    received: AtomicU32,
+    waiter: Waiter,
+}
+
+impl Task {
+    /// A task for a caller that waits; `read` is filled by Data-In, `write` is the
+    /// data-out.
+    pub fn new(
+        op: Op,
+        offset: u64,
+        len: u64,
+        read: Option<&mut [u8]>,
+        write: Option<&[u8]>,
+    ) -> Task {
+        Task {
+            op,
+            offset,
+            len,
+            read: read.map(|buf| RawBuf {
+                ptr: buf.as_mut_ptr(),
+                len: buf.len(),
+            }),
+            write: write.map(|buf| RawBuf {
+                ptr: buf.as_ptr().cast_mut(),
+                len: buf.len(),
+            }),
+            received: AtomicU32::new(0),
+            waiter: Waiter::Thread {
+                result: Mutex::new(None),
+                ready: Condvar::new(),
+            },
+        }
+    }
+
+    /// A task for a queued read (`writes` false) or write that owns `buf` until
+    /// its completion goes to `done`.
+    pub fn queued(
+        op: Op,
+        offset: u64,
+        mut buf: IoBuf,
+        writes: bool,
+        done: Sender<Completion>,
+        tag: u64,
+    ) -> Task {
+        let raw = RawBuf {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+        };
+        Task {
+            op,
+            offset,
+            len: buf.len() as u64,
+            read: (!writes).then_some(raw),
+            write: writes.then_some(raw),
+            received: AtomicU32::new(0),
+            waiter: Waiter::Queue {
+                done,
+                tag,
+                buf: Mutex::new(Some(buf)),
+            },
+        }
+    }
+
+    /// Counts Data-In bytes received.
+    pub fn add_received(&self, len: u32) {
+        self.received.fetch_add(len, Ordering::Relaxed);
+    }
+
+    /// Data-In bytes received so far.
+    pub fn received(&self) -> u32 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    /// Expected Data-In bytes, if the command reads.
+    pub fn read_len(&self) -> Option<u32> {
+        self.read.map(|b| b.len as u32)
+    }
+
+    /// Data-out bytes, if the command writes.
+    pub fn write_len(&self) -> Option<u32> {
+        self.write.map(|b| b.len as u32)
+    }
+
+    /// `len` bytes of the read buffer at `at`.
+    ///
+    /// # Safety
+    ///
+    /// Only the reader thread may call this, before it completes the task; the
+    /// range must have passed `session::check_data_in`.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn read_buf(&self, at: usize, len: usize) -> &mut [u8] {
+        let buf = self.read.expect("checked: the task reads");
+        assert!(at.checked_add(len).is_some_and(|end| end <= buf.len));
+        // SAFETY: in bounds; the buffer is lent to this thread until completion.
+        unsafe { std::slice::from_raw_parts_mut(buf.ptr.add(at), len) }
+    }
+
+    /// `len` bytes of the write buffer at `at`.
+    ///
+    /// # Safety
+    ///
+    /// Only before completion, by the submitting thread or the reader thread; the
+    /// range must lie within the buffer.
+    pub unsafe fn write_buf(&self, at: usize, len: usize) -> &[u8] {
+        let buf = self.write.expect("checked: the task writes");
+        assert!(at.checked_add(len).is_some_and(|end| end <= buf.len));
+        // SAFETY: in bounds; the memory stays lent or owned until completion and
+        // nobody writes it meanwhile.
+        unsafe { std::slice::from_raw_parts(buf.ptr.add(at), len) }
+    }
+
+    /// Delivers the result (first call only): wakes the caller, or hands the
+    /// completion with its buffer to the queue.
+    pub fn complete(&self, result: Result<Outcome, Error>) {
+        match &self.waiter {
+            Waiter::Thread {
+                result: slot,
+                ready,
+            } => {
+                let mut slot = lock(slot);
+                if slot.is_none() {
+                    *slot = Some(result);
+                    ready.notify_one();
+                }
+            }
+            Waiter::Queue { done, tag, buf } => {
+                let Some(buf) = lock(buf).take() else {
+                    return;
+                };
+                let result = result
+                    .and_then(|outcome| scsi::check_io(&outcome, self.op, self.offset, self.len));
+                // The queue may be gone (dropped with requests in flight): then
+                // the buffer is simply freed.
+                let _ = done.send(Completion {
+                    tag: *tag,
+                    buf,
+                    result,
+                });
+            }
+        }
+    }
+
+    /// Blocks until the task is completed (not for queued tasks).
+    pub fn wait(&self) -> Result<Outcome, Error> {
+        let Waiter::Thread { result, ready } = &self.waiter else {
+            unreachable!("queued tasks are not waited for");
+        };
+        let mut slot = lock(result);
+        loop {
+            if let Some(result) = slot.take() {
+                return result;
+            }
+            slot = ready.wait(slot).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
