@@ -132,7 +132,7 @@ impl Served {
     /// Spawns the server and reads its announcement (`  nbd://127.0.0.1:PORT/...`)
     /// for the port; keeps draining its stdout afterwards.
     fn spawn_announced(command: Command, name: &str) -> Served {
-        let (child, port) = spawn_until(command, |line| nbd_port(line));
+        let (child, port) = spawn_until(command, nbd_port);
         Served::new(child, port, name, Vec::new())
     }
 

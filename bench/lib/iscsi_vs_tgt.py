@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""Serves one prefilled file over iSCSI from blockwire and from tgtd in turn (and
+tgtd's null store, tgtd's protocol ceiling) and drives each with libiscsi's
+iscsi-perf; see iscsi-vs-tgt.sh."""
+
+import argparse
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# (job name, request bytes, requests in flight, random?)
+JOBS = [
+    ("rand-read-4K-qd32", 4096, 32, True),
+    ("seq-read-1M-qd16", 1 << 20, 16, False),
+]
+SERVERS = ["blockwire", "tgt", "tgt-null"]
+TGT_IQN = "iqn.2026-11.dev.blockwire.bench:tgt"
+# Server and client each get a CPU of their own (when there are two or more), as on
+# two hosts: otherwise they fight for one scheduler and single runs vary widely.
+CPUS = os.cpu_count() or 1
+PIN_SERVER = ["taskset", "-c", "0"] if CPUS >= 2 else []
+PIN_CLIENT = ["taskset", "-c", f"1-{CPUS - 1}"] if CPUS >= 2 else []
+
+
+def log(*args):
+    print(*args, file=sys.stderr, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid):
+    """utime + stime of a whole process (all its threads) so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def stop(proc, grace=5):
+    """SIGTERM, then SIGKILL after `grace` seconds, our own child by PID."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class Blockwire:
+    def __init__(self, binary, image):
+        self.proc = subprocess.Popen(
+            [*PIN_SERVER, binary, "serve", image, "--iscsi", "127.0.0.1:0",
+             *os.environ.get("BLOCKWIRE_SERVE_ARGS", "").split()],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.url = None
+        deadline = time.time() + 30
+        for line in self.proc.stdout:
+            m = re.search(r"(iscsi://\S+)", line)
+            if m and self.url is None:
+                self.url = m.group(1)
+            if "press Ctrl-C to stop" in line:
+                break
+            if time.time() > deadline:
+                break
+        if self.url is None:
+            stop(self.proc)
+            raise SystemExit("blockwire serve did not announce an iscsi:// URL "
+                             "(does this build have --iscsi?)")
+        # Keep draining its stdout.
+        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
+        self.pid = self.proc.pid
+
+    def close(self):
+        stop(self.proc)
+
+
+class Tgtd:
+    """tgtd in the foreground with a control port of its own (so it never meets a
+    system tgtd) and a portal on a free loopback port."""
+
+    def __init__(self, image, null=False):
+        self.control = 10000 + (os.getpid() * 31 + (1 if null else 0)) % 22000  # tgtd takes up to 32767
+        self.port = free_port()
+        self.log = open(f"/tmp/bw-iscsi-bench-tgtd-{self.control}.log", "w+")
+        self.proc = subprocess.Popen(
+            [*PIN_SERVER, "tgtd", "-f", "-C", str(self.control), "--iscsi",
+             f"portal=127.0.0.1:{self.port}"],
+            stdout=self.log, stderr=self.log)
+        self.pid = self.proc.pid
+        deadline = time.time() + 20
+        while True:
+            ok = subprocess.run(self.adm("--mode", "target", "--op", "show"),
+                                capture_output=True).returncode == 0
+            if ok and self.listening():
+                break
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.log.seek(0)
+                raise SystemExit(f"tgtd did not start: {self.log.read()}")
+            time.sleep(0.05)
+        store = ["--bstype", "null", "--backing-store", "/dev/null"] if null else [
+            "--backing-store", image]
+        for args in (
+            ["--mode", "target", "--op", "new", "--tid", "1", "--targetname", TGT_IQN],
+            ["--mode", "logicalunit", "--op", "new", "--tid", "1", "--lun", "1", *store],
+            ["--mode", "target", "--op", "bind", "--tid", "1", "--initiator-address", "ALL"],
+        ):
+            subprocess.run(self.adm(*args), check=True)
+        self.url = f"iscsi://127.0.0.1:{self.port}/{TGT_IQN}/1"
+
+    def adm(self, *args):
+        return ["tgtadm", "-C", str(self.control), "--lld", "iscsi", *args]
+
+    def listening(self):
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    def close(self):
+        # tgtd lingers while it has targets; its stores write through.
+        stop(self.proc, grace=2)
+        self.log.close()
+        for suffix in ("", ".lock"):
+            try:
+                os.remove(f"/var/run/tgtd/socket.{self.control}{suffix}")
+            except FileNotFoundError:
+                pass
+
+
+def block_size(url):
+    out = subprocess.run(["iscsi-readcapacity16", url], capture_output=True, text=True,
+                         check=True).stdout
+    return int(re.search(r"LOGICAL BLOCK LENGTH IN BYTES:(\d+)", out).group(1))
+
+
+def perf(url, pid, request, depth, rand, seconds):
+    """One iscsi-perf run; returns MB/s, IOPS, server and client CPU seconds."""
+    blocks = max(1, request // block_size(url))
+    cmd = [*PIN_CLIENT, "iscsi-perf", "-t", str(seconds), "-m", str(depth), "-b",
+           str(blocks), *(["-r"] if rand else []), url]
+    cpu_before = cpu_seconds(pid)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = b""
+    # read() and wait4() rather than communicate(): the client's own CPU time too.
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    server_cpu = cpu_seconds(pid) - cpu_before
+    text = out.decode(errors="replace").replace("\r", "\n")
+    m = re.findall(r"^iops average (\d+)", text, re.M)
+    if proc.returncode != 0 or not m:
+        raise SystemExit(f"iscsi-perf failed ({proc.returncode}): {' '.join(cmd)}\n{text[-2000:]}")
+    iops = int(m[-1])
+    mbps = iops * request / 1e6
+    return {
+        "mb_per_s": round(mbps, 1),
+        "iops": iops,
+        "server_cpu_s": round(server_cpu, 3),
+        "client_cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
+        "mb_per_server_cpu_s": round(mbps * seconds / server_cpu, 1) if server_cpu > 0 else None,
+    }
+
+
+def prefill(path, size):
+    if os.path.exists(path) and os.path.getsize(path) == size:
+        log(f"using {path} ({size} bytes, prefilled before)")
+        return
+    log(f"prefilling {path} with {size} bytes of random data")
+    chunk = os.urandom(1 << 20)
+    with open(path, "wb") as f:
+        for i in range(size >> 20):
+            # Distinct MiBs: no store can deduplicate them.
+            f.write(i.to_bytes(8, "little") + chunk[8:])
+        f.write(chunk[: size % (1 << 20)])
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def parse_size(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    text = text.strip().upper().rstrip("B").rstrip("I")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--blockwire", default="target/release/blockwire")
+    ap.add_argument("--size", default="1G")
+    ap.add_argument("--dir", default="/var/tmp")
+    ap.add_argument("--time", type=int, default=5, help="seconds per run")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--servers", default=",".join(SERVERS),
+                    help="comma-separated subset of " + ",".join(SERVERS))
+    ap.add_argument("--json", default=os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results",
+        "iscsi-vs-tgt.json"))
+    args = ap.parse_args()
+    servers = [s for s in args.servers.split(",") if s]
+    for s in servers:
+        if s not in SERVERS:
+            raise SystemExit(f"unknown server {s!r}: choose from {','.join(SERVERS)}")
+    size = parse_size(args.size)
+    image = os.path.join(args.dir, "bw-iscsi-bench.img")
+    prefill(image, size)
+    # Both servers read it through the page cache; warm it for both alike.
+    with open(image, "rb") as f:
+        while f.read(8 << 20):
+            pass
+
+    runs = []
+    for rnd in range(1, args.rounds + 1):
+        # Interleaved: each round serves every server in turn, so drift in the
+        # machine's speed spreads over all of them.
+        for server in servers:
+            if server == "blockwire":
+                target = Blockwire(args.blockwire, image)
+            else:
+                target = Tgtd(image, null=server == "tgt-null")
+            try:
+                for job, request, depth, rand in JOBS:
+                    r = perf(target.url, target.pid, request, depth, rand, args.time)
+                    r.update(server=server, job=job, round=rnd)
+                    runs.append(r)
+                    log(f"round {rnd} {server:9} {job:18} {r['mb_per_s']:9.1f} MB/s "
+                        f"{r['iops']:8} IOPS  server CPU {r['server_cpu_s']:6.2f} s  "
+                        f"client CPU {r['client_cpu_s']:6.2f} s")
+            finally:
+                target.close()
+
+    medians = {}
+    for server in servers:
+        for job, *_ in JOBS:
+            rs = [r for r in runs if r["server"] == server and r["job"] == job]
+            effs = [r["mb_per_server_cpu_s"] for r in rs if r["mb_per_server_cpu_s"]]
+            medians.setdefault(server, {})[job] = {
+                "mb_per_s": round(statistics.median(r["mb_per_s"] for r in rs), 1),
+                "iops": int(statistics.median(r["iops"] for r in rs)),
+                "server_cpu_s": round(statistics.median(r["server_cpu_s"] for r in rs), 3),
+                "client_cpu_s": round(statistics.median(r["client_cpu_s"] for r in rs), 3),
+                "mb_per_server_cpu_s": round(statistics.median(effs), 1) if effs else None,
+            }
+    ratios = {}
+    if "blockwire" in medians and "tgt" in medians:
+        for job, *_ in JOBS:
+            ours, theirs = medians["blockwire"][job], medians["tgt"][job]
+            ratios[job] = {
+                "throughput": round(ours["mb_per_s"] / theirs["mb_per_s"], 2),
+                "mb_per_server_cpu_s": round(
+                    ours["mb_per_server_cpu_s"] / theirs["mb_per_server_cpu_s"], 2)
+                if ours["mb_per_server_cpu_s"] and theirs["mb_per_server_cpu_s"] else None,
+            }
+
+    print(f"\niSCSI on loopback, {args.size} prefilled file, iscsi-perf {args.time} s per run, "
+          f"median of {args.rounds} interleaved rounds")
+    print(f"{'job':18} {'server':10} {'MB/s':>9} {'IOPS':>9} {'srv CPU s':>10} "
+          f"{'MB/srv CPU-s':>13} {'cli CPU s':>10}")
+    for job, *_ in JOBS:
+        for server in servers:
+            m = medians[server][job]
+            eff = f"{m['mb_per_server_cpu_s']:13.1f}" if m["mb_per_server_cpu_s"] else f"{'-':>13}"
+            print(f"{job:18} {server:10} {m['mb_per_s']:9.1f} {m['iops']:9} "
+                  f"{m['server_cpu_s']:10.2f} {eff} {m['client_cpu_s']:10.2f}")
+        if job in ratios:
+            r = ratios[job]
+            eff = f"{r['mb_per_server_cpu_s']:.2f}x" if r["mb_per_server_cpu_s"] else "-"
+            print(f"{'':18} blockwire / tgt: throughput {r['throughput']:.2f}x, "
+                  f"MB per server CPU-second {eff}")
+    if "tgt-null" in servers:
+        print("tgt-null is tgtd's null store (no storage I/O at all): tgtd's own protocol ceiling.")
+
+    result = {
+        "benchmark": "iscsi-vs-tgt",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"cpus": CPUS, "kernel": platform.release(),
+                    "pinned": bool(PIN_SERVER)},
+        "config": {"size": args.size, "image": image, "seconds": args.time,
+                   "rounds": args.rounds, "servers": servers,
+                   "client": "iscsi-perf (libiscsi)",
+                   "jobs": [{"name": j, "request_bytes": b, "in_flight": d, "random": r}
+                            for j, b, d, r in JOBS]},
+        "medians": medians,
+        "ratios_blockwire_over_tgt": ratios,
+        "runs": runs,
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")
+    print(f"\nJSON: {args.json}")
+
+
+if __name__ == "__main__":
+    main()
