@@ -5,8 +5,8 @@
 # 4 KiB random reads with 32 in flight, 1 MiB sequential reads with 16 in flight.
 # Interleaved rounds, medians; prints MB/s (10^6 bytes), IOPS, the server's CPU
 # seconds (utime+stime from /proc/PID/stat over each run), MB per server
-# CPU-second and the ratios
-# blockwire / tgtd; writes JSON (bench/results/iscsi-vs-tgt.json).
+# CPU-second and the ratios blockwire / tgtd; writes JSON
+# (bench/results/iscsi-vs-tgt.json).
 # Needs root: tgtd's control socket lives in /var/run/tgtd. Server and client are
 # pinned to different CPUs when there are two or more.
 #
