@@ -9,9 +9,22 @@ use std::time::Duration;
 use blockwire_tests::iscsi::tool_ok;
 use blockwire_tests::{path_str, require, require_qemu_iscsi, sparse_file, Served, MIB};
 
-/// Spawns `program ARGS...` and waits until a line of its stdout contains `ready`.
-/// Through `stdbuf -oL`: qemu-io and iscsi-perf buffer stdout in a pipe otherwise.
-fn spawn_until(program: &str, args: &[&str], ready: &'static str) -> Child {
+/// A client we started, stopped by PID when dropped (also when a test fails) if the
+/// target's goodbye did not end it: libiscsi may keep trying to reconnect.
+struct Client(Child);
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// Spawns `program ARGS...` and waits until its stdout contains `ready`. Through
+/// `stdbuf -oL`: qemu-io and iscsi-perf buffer stdout in a pipe otherwise.
+fn spawn_until(program: &str, args: &[&str], ready: &'static str) -> Client {
     let mut child = Command::new("stdbuf")
         .arg("-oL")
         .arg(program)
@@ -44,15 +57,7 @@ fn spawn_until(program: &str, args: &[&str], ready: &'static str) -> Child {
         let _ = child.wait();
         panic!("{program} {args:?} never printed {ready:?}");
     }
-    child
-}
-
-/// Stops a client we started, by PID, if the target's goodbye did not end it.
-fn stop(mut child: Child) {
-    if let Ok(None) = child.try_wait() {
-        let _ = child.kill();
-    }
-    let _ = child.wait();
+    Client(child)
 }
 
 #[test]
@@ -88,8 +93,8 @@ fn sigterm_with_initiators_logged_in_exits_0_and_keeps_their_writes() {
     );
 
     let code = served.terminate();
-    stop(idle);
-    stop(busy);
+    drop(idle);
+    drop(busy);
     assert_eq!(code, Some(0), "blockwire exits 0 after SIGTERM");
     let data = std::fs::read(&image).unwrap();
     assert!(
@@ -122,7 +127,7 @@ fn sigterm_during_a_write_stream_exits_0() {
     let writer = spawn_until("qemu-io", &args, "wrote 1048576/1048576 bytes at offset 0");
     let code = served.terminate();
     // It may be reconnecting to the target that is gone.
-    stop(writer);
+    drop(writer);
     assert_eq!(code, Some(0), "blockwire exits 0 after SIGTERM");
     // Each MiB is all its pattern or (not written yet) all zeroes.
     let data = std::fs::read(&image).unwrap();
