@@ -319,6 +319,22 @@ impl LogicalUnit {
         }
     }
 
+    /// A READ served from the device's cache without waiting (see
+    /// [`ScsiTarget::try_execute_cached`](crate::ScsiTarget::try_execute_cached)).
+    pub(crate) fn try_read_cached(&self, command: &Command<'_>) -> Option<Response> {
+        if self.attentions.any() {
+            return None;
+        }
+        let decoded = cdb::decode(command.cdb).ok()?;
+        let expected = decoded.transfer(self.block_size).len;
+        match decoded {
+            Cdb::Read(rw) if !self.conflicts(command.nexus, decoded.access()) => {
+                self.try_read(rw, expected)
+            }
+            _ => None,
+        }
+    }
+
     /// Executes one command (unit attentions are the caller's, [`crate::ScsiTarget`]).
     /// EXTENDED COPY may only name this logical unit; through the target it may name
     /// any of the target's.

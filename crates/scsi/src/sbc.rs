@@ -82,6 +82,18 @@ impl LogicalUnit {
         Response::with_data(buf, expected)
     }
 
+    /// READ when every byte is in the device's cache; None when it would wait for
+    /// the device or fail (then [`read`](Self::read) runs where blocking is fine and
+    /// reports the error).
+    pub(crate) fn try_read(&self, rw: Rw, expected: u64) -> Option<Response> {
+        let (offset, len) = self.transfer_range(rw.lba, rw.blocks).ok()?;
+        let mut buf = IoBuf::new(len as usize);
+        if len > 0 && !self.device.try_read(&mut buf, offset).ok()? {
+            return None;
+        }
+        Some(Response::with_data(buf, expected))
+    }
+
     /// WRITE and WRITE AND VERIFY. Data-out shorter than the CDB asks for is written
     /// as far as it goes and no further (FCP-4 9.4.2 a: process the command, transfer
     /// no more than was sent); a cut last block keeps the rest of its old bytes.

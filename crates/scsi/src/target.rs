@@ -164,6 +164,21 @@ impl ScsiTarget {
         unit.execute(command)
     }
 
+    /// [`execute`](Self::execute) for a READ whose data is all in the device's cache:
+    /// it never waits for the device, so a transport may run it on its connection's
+    /// own thread. None for any other command, or when the read would wait (or
+    /// fail, or a unit attention or reservation is in the way): then `execute` it
+    /// where blocking is fine.
+    pub fn try_execute_cached(&self, lun: u64, command: &Command<'_>) -> Option<Response> {
+        let opcode = *command.cdb.first()?;
+        if !matches!(opcode, op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16) {
+            return None;
+        }
+        let unit = self.luns.get(&lun)?;
+        self.note_nexus(command.nexus);
+        unit.try_read_cached(command)
+    }
+
     fn absent_lun(&self, command: &Command<'_>) -> Response {
         match cdb::decode(command.cdb) {
             Ok(Cdb::Inquiry {

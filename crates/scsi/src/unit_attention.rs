@@ -41,6 +41,11 @@ impl UnitAttentions {
         self.recount(&queues);
     }
 
+    /// Whether any condition is pending, for any nexus (one atomic load).
+    pub(crate) fn any(&self) -> bool {
+        self.pending.load(Ordering::Acquire) != 0
+    }
+
     /// The oldest condition pending for `nexus`, removed.
     pub(crate) fn take(&self, nexus: &Nexus) -> Option<Code> {
         if self.pending.load(Ordering::Acquire) == 0 {

@@ -47,6 +47,10 @@ const DATA_PHASE_ERROR: Code = Code::new(key::ABORTED_COMMAND, 0x4b, 0x00);
 /// failed its digest.
 const CRC_ERROR: Code = Code::new(key::ABORTED_COMMAND, 0x47, 0x05);
 
+/// Reads up to this size are answered on the connection's thread when their data
+/// is cached.
+const INLINE_READ_MAX: u32 = 64 * 1024;
+
 /// Why a connection ended.
 enum Ending {
     Closed,
@@ -484,7 +488,9 @@ impl Connection {
         let lun = decode_lun(command.lun);
         if !command.write {
             self.reader.skip_data(data_len)?;
-            self.execute(&command, lun, None, None, 0);
+            if !self.try_inline(&command, lun)? {
+                self.execute(&command, lun, None, None, 0);
+            }
             return Ok(());
         }
         let scsi = self.session.scsi.as_ref().expect("normal session");
@@ -746,6 +752,38 @@ fn close_sequence(task: &mut PendingWrite, index: Option<usize>, final_bit: bool
 }
 
 impl Connection {
+    /// Answers a small read from the device's cache on this thread: a hand-off to a
+    /// worker costs more than the read. Large reads go to the pool, where several
+    /// run at once and this thread keeps reading the network.
+    fn try_inline(&self, command: &ScsiCommand, lun: Option<u64>) -> Result<bool, Ending> {
+        if command.expected_data_transfer_length > INLINE_READ_MAX {
+            return Ok(false);
+        }
+        let scsi = self.session.scsi.as_ref().expect("normal session");
+        let Some(response) = scsi.try_execute_cached(
+            lun.unwrap_or(NO_SUCH_LUN),
+            &Command {
+                nexus: &self.session.nexus,
+                cdb: &command.cdb,
+                data_out: &[],
+            },
+        ) else {
+            return Ok(false);
+        };
+        let reply = Reply {
+            initiator_task_tag: command.initiator_task_tag,
+            lun_field: command.lun,
+            expected_len: command.expected_data_transfer_length,
+            reads: command.read,
+            writes: command.write,
+            r2t_count: 0,
+            max_burst: self.negotiated.max_burst_length,
+            response: &response,
+        };
+        send_reply(&self.session.writer, &*self.session, &reply)?;
+        Ok(true)
+    }
+
     /// Runs a command on the worker pool; the worker sends its answer.
     fn execute(
         &self,
