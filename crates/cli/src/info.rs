@@ -16,7 +16,8 @@ use clap::Args;
 #[derive(Args, Debug)]
 pub struct InfoArgs {
     /// The export: nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH or
-    /// aoe://IFACE[,IFACE]/eSHELF.SLOT (with --list, aoe://IFACE is enough).
+    /// aoe://IFACE[,IFACE]/eSHELF.SLOT (with --list, aoe://IFACE is enough) or
+    /// iscsi://[USER@]HOST[:PORT]/IQN/LUN (iscsi://HOST[:PORT] lists the targets).
     pub uri: String,
 
     /// List the server's exports with their descriptions (the URI's export name is
@@ -34,6 +35,12 @@ pub struct InfoArgs {
 }
 
 pub fn run(args: InfoArgs) -> Result<()> {
+    if args.uri.starts_with("iscsi://") {
+        if args.map {
+            return crate::info_iscsi::map(&args.uri, args.json);
+        }
+        return crate::info_iscsi::run(&args.uri, args.json);
+    }
     if args.uri.starts_with("aoe://") {
         if args.map {
             bail!("--map needs NBD's block status; AoE has no allocation map");
@@ -77,7 +84,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
 
 /// The whole export's extents, asking again from wherever each answer stopped;
 /// neighbours of the same type are merged.
-fn allocation_map(device: &Device) -> Result<Vec<Extent>> {
+pub(crate) fn allocation_map(device: &Device) -> Result<Vec<Extent>> {
     let size = device.size();
     let mut map: Vec<Extent> = Vec::new();
     let mut offset = 0;
@@ -102,7 +109,7 @@ fn allocation_map(device: &Device) -> Result<Vec<Extent>> {
 }
 
 /// `64M` for exact sizes, else one decimal (`20.0M`).
-fn human(bytes: u64) -> String {
+pub(crate) fn human(bytes: u64) -> String {
     let exact = format_size(bytes);
     if exact != bytes.to_string() || bytes < 1024 {
         return exact;
@@ -182,7 +189,7 @@ fn list_text(exports: &[(String, String)]) -> String {
 }
 
 /// One line per extent, in `nbdinfo --map`'s columns.
-fn map_text(extents: &[Extent]) -> String {
+pub(crate) fn map_text(extents: &[Extent]) -> String {
     let mut out = String::new();
     for extent in extents {
         let (kind, words) = allocation_type(extent.state);
@@ -196,7 +203,7 @@ fn map_text(extents: &[Extent]) -> String {
 }
 
 /// A JSON string literal.
-fn json_string(text: &str) -> String {
+pub(crate) fn json_string(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 2);
     out.push('"');
     for c in text.chars() {
@@ -274,7 +281,7 @@ fn list_json(exports: &[(String, String)]) -> String {
     format!("[\n{}\n]\n", items.join(",\n"))
 }
 
-fn map_json(extents: &[Extent]) -> String {
+pub(crate) fn map_json(extents: &[Extent]) -> String {
     let items: Vec<String> = extents
         .iter()
         .map(|extent| {

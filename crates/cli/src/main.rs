@@ -6,6 +6,7 @@ mod copy;
 mod demo;
 mod info;
 mod info_aoe;
+mod info_iscsi;
 mod netserve;
 mod open;
 mod serve;

@@ -1,6 +1,7 @@
 //! Opening what a command names: a path (`/srv/disk.img`, `file:///srv/disk.img`), an
 //! NBD URI (`nbd://host[:port]/export`, `nbd+unix:///export?socket=PATH`) or an AoE
-//! URI (`aoe://eth0/e1.2`, `aoe://eth0,eth1/e1.2`).
+//! URI (`aoe://eth0/e1.2`, `aoe://eth0,eth1/e1.2`) or an iSCSI URI
+//! (`iscsi://[user@]host[:port]/IQN/LUN`).
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
@@ -10,6 +11,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use blockwire_aoe::initiator::{AoeClient, AoeOptions, AoeUri};
 use blockwire_blockdev::{Device, FileDevice, FileOptions};
+use blockwire_iscsi::initiator::{IscsiClient, IscsiOptions, IscsiUri};
 use blockwire_nbd::client::{ClientOptions, NbdClient, NbdUri};
 
 /// What a command line names.
@@ -18,6 +20,7 @@ pub enum Target {
     Path(PathBuf),
     Nbd(NbdUri),
     Aoe(AoeUri),
+    Iscsi(IscsiUri),
 }
 
 impl Target {
@@ -30,11 +33,18 @@ impl Target {
             let uri: AoeUri = spec.parse().map_err(|e| anyhow!("{e}"))?;
             return Ok(Target::Aoe(uri));
         }
+        if spec.starts_with("iscsi://") {
+            let uri: IscsiUri = spec.parse().map_err(|e| anyhow!("{e}"))?;
+            if uri.target.is_none() {
+                bail!("'{spec}' names no target: expected iscsi://HOST[:PORT]/IQN/LUN (`blockwire info {spec}` lists the targets)");
+            }
+            return Ok(Target::Iscsi(uri));
+        }
         if let Some(path) = spec.strip_prefix("file://") {
             return Ok(Target::Path(PathBuf::from(path)));
         }
         if spec.contains("://") {
-            bail!("'{spec}': unknown URI scheme (expected a path, file://, nbd://, nbd+unix:// or aoe://)");
+            bail!("'{spec}': unknown URI scheme (expected a path, file://, nbd://, nbd+unix://, aoe:// or iscsi://)");
         }
         Ok(Target::Path(PathBuf::from(spec)))
     }
@@ -93,6 +103,15 @@ pub fn open(target: &Target, read_only: bool, remote: Remote) -> Result<Device> 
             }
             let client = AoeClient::open(uri, options).map_err(|e| anyhow!("{e}"))?;
             Ok(Device::new(Arc::new(client)))
+        }
+        Target::Iscsi(uri) => {
+            let client =
+                IscsiClient::connect(uri, IscsiOptions::default()).map_err(|e| anyhow!("{e}"))?;
+            let device = Device::new(Arc::new(client));
+            if !read_only && device.info().read_only {
+                bail!("{uri} is a read-only logical unit");
+            }
+            Ok(device)
         }
     }
 }
@@ -164,7 +183,12 @@ mod tests {
             Target::Aoe(_)
         ));
         assert!(Target::parse("aoe://eth0/1.2").is_err());
-        assert!(Target::parse("iscsi://host/iqn.x/0").is_err());
+        assert!(matches!(
+            Target::parse("iscsi://host/iqn.x:y/0").unwrap(),
+            Target::Iscsi(_)
+        ));
+        assert!(Target::parse("iscsi://host").is_err());
+        assert!(Target::parse("iscsi://host/iqn.x").is_err());
     }
 
     #[test]

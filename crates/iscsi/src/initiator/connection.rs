@@ -236,6 +236,18 @@ impl Connection {
         read: Option<&mut [u8]>,
         write: Option<&[u8]>,
     ) -> Result<Outcome, Error> {
+        self.execute_on(self.shared.lun_field, command, read, write)
+    }
+
+    /// [`execute`](Self::execute) for another logical unit than the session's
+    /// (`lun_field` in SAM-5 form), as REPORT LUNS's answers are inquired.
+    pub fn execute_on(
+        &self,
+        lun_field: u64,
+        command: &Command<'_>,
+        read: Option<&mut [u8]>,
+        write: Option<&[u8]>,
+    ) -> Result<Outcome, Error> {
         // `read` and `write` stay borrowed until this returns, after completion
         // (task.rs, ownership rule).
         let task = Arc::new(Task::new(
@@ -245,7 +257,10 @@ impl Connection {
             read,
             write,
         ));
-        self.submit(command.cdb, task.clone());
+        match self.register(&task) {
+            Ok(itt) => self.send_command(itt, &task, command.cdb, lun_field),
+            Err(error) => task.complete(Err(error)),
+        }
         task.wait()
     }
 
@@ -253,7 +268,7 @@ impl Connection {
     /// completed here with the reason (so every task completes exactly once).
     pub fn submit(&self, cdb: &[u8], task: Arc<Task>) {
         match self.register(&task) {
-            Ok(itt) => self.send_command(itt, &task, cdb),
+            Ok(itt) => self.send_command(itt, &task, cdb, self.shared.lun_field),
             Err(error) => task.complete(Err(error)),
         }
     }
@@ -282,7 +297,7 @@ impl Connection {
     }
 
     /// Waits for the window, then sends the command and its unsolicited data.
-    fn send_command(&self, itt: u32, task: &Task, cdb: &[u8]) {
+    fn send_command(&self, itt: u32, task: &Task, cdb: &[u8], lun_field: u64) {
         let shared = &*self.shared;
         let params = &shared.params;
         let write_len = task.write_len().unwrap_or(0);
@@ -325,7 +340,7 @@ impl Connection {
                 read: read_len > 0,
                 write: write_len > 0,
                 attribute: TaskAttribute::Simple,
-                lun: shared.lun_field,
+                lun: lun_field,
                 initiator_task_tag: itt,
                 expected_data_transfer_length: read_len.max(write_len),
                 cmd_sn,
@@ -348,7 +363,7 @@ impl Connection {
             for (data_sn, (offset, len, last)) in pieces.enumerate() {
                 let data_out = DataOut {
                     final_bit: last,
-                    lun: shared.lun_field,
+                    lun: lun_field,
                     initiator_task_tag: itt,
                     target_transfer_tag: RESERVED_TAG,
                     exp_stat_sn,

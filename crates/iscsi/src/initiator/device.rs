@@ -283,7 +283,17 @@ fn run_on(
 }
 
 /// An inquiry-type command returning up to `len` bytes; the bytes received.
-fn fetch(connection: &Connection, cdb: &[u8], len: usize) -> Result<Vec<u8>> {
+pub(crate) fn fetch(connection: &Connection, cdb: &[u8], len: usize) -> Result<Vec<u8>> {
+    fetch_from(connection, None, cdb, len)
+}
+
+/// [`fetch`] from logical unit `lun` (the session's when `None`).
+pub(crate) fn fetch_from(
+    connection: &Connection,
+    lun: Option<u64>,
+    cdb: &[u8],
+    len: usize,
+) -> Result<Vec<u8>> {
     let mut buf = vec![0u8; len];
     let command = Command {
         cdb,
@@ -291,7 +301,26 @@ fn fetch(connection: &Connection, cdb: &[u8], len: usize) -> Result<Vec<u8>> {
         offset: 0,
         len: 0,
     };
-    let outcome = run_on(connection, &command, Some(&mut buf), None)?;
+    let mut attempts = 0;
+    let outcome = loop {
+        let outcome = match lun {
+            Some(lun) => connection.execute_on(
+                crate::target::encode_lun(lun),
+                &command,
+                Some(&mut buf),
+                None,
+            )?,
+            None => connection.execute(&command, Some(&mut buf), None)?,
+        };
+        if scsi::is_unit_attention(&outcome) && attempts < UNIT_ATTENTION_RETRIES {
+            attempts += 1;
+            continue;
+        }
+        if outcome.status != scsi::status::GOOD {
+            return Err(scsi::status_error(&outcome, Op::Open, 0, 0));
+        }
+        break outcome;
+    };
     buf.truncate(outcome.received as usize);
     Ok(buf)
 }

@@ -29,6 +29,7 @@ mod connect;
 mod connection;
 mod device;
 mod error;
+mod inventory;
 pub mod login;
 mod queue;
 pub mod scsi;
@@ -40,7 +41,9 @@ mod wire;
 pub use connect::{parse_send_targets, DiscoveredTarget};
 pub use device::{credentials, IscsiClient, IscsiOptions, LunDetails, DEFAULT_INITIATOR_NAME};
 pub use error::InitiatorError;
+pub use inventory::{inventory, LunSummary};
 pub use login::{status_name, Credentials, LoginError, SessionParams};
+pub use scsi::{device_type_name, Capacity, Inquiry};
 pub use uri::{IscsiUri, UriError, DEFAULT_PORT, SECRET_ENV, TARGET_SECRET_ENV};
 
 /// Lists the targets a portal offers (SendTargets=All on a discovery session).
