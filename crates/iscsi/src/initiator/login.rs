@@ -188,8 +188,9 @@ pub struct InitiatorLogin {
     pending: Vec<u8>,
     /// Operational keys we offered (their answers are results, not offers).
     offered: HashSet<&'static str>,
-    /// Whether our last request set T.
+    /// Whether our last request set T, and its NSG.
     transit_sent: bool,
+    next_sent: u8,
     params: SessionParams,
 }
 
@@ -225,6 +226,7 @@ impl InitiatorLogin {
             pending: Vec::new(),
             offered: HashSet::new(),
             transit_sent: false,
+            next_sent: 0,
             params,
         }
     }
@@ -256,6 +258,7 @@ impl InitiatorLogin {
     fn request(&mut self, pairs: Vec<(&str, String)>, transit: bool, next: u8) -> LoginStep {
         self.requests += 1;
         self.transit_sent = transit;
+        self.next_sent = next;
         LoginStep::Send {
             request: LoginRequest {
                 transit,
@@ -327,8 +330,10 @@ impl InitiatorLogin {
         }
         self.pending.extend_from_slice(data);
         if response.continue_bit {
-            // More text follows: ask for it with an empty request (§6.1.2).
-            return Ok(self.request(Vec::new(), false, 0));
+            // More text follows: ask for it with an empty request (§6.1.2), still
+            // ready (or not) to move on as before.
+            let (transit, next) = (self.transit_sent, self.next_sent);
+            return Ok(self.request(Vec::new(), transit, next));
         }
         let text = std::mem::take(&mut self.pending);
         let pairs = text::parse(&text)

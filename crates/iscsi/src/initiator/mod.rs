@@ -31,6 +31,8 @@ mod device;
 mod error;
 mod inventory;
 pub mod login;
+#[cfg(test)]
+mod login_tests;
 mod queue;
 pub mod scsi;
 pub mod session;
