@@ -27,6 +27,8 @@
 
 mod connect;
 mod connection;
+#[cfg(test)]
+mod connection_tests;
 mod device;
 mod error;
 mod inventory;
