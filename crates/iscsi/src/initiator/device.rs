@@ -240,10 +240,10 @@ impl IscsiClient {
     fn run(
         &self,
         command: &Command<'_>,
-        mut read: Option<&mut [u8]>,
+        read: Option<&mut [u8]>,
         write: Option<&[u8]>,
     ) -> Result<Outcome> {
-        run_on(self.pick(), command, read.as_deref_mut(), write)
+        run_on(self.pick(), command, read, write)
     }
 
     fn blocks(&self, op: Op, offset: u64, len: u64) -> Result<(u64, u32)> {
