@@ -258,19 +258,10 @@ impl Connection {
             write,
         ));
         match self.register(&task) {
-            Ok(itt) => self.send_command(itt, &task, command.cdb, lun_field),
+            Ok(itt) => self.send_command(itt, task.clone(), command.cdb, lun_field),
             Err(error) => task.complete(Err(error)),
         }
         task.wait()
-    }
-
-    /// Registers `task` and sends its command; a task the connection refuses is
-    /// completed here with the reason (so every task completes exactly once).
-    pub fn submit(&self, cdb: &[u8], task: Arc<Task>) {
-        match self.register(&task) {
-            Ok(itt) => self.send_command(itt, &task, cdb, self.shared.lun_field),
-            Err(error) => task.complete(Err(error)),
-        }
     }
 
     fn register(&self, task: &Arc<Task>) -> Result<u32, Error> {
@@ -297,26 +288,49 @@ impl Connection {
     }
 
     /// Waits for the window, then sends the command and its unsolicited data.
-    fn send_command(&self, itt: u32, task: &Task, cdb: &[u8], lun_field: u64) {
+    fn send_command(&self, itt: u32, task: Arc<Task>, cdb: &[u8], lun_field: u64) {
+        let mut one = vec![Pending {
+            itt,
+            task,
+            cdb: cdb.to_vec(),
+            lun_field,
+        }];
+        self.send_pending(&mut one);
+    }
+
+    /// Registers a queued command and adds it to `pending` without sending it: a
+    /// request queue sends what it gathered in one go ([`send_pending`]). A command
+    /// the connection refuses completes at once with the reason.
+    ///
+    /// [`send_pending`]: Connection::send_pending
+    pub fn enqueue(&self, cdb: &[u8], task: Arc<Task>, pending: &mut Vec<Pending>) {
+        match self.register(&task) {
+            Ok(itt) => pending.push(Pending {
+                itt,
+                task,
+                cdb: cdb.to_vec(),
+                lun_field: self.shared.lun_field,
+            }),
+            Err(error) => task.complete(Err(error)),
+        }
+    }
+
+    /// Sends registered commands in order, as many per system call as the command
+    /// window allows, waiting for the window when it is full; empties `pending`.
+    /// CmdSNs are taken under the writer lock so that the wire carries them in
+    /// order (§3.2.2.1: the target executes in CmdSN order, so a gap would stall it).
+    pub fn send_pending(&self, pending: &mut Vec<Pending>) {
         let shared = &*self.shared;
-        let params = &shared.params;
-        let write_len = task.write_len().unwrap_or(0);
-        let read_len = task.read_len().unwrap_or(0);
-        let unsolicited = session::unsolicited(
-            write_len,
-            params.immediate_data,
-            params.initial_r2t,
-            params.first_burst_length,
-            params.target_max_recv,
-        );
-        loop {
+        let mut next = 0;
+        while next < pending.len() {
             // Wait for room without the writer: the reader thread may need it to
             // answer an R2T before the target opens the window again.
             {
                 let mut window = lock(&shared.window);
                 while !window.open() {
                     if lock(&shared.tasks).closed.is_some() {
-                        // The reader fails this task with the others.
+                        // The reader fails these tasks with the others.
+                        pending.clear();
                         return;
                     }
                     window = shared
@@ -327,59 +341,102 @@ impl Connection {
                 }
             }
             let mut writer = lock(&shared.writer);
-            let (cmd_sn, exp_stat_sn) = {
+            let mut numbers = Vec::new();
+            let exp_stat_sn = {
                 let mut window = lock(&shared.window);
-                if !window.open() {
-                    continue;
+                while next + numbers.len() < pending.len() && window.open() {
+                    numbers.push(window.take());
                 }
-                (window.take(), window.exp_stat_sn)
+                window.exp_stat_sn
             };
-            let command = ScsiCommand {
-                immediate: false,
-                final_bit: unsolicited.data_out == 0,
-                read: read_len > 0,
-                write: write_len > 0,
-                attribute: TaskAttribute::Simple,
-                lun: lun_field,
-                initiator_task_tag: itt,
-                expected_data_transfer_length: read_len.max(write_len),
-                cmd_sn,
-                exp_stat_sn,
-                cdb: cdb.to_vec(),
-                bidi_read_length: None,
-            };
-            // SAFETY: the submitting thread reads its own task's data-out before
-            // completion (task.rs, ownership rule).
-            let immediate = unsafe { task_write(task, 0, unsolicited.immediate) };
-            let header = Pdu::ScsiCommand(command).encode(unsolicited.immediate);
             let mut batch = Batch::new();
-            batch.push(&header, immediate, shared.digests);
-            // Unsolicited Data-Out after the immediate data (§4.2.5.2), DataSN from 0.
-            let pieces = session::data_out_pieces(
-                unsolicited.immediate,
-                unsolicited.data_out,
-                params.target_max_recv,
-            );
-            for (data_sn, (offset, len, last)) in pieces.enumerate() {
-                let data_out = DataOut {
-                    final_bit: last,
-                    lun: lun_field,
-                    initiator_task_tag: itt,
-                    target_transfer_tag: RESERVED_TAG,
-                    exp_stat_sn,
-                    data_sn: data_sn as u32,
-                    buffer_offset: offset,
-                };
-                // SAFETY: as above; the range lies within the write (session.rs).
-                let data = unsafe { task_write(task, offset, len) };
-                batch.push(&Pdu::DataOut(data_out).encode(len), data, shared.digests);
+            for (command, &cmd_sn) in pending[next..].iter().zip(&numbers) {
+                self.encode(command, cmd_sn, exp_stat_sn, &mut batch);
             }
+            next += numbers.len();
             if let Err(e) = batch.send(&mut *writer) {
                 drop(writer);
-                shared.kill(format!("{}: sending a command failed: {e}", shared.name));
+                shared.kill(format!("{}: sending commands failed: {e}", shared.name));
+                break;
             }
-            return;
         }
+        pending.clear();
+    }
+
+    /// Adds a command PDU and its immediate and unsolicited data to `batch`.
+    fn encode<'a>(
+        &self,
+        command: &'a Pending,
+        cmd_sn: u32,
+        exp_stat_sn: u32,
+        batch: &mut Batch<'a>,
+    ) {
+        let shared = &*self.shared;
+        let params = &shared.params;
+        let task = &command.task;
+        let write_len = task.write_len().unwrap_or(0);
+        let read_len = task.read_len().unwrap_or(0);
+        let unsolicited = session::unsolicited(
+            write_len,
+            params.immediate_data,
+            params.initial_r2t,
+            params.first_burst_length,
+            params.target_max_recv,
+        );
+        let pdu = ScsiCommand {
+            immediate: false,
+            final_bit: unsolicited.data_out == 0,
+            read: read_len > 0,
+            write: write_len > 0,
+            attribute: TaskAttribute::Simple,
+            lun: command.lun_field,
+            initiator_task_tag: command.itt,
+            expected_data_transfer_length: read_len.max(write_len),
+            cmd_sn,
+            exp_stat_sn,
+            cdb: command.cdb.clone(),
+            bidi_read_length: None,
+        };
+        // SAFETY: the submitting thread reads its own task's data-out before
+        // completion (task.rs, ownership rule); `command` keeps the task alive.
+        let immediate = unsafe { task_write(task, 0, unsolicited.immediate) };
+        let header = Pdu::ScsiCommand(pdu).encode(unsolicited.immediate);
+        batch.push(&header, immediate, shared.digests);
+        // Unsolicited Data-Out after the immediate data (§4.2.5.2), DataSN from 0.
+        let pieces = session::data_out_pieces(
+            unsolicited.immediate,
+            unsolicited.data_out,
+            params.target_max_recv,
+        );
+        for (data_sn, (offset, len, last)) in pieces.enumerate() {
+            let data_out = DataOut {
+                final_bit: last,
+                lun: command.lun_field,
+                initiator_task_tag: command.itt,
+                target_transfer_tag: RESERVED_TAG,
+                exp_stat_sn,
+                data_sn: data_sn as u32,
+                buffer_offset: offset,
+            };
+            // SAFETY: as above; the range lies within the write (session.rs).
+            let data = unsafe { task_write(task, offset, len) };
+            batch.push(&Pdu::DataOut(data_out).encode(len), data, shared.digests);
+        }
+    }
+}
+
+/// A registered command not yet sent.
+pub(crate) struct Pending {
+    itt: u32,
+    task: Arc<Task>,
+    cdb: Vec<u8>,
+    lun_field: u64,
+}
+
+impl Pending {
+    /// Data-out bytes the command carries.
+    pub fn write_len(&self) -> u32 {
+        self.task.write_len().unwrap_or(0)
     }
 }
 

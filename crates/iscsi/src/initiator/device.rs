@@ -212,9 +212,19 @@ impl IscsiClient {
 
     /// The least-loaded live session; ties go round-robin.
     pub(crate) fn pick(&self) -> &Connection {
+        &self.sessions[self.pick_index()]
+    }
+
+    /// Session `index`.
+    pub(crate) fn session(&self, index: usize) -> &Connection {
+        &self.sessions[index]
+    }
+
+    /// The index of [`pick`](Self::pick)'s session.
+    pub(crate) fn pick_index(&self) -> usize {
         let count = self.sessions.len();
         if count == 1 {
-            return &self.sessions[0];
+            return 0;
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed) % count;
         let mut best: Option<(usize, usize)> = None;
@@ -229,7 +239,7 @@ impl IscsiClient {
                 best = Some((load, index));
             }
         }
-        &self.sessions[best.map_or(start, |(_, index)| index)]
+        best.map_or(start, |(_, index)| index)
     }
 
     pub(crate) fn block_size(&self) -> u64 {

@@ -1,15 +1,24 @@
 //! The initiator's request queue: one thread keeps many reads and writes in flight.
-//! Each submission becomes a command on the least-loaded session at once (waiting
-//! only while the command window is full); the reader threads hand completions back
-//! on a channel, with each request's buffer.
+//! Each submission is registered on the least-loaded session and gathered with the
+//! others submitted since the queue last sent: they leave in one vectored write when
+//! the queue's thread asks for completions, or once a session's gathered commands
+//! reach [`SEND_COMMANDS`] or [`SEND_BYTES`] (so large writes stream without
+//! waiting). Sending waits only while the command window is full. The reader
+//! threads hand completions back on a channel, with each request's buffer.
 
 use std::sync::Arc;
 
 use blockwire_blockdev::{Completion, Op, QueuedOp, RequestQueue, Submission};
 use crossbeam_channel::{Receiver, Sender};
 
+use super::connection::Pending;
 use super::device::{io_cdb, IscsiClient};
 use super::task::Task;
+
+/// Gathered commands for one session are sent once there are this many...
+const SEND_COMMANDS: usize = 8;
+/// ...or they carry this many bytes of data-out.
+const SEND_BYTES: usize = 256 * 1024;
 
 /// A request queue on an [`IscsiClient`]'s sessions.
 pub(crate) struct IscsiQueue<'a> {
@@ -17,6 +26,8 @@ pub(crate) struct IscsiQueue<'a> {
     done_tx: Sender<Completion>,
     done_rx: Receiver<Completion>,
     in_flight: usize,
+    /// Per session: registered commands not yet sent, and their data-out bytes.
+    pending: Vec<(Vec<Pending>, usize)>,
 }
 
 impl<'a> IscsiQueue<'a> {
@@ -27,7 +38,25 @@ impl<'a> IscsiQueue<'a> {
             done_tx,
             done_rx,
             in_flight: 0,
+            pending: (0..client.sessions()).map(|_| (Vec::new(), 0)).collect(),
         }
+    }
+
+    /// Sends every gathered command.
+    fn send_all(&mut self) {
+        for (index, (pending, bytes)) in self.pending.iter_mut().enumerate() {
+            if !pending.is_empty() {
+                self.client.session(index).send_pending(pending);
+                *bytes = 0;
+            }
+        }
+    }
+}
+
+impl Drop for IscsiQueue<'_> {
+    fn drop(&mut self) {
+        // Commands submitted and never waited for still reach the target.
+        self.send_all();
     }
 }
 
@@ -72,10 +101,20 @@ impl RequestQueue for IscsiQueue<'_> {
             tag,
         ));
         // A refused command completes through the channel too.
-        self.client.pick().submit(&cdb, task);
+        let index = self.client.pick_index();
+        let session = self.client.session(index);
+        let (pending, bytes) = &mut self.pending[index];
+        session.enqueue(&cdb, task, pending);
+        *bytes += pending.last().map_or(0, |p| p.write_len() as usize);
+        if pending.len() >= SEND_COMMANDS || *bytes >= SEND_BYTES {
+            session.send_pending(pending);
+            *bytes = 0;
+        }
     }
 
     fn complete(&mut self, min: usize, out: &mut Vec<Completion>) {
+        // Nothing gathered may wait behind this thread's sleep.
+        self.send_all();
         let want = min.min(self.in_flight);
         let mut got = 0;
         while got < want {
