@@ -37,6 +37,10 @@ impl Drop for Running {
 }
 
 fn start() -> Running {
+    start_with(|_| {})
+}
+
+fn start_with(adjust: impl FnOnce(&mut IscsiConfig)) -> Running {
     let device = Device::from_device(MemoryDevice::new(SIZE));
     let unit = LogicalUnit::new(
         device,
@@ -65,6 +69,7 @@ fn start() -> Running {
     );
     config.workers = 4;
     config.shutdown_grace = Duration::from_secs(2);
+    adjust(&mut config);
     let target = IscsiTarget::bind(config).expect("bind");
     let addr = target.local_addrs()[0];
     let stop = target.shutdown_handle();
@@ -511,4 +516,53 @@ fn shutdown_asks_initiators_to_log_out() {
     }
     // Ignoring the request, the initiator is cut off after the grace period.
     assert!(initiator.closed());
+}
+
+#[test]
+fn a_login_with_a_live_sessions_isid_reinstates_it() {
+    let target = start();
+    let mut first = Initiator::connect(target.addr);
+    first.login_normal();
+    assert_eq!(first.test_unit_ready(1), 0);
+    // The same initiator name and ISID, TSIH 0: the old session must go.
+    let mut second = Initiator::connect(target.addr);
+    second.login_normal();
+    assert!(first.closed());
+    assert_eq!(second.test_unit_ready(1), 0);
+}
+
+#[test]
+fn silent_connections_are_pinged_and_closed_when_the_ping_goes_unanswered() {
+    let target = start_with(|config| {
+        config.nop_interval = Duration::from_millis(500);
+        config.nop_timeout = Duration::from_millis(200);
+    });
+    let mut answering = Initiator::connect(target.addr);
+    answering.login_normal();
+    // A ping asks for an answer: its target transfer tag is not the reserved one.
+    let ping = match answering.receive().expect("a NOP-In").pdu {
+        Pdu::NopIn(ping) => ping,
+        other => panic!("expected a NOP-In, got {other:?}"),
+    };
+    assert_eq!(ping.initiator_task_tag, RESERVED_TAG);
+    assert_ne!(ping.target_transfer_tag, RESERVED_TAG);
+    let answer = NopOut {
+        immediate: true,
+        initiator_task_tag: RESERVED_TAG,
+        target_transfer_tag: ping.target_transfer_tag,
+        cmd_sn: answering.cmd_sn,
+        exp_stat_sn: answering.exp_stat_sn,
+        ..NopOut::default()
+    };
+    answering.send(Pdu::NopOut(answer), &[]);
+    assert_eq!(answering.test_unit_ready(2), 0);
+
+    let mut silent = Initiator::connect(target.addr);
+    silent.login_normal();
+    assert!(matches!(
+        silent.receive().map(|r| r.pdu),
+        Some(Pdu::NopIn(_))
+    ));
+    // Not answering: the target closes the connection.
+    assert!(silent.closed());
 }
