@@ -129,7 +129,12 @@ pub fn bind(plan: IscsiPlan) -> Result<IscsiTarget> {
                 block_size: export.block_size,
                 vendor: "BLKWIRE".into(),
                 product: "blockwire disk".into(),
-                revision: env!("CARGO_PKG_VERSION").chars().take(4).collect(),
+                // INQUIRY has four bytes for it: "0.1" of version 0.1.0.
+                revision: format!(
+                    "{}.{}",
+                    env!("CARGO_PKG_VERSION_MAJOR"),
+                    env!("CARGO_PKG_VERSION_MINOR")
+                ),
                 serial: format!("{id:016x}"),
                 unique_id: id,
                 target_name: export.iqn.clone(),

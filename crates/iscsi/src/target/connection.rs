@@ -351,10 +351,6 @@ impl Connection {
         }
     }
 
-    fn window(&self) -> &Session {
-        &self.session
-    }
-
     fn new_ttt(&mut self) -> u32 {
         let ttt = self.next_ttt;
         self.next_ttt = self.next_ttt.wrapping_add(1);
@@ -373,7 +369,7 @@ impl Connection {
                 stat_sn,
                 data,
             },
-            self.window(),
+            &*self.session,
         )?;
         Ok(())
     }
@@ -615,7 +611,7 @@ impl Connection {
                     data: &[],
                 })
                 .collect();
-            self.session.writer.send_all(&mut outgoing, self.window())?;
+            self.session.writer.send_all(&mut outgoing, &*self.session)?;
         }
         if self.pending[&itt].complete() {
             let task = self.pending.remove(&itt).expect("present");
