@@ -566,3 +566,44 @@ fn silent_connections_are_pinged_and_closed_when_the_ping_goes_unanswered() {
     // Not answering: the target closes the connection.
     assert!(silent.closed());
 }
+
+/// A TCP connection from `source` (another loopback address) to `target`.
+fn connect_from(source: &str, target: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    let source: SocketAddr = format!("{source}:0").parse().unwrap();
+    socket.bind(&source.into())?;
+    socket.connect(&target.into())?;
+    Ok(socket.into())
+}
+
+#[test]
+fn connections_that_never_log_in_do_not_lock_other_hosts_out() {
+    let target = start();
+    // One host opens hundreds of connections and never logs in.
+    let mut idle = Vec::new();
+    for _ in 0..300 {
+        match connect_from("127.0.0.2", target.addr) {
+            Ok(stream) => idle.push(stream),
+            Err(e) => panic!("connect from 127.0.0.2: {e}"),
+        }
+    }
+    // Another host still gets in and is served.
+    let mut initiator = Initiator::connect(target.addr);
+    initiator.login_normal();
+    assert_eq!(initiator.test_unit_ready(1), 0);
+    // All but a few of the idle host's connections were closed at once.
+    thread::sleep(Duration::from_millis(200));
+    let mut open = 0;
+    for stream in &mut idle {
+        stream.set_nonblocking(true).unwrap();
+        let mut byte = [0u8; 1];
+        match stream.read(&mut byte) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => open += 1,
+            _ => {}
+        }
+    }
+    assert!(
+        open <= 16,
+        "{open} unfinished logins from one host kept open"
+    );
+}
