@@ -611,7 +611,9 @@ impl Connection {
                     data: &[],
                 })
                 .collect();
-            self.session.writer.send_all(&mut outgoing, &*self.session)?;
+            self.session
+                .writer
+                .send_all(&mut outgoing, &*self.session)?;
         }
         if self.pending[&itt].complete() {
             let task = self.pending.remove(&itt).expect("present");
