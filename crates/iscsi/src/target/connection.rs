@@ -495,11 +495,15 @@ impl Connection {
             DataDirection::Out => u64::from(edtl).min(info.len) as u32,
             _ => 0,
         };
+        // The buffer holds what we solicit and what the initiator may send
+        // unsolicited; an EDTL beyond both costs nothing.
+        let unsolicited_limit = self.negotiated.first_burst_length.min(edtl);
+        let buf_len = want.max(unsolicited_limit);
         let mut early = None;
         let mut buf = None;
-        if edtl > MAX_COMMAND_DATA {
+        if buf_len > MAX_COMMAND_DATA {
             early = Some(Response::code(codes::INVALID_FIELD_IN_CDB, info.len));
-        } else if self.pending_bytes + edtl as usize > MAX_PENDING_DATA {
+        } else if self.pending_bytes + buf_len as usize > MAX_PENDING_DATA {
             early = Some(Response {
                 status: Status::TaskSetFull,
                 sense: Vec::new(),
@@ -507,7 +511,7 @@ impl Connection {
                 expected_len: info.len,
             });
         } else {
-            buf = Some(IoBuf::new(edtl as usize));
+            buf = Some(IoBuf::new(buf_len as usize));
         }
         let read = match &mut buf {
             Some(buf) => self.reader.read_data(&mut buf[..data_len as usize]),
@@ -531,7 +535,7 @@ impl Connection {
             unsolicited_open,
             unsolicited_next_offset: data_len,
             unsolicited_next_data_sn: 0,
-            unsolicited_limit: self.negotiated.first_burst_length.min(edtl),
+            unsolicited_limit,
             r2ts: Vec::new(),
             // A command answered early solicits nothing.
             next_request: if buf.is_some() {
