@@ -7,13 +7,17 @@
 
 use std::sync::Arc;
 
-use blockwire_blockdev::conformance;
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use blockwire_blockdev::conformance::{self, pattern};
 use blockwire_blockdev::{Device, WriteFlags};
 use blockwire_iscsi::initiator::{IscsiClient, IscsiOptions, IscsiUri};
 use blockwire_tests::iscsi::{tool_ok, Backing, Tgtd, TOOL_LIMIT};
 use blockwire_tests::{
-    blockwire_bin, patterned_file, require, require_tgtd, run_bounded, sparse_file, text, Served,
-    MIB,
+    blockwire_bin, free_port, patterned_file, require, require_tgtd, run_bounded, sparse_file,
+    text, Served, MIB,
 };
 
 fn connect(url: &str) -> Device {
@@ -198,4 +202,101 @@ fn chap_against_blockwire_serve() {
         stderr.contains("authentication failure (0x0201)"),
         "{stderr}"
     );
+}
+
+/// `blockwire serve IMAGE --iscsi 127.0.0.1:PORT`, up and announced.
+fn serve_on(image: &std::path::Path, port: u16) -> Served {
+    let mut command = Command::new(blockwire_bin());
+    command
+        .arg("serve")
+        .arg(image)
+        .args(["--iscsi", &format!("127.0.0.1:{port}")]);
+    Served::spawn_ready(command, "restarted")
+}
+
+/// SIGKILL, no goodbye: the initiator sees the connection drop mid-stream.
+fn kill_hard(served: Served) {
+    // SAFETY: kill(2) on our own child's PID.
+    unsafe { libc::kill(served.pid(), libc::SIGKILL) };
+    // Drop reaps it.
+    drop(served);
+}
+
+#[test]
+fn writes_ride_out_a_target_killed_and_restarted_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = sparse_file(dir.path(), "restart.img", 32 * MIB);
+    let port = free_port();
+    let served = serve_on(&image, port);
+    let device = connect(&format!("{}?reconnect=20", served.iscsi_url()));
+    const CHUNK: usize = 64 * 1024;
+    let chunks = (16 * MIB) as usize / CHUNK;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Rounds of writes over 16 MiB until told to stop; returns the last round.
+    let writer = {
+        let device = device.clone();
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let mut round = 0u64;
+            loop {
+                for i in 0..chunks {
+                    let offset = (i * CHUNK) as u64;
+                    device
+                        .write(&pattern(round, offset, CHUNK), offset, WriteFlags::NONE)
+                        .unwrap_or_else(|e| panic!("write at {offset} in round {round}: {e}"));
+                }
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                round += 1;
+            }
+            device.flush().expect("flush after the restarts");
+            round
+        })
+    };
+    let mut served = served;
+    for _ in 0..2 {
+        thread::sleep(Duration::from_millis(300));
+        kill_hard(served);
+        thread::sleep(Duration::from_millis(300));
+        served = serve_on(&image, port);
+    }
+    thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let started = Instant::now();
+    let last = writer.join().expect("the writer rode out both restarts");
+    assert!(started.elapsed() < Duration::from_secs(60));
+    // What the last round wrote is there, through the initiator and in the file.
+    let mut back = vec![0u8; CHUNK];
+    for i in (0..chunks).step_by(37) {
+        let offset = (i * CHUNK) as u64;
+        device.read(&mut back, offset).unwrap();
+        assert_eq!(back, pattern(last, offset, CHUNK), "at {offset}");
+    }
+    drop(device);
+    drop(served);
+    let file = std::fs::read(&image).unwrap();
+    assert_eq!(&file[..CHUNK], &pattern(last, 0, CHUNK)[..]);
+}
+
+#[test]
+fn a_different_unit_behind_the_same_address_is_not_replayed_onto() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = sparse_file(dir.path(), "first.img", 16 * MIB);
+    let other = sparse_file(dir.path(), "first-bigger.img", 32 * MIB);
+    let port = free_port();
+    let served = serve_on(&image, port);
+    let iqn = served.iqn().to_string();
+    let device = connect(&format!("{}?reconnect=5", served.iscsi_url()));
+    device.write(&[1u8; 4096], 0, WriteFlags::NONE).unwrap();
+    kill_hard(served);
+    // The same target name, a different size: the identity check refuses it.
+    let mut command = Command::new(blockwire_bin());
+    command
+        .arg("serve")
+        .arg(&other)
+        .args(["--iscsi", &format!("127.0.0.1:{port}"), "--iqn", &iqn]);
+    let _served = Served::spawn_ready(command, "other");
+    let error = device.write(&[2u8; 4096], 0, WriteFlags::NONE).unwrap_err();
+    assert!(error.to_string().contains("identity"), "{error}");
 }

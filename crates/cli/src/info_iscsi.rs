@@ -210,12 +210,12 @@ fn details_json(client: &IscsiClient) -> String {
         "write_same": details.write_same,
         "get_lba_status": details.get_lba_status,
         "sessions": client.sessions(),
-        "header_digest": params.map(|p| p.header_digest),
-        "data_digest": params.map(|p| p.data_digest),
-        "immediate_data": params.map(|p| p.immediate_data),
-        "initial_r2t": params.map(|p| p.initial_r2t),
-        "first_burst_length": params.map(|p| p.first_burst_length),
-        "max_burst_length": params.map(|p| p.max_burst_length),
+        "header_digest": params.as_ref().map(|p| p.header_digest),
+        "data_digest": params.as_ref().map(|p| p.data_digest),
+        "immediate_data": params.as_ref().map(|p| p.immediate_data),
+        "initial_r2t": params.as_ref().map(|p| p.initial_r2t),
+        "first_burst_length": params.as_ref().map(|p| p.first_burst_length),
+        "max_burst_length": params.as_ref().map(|p| p.max_burst_length),
     });
     format!(
         "{}\n",

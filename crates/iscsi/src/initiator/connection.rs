@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use blockwire_blockdev::{Error, ErrorKind, Op};
 
 use super::login::SessionParams;
+use super::recovery::{self, Attempt, Recovery};
 use super::session::{self, Outcome, Window};
 use super::task::Task;
 use super::wire::{Batch, Digests, PduReader, WireError};
@@ -67,21 +68,36 @@ struct Tasks {
     logout_sent: bool,
 }
 
+/// The current socket's send side and what its login settled; replaced as a
+/// whole by a reconnect.
+struct Link {
+    stream: TcpStream,
+    params: SessionParams,
+    digests: Digests,
+}
+
 /// State shared by submitting threads and the reader thread.
 pub(crate) struct Shared {
-    pub params: SessionParams,
-    digests: Digests,
     /// The LUN field of our commands (SAM-5 single-level addressing).
     lun_field: u64,
-    writer: Mutex<TcpStream>,
+    writer: Mutex<Link>,
     window: Mutex<Window>,
     window_moved: Condvar,
     tasks: Mutex<Tasks>,
     /// The reader thread has ended.
     ended: Mutex<bool>,
     ended_cv: Condvar,
-    control: TcpStream,
+    /// A handle to shut the socket down without waiting for the writer lock.
+    control: Mutex<TcpStream>,
     in_flight: AtomicUsize,
+    /// The connection dropped and a reconnect is under way: commands wait.
+    broken: AtomicBool,
+    /// The initiator is closing the connection: no reconnecting.
+    dropping: AtomicBool,
+    /// How to reconnect, when enabled.
+    recovery: Option<Recovery>,
+    /// The logical unit's identity, checked after a reconnect.
+    identity: Mutex<Option<Vec<u8>>>,
     /// "session N to ADDRESS", for messages.
     pub name: String,
 }
@@ -102,18 +118,36 @@ impl Shared {
     }
 
     fn shutdown(&self) {
-        let _ = self.control.shutdown(Shutdown::Both);
+        let _ = lock(&self.control).shutdown(Shutdown::Both);
     }
 
+    /// Whether a dropped connection is to be reconnected.
+    fn recovers(&self) -> bool {
+        self.recovery.is_some() && !self.dropping.load(Ordering::Acquire)
+    }
+
+    /// A send failed: the connection is over. With recovery the reader sees the
+    /// end and reconnects; without, commands fail from now on.
     fn kill(&self, reason: String) {
-        if self.close(ErrorKind::Disconnected, reason.clone()) {
+        if self.recovers() {
+            tracing::debug!("{reason}");
+        } else if self.close(ErrorKind::Disconnected, reason.clone()) {
             tracing::warn!("{reason}");
         }
         self.shutdown();
     }
 
-    fn send(&self, batch: &Batch<'_>) {
-        let sent = batch.send(&mut *lock(&self.writer));
+    /// Sends a batch built from the current link's settings.
+    fn send_with<'a>(&self, build: impl FnOnce(&Link, &mut Batch<'a>)) {
+        let mut link = lock(&self.writer);
+        if self.broken.load(Ordering::Acquire) {
+            // Whatever this answers belongs to the connection that broke.
+            return;
+        }
+        let mut batch = Batch::new();
+        build(&link, &mut batch);
+        let sent = batch.send(&mut link.stream);
+        drop(link);
         if let Err(e) = sent {
             self.kill(format!("{}: sending failed: {e}", self.name));
         }
@@ -123,9 +157,7 @@ impl Shared {
     /// taking it (§3.2.2.1).
     fn send_immediate(&self, pdu: Pdu, data: &[u8]) {
         let header = pdu.encode(data.len() as u32);
-        let mut batch = Batch::new();
-        batch.push(&header, data, self.digests);
-        self.send(&batch);
+        self.send_with(|link, batch| batch.push(&header, data, link.digests));
     }
 
     fn sequence(&self) -> (u32, u32) {
@@ -136,11 +168,12 @@ impl Shared {
     /// Sends a Logout Request closing the session (§11.14).
     fn logout(&self) {
         let (cmd_sn, exp_stat_sn) = self.sequence();
+        let cid = lock(&self.writer).params.cid;
         let request = LogoutRequest {
             immediate: true,
             reason: LogoutReason::CloseSession,
             initiator_task_tag: RESERVED_TAG - 1,
-            cid: self.params.cid,
+            cid,
             cmd_sn,
             exp_stat_sn,
         };
@@ -170,6 +203,7 @@ impl Connection {
         params: SessionParams,
         lun: u64,
         name: String,
+        recovery: Option<Recovery>,
     ) -> io::Result<Connection> {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(None)?;
@@ -186,11 +220,17 @@ impl Connection {
                 params.max_cmd_sn,
                 params.exp_stat_sn,
             )),
-            params,
-            digests,
             lun_field: crate::target::encode_lun(lun),
-            control: stream.try_clone()?,
-            writer: Mutex::new(stream),
+            control: Mutex::new(stream.try_clone()?),
+            writer: Mutex::new(Link {
+                stream,
+                params,
+                digests,
+            }),
+            broken: AtomicBool::new(false),
+            dropping: AtomicBool::new(false),
+            recovery,
+            identity: Mutex::new(None),
             window_moved: Condvar::new(),
             tasks: Mutex::new(Tasks {
                 next_itt: 1,
@@ -213,8 +253,14 @@ impl Connection {
         })
     }
 
-    pub fn params(&self) -> &SessionParams {
-        &self.shared.params
+    /// What the current login settled.
+    pub fn params(&self) -> SessionParams {
+        lock(&self.shared.writer).params.clone()
+    }
+
+    /// Records the logical unit's identity, which a reconnect must find again.
+    pub fn set_identity(&self, identity: Vec<u8>) {
+        *lock(&self.shared.identity) = Some(identity);
     }
 
     /// Whether the connection still takes commands.
@@ -257,8 +303,12 @@ impl Connection {
             read,
             write,
         ));
+        task.set_command(command.cdb, lun_field);
         match self.register(&task) {
-            Ok(itt) => self.send_command(itt, task.clone(), command.cdb, lun_field),
+            Ok(itt) => self.shared.send_pending(&mut vec![Pending {
+                itt,
+                task: task.clone(),
+            }]),
             Err(error) => task.complete(Err(error)),
         }
         task.wait()
@@ -287,141 +337,143 @@ impl Connection {
         Ok(itt)
     }
 
-    /// Waits for the window, then sends the command and its unsolicited data.
-    fn send_command(&self, itt: u32, task: Arc<Task>, cdb: &[u8], lun_field: u64) {
-        let mut one = vec![Pending {
-            itt,
-            task,
-            cdb: cdb.to_vec(),
-            lun_field,
-        }];
-        self.send_pending(&mut one);
-    }
-
     /// Registers a queued command and adds it to `pending` without sending it: a
     /// request queue sends what it gathered in one go ([`send_pending`]). A command
     /// the connection refuses completes at once with the reason.
     ///
     /// [`send_pending`]: Connection::send_pending
     pub fn enqueue(&self, cdb: &[u8], task: Arc<Task>, pending: &mut Vec<Pending>) {
+        task.set_command(cdb, self.shared.lun_field);
         match self.register(&task) {
-            Ok(itt) => pending.push(Pending {
-                itt,
-                task,
-                cdb: cdb.to_vec(),
-                lun_field: self.shared.lun_field,
-            }),
+            Ok(itt) => pending.push(Pending { itt, task }),
             Err(error) => task.complete(Err(error)),
         }
     }
 
+    /// Sends registered commands (see [`Shared::send_pending`]).
+    pub fn send_pending(&self, pending: &mut Vec<Pending>) {
+        self.shared.send_pending(pending);
+    }
+}
+
+impl Shared {
     /// Sends registered commands in order, as many per system call as the command
     /// window allows, waiting for the window when it is full; empties `pending`.
     /// CmdSNs are taken under the writer lock so that the wire carries them in
     /// order (§3.2.2.1: the target executes in CmdSN order, so a gap would stall it).
-    pub fn send_pending(&self, pending: &mut Vec<Pending>) {
-        let shared = &*self.shared;
+    /// While a reconnect is under way nothing is sent: the replay sends it.
+    pub(crate) fn send_pending(&self, pending: &mut Vec<Pending>) {
         let mut next = 0;
         while next < pending.len() {
             // Wait for room without the writer: the reader thread may need it to
             // answer an R2T before the target opens the window again.
             {
-                let mut window = lock(&shared.window);
-                while !window.open() {
-                    if lock(&shared.tasks).closed.is_some() {
+                let mut window = lock(&self.window);
+                while !window.open() && !self.broken.load(Ordering::Acquire) {
+                    if lock(&self.tasks).closed.is_some() {
                         // The reader fails these tasks with the others.
                         pending.clear();
                         return;
                     }
-                    window = shared
+                    window = self
                         .window_moved
                         .wait_timeout(window, Duration::from_millis(100))
                         .unwrap_or_else(|e| e.into_inner())
                         .0;
                 }
             }
-            let mut writer = lock(&shared.writer);
-            let mut numbers = Vec::new();
+            let mut link = lock(&self.writer);
+            if self.broken.load(Ordering::Acquire) {
+                // The commands are registered: the reconnect replays them.
+                break;
+            }
+            let mut chosen = Vec::new();
             let exp_stat_sn = {
-                let mut window = lock(&shared.window);
-                while next + numbers.len() < pending.len() && window.open() {
-                    numbers.push(window.take());
+                let mut window = lock(&self.window);
+                while next < pending.len() && window.open() {
+                    let command = &pending[next];
+                    next += 1;
+                    // A replay may have sent it already.
+                    if command.task.claim_send() {
+                        chosen.push((command, window.take()));
+                    }
                 }
                 window.exp_stat_sn
             };
             let mut batch = Batch::new();
-            for (command, &cmd_sn) in pending[next..].iter().zip(&numbers) {
-                self.encode(command, cmd_sn, exp_stat_sn, &mut batch);
+            for &(command, cmd_sn) in &chosen {
+                encode(&link, command, cmd_sn, exp_stat_sn, &mut batch);
             }
-            next += numbers.len();
-            if let Err(e) = batch.send(&mut *writer) {
-                drop(writer);
-                shared.kill(format!("{}: sending commands failed: {e}", shared.name));
+            let sent = batch.send(&mut link.stream);
+            drop(link);
+            if let Err(e) = sent {
+                self.kill(format!("{}: sending commands failed: {e}", self.name));
                 break;
             }
         }
         pending.clear();
     }
+}
 
-    /// Adds a command PDU and its immediate and unsolicited data to `batch`.
-    fn encode<'a>(
-        &self,
-        command: &'a Pending,
-        cmd_sn: u32,
-        exp_stat_sn: u32,
-        batch: &mut Batch<'a>,
-    ) {
-        let shared = &*self.shared;
-        let params = &shared.params;
-        let task = &command.task;
-        let write_len = task.write_len().unwrap_or(0);
-        let read_len = task.read_len().unwrap_or(0);
-        let unsolicited = session::unsolicited(
-            write_len,
-            params.immediate_data,
-            params.initial_r2t,
-            params.first_burst_length,
-            params.target_max_recv,
-        );
-        let pdu = ScsiCommand {
-            immediate: false,
-            final_bit: unsolicited.data_out == 0,
-            read: read_len > 0,
-            write: write_len > 0,
-            attribute: TaskAttribute::Simple,
-            lun: command.lun_field,
+/// Adds a command PDU and its immediate and unsolicited data to `batch`.
+fn encode<'a>(
+    link: &Link,
+    command: &'a Pending,
+    cmd_sn: u32,
+    exp_stat_sn: u32,
+    batch: &mut Batch<'a>,
+) {
+    let params = &link.params;
+    let task = &command.task;
+    let (cdb, lun_field) = task.command();
+    let write_len = task.write_len().unwrap_or(0);
+    let read_len = task.read_len().unwrap_or(0);
+    let unsolicited = session::unsolicited(
+        write_len,
+        params.immediate_data,
+        params.initial_r2t,
+        params.first_burst_length,
+        params.target_max_recv,
+    );
+    let pdu = ScsiCommand {
+        immediate: false,
+        final_bit: unsolicited.data_out == 0,
+        read: read_len > 0,
+        write: write_len > 0,
+        attribute: TaskAttribute::Simple,
+        lun: lun_field,
+        initiator_task_tag: command.itt,
+        expected_data_transfer_length: read_len.max(write_len),
+        cmd_sn,
+        exp_stat_sn,
+        cdb: cdb.to_vec(),
+        bidi_read_length: None,
+    };
+    // SAFETY: the submitting thread (or the replaying one) reads the task's
+    // data-out before completion (task.rs, ownership rule); `command` keeps the
+    // task alive.
+    let immediate = unsafe { task_write(task, 0, unsolicited.immediate) };
+    let header = Pdu::ScsiCommand(pdu).encode(unsolicited.immediate);
+    batch.push(&header, immediate, link.digests);
+    // Unsolicited Data-Out after the immediate data (§4.2.5.2), DataSN from 0.
+    let pieces = session::data_out_pieces(
+        unsolicited.immediate,
+        unsolicited.data_out,
+        params.target_max_recv,
+    );
+    for (data_sn, (offset, len, last)) in pieces.enumerate() {
+        let data_out = DataOut {
+            final_bit: last,
+            lun: lun_field,
             initiator_task_tag: command.itt,
-            expected_data_transfer_length: read_len.max(write_len),
-            cmd_sn,
+            target_transfer_tag: RESERVED_TAG,
             exp_stat_sn,
-            cdb: command.cdb.clone(),
-            bidi_read_length: None,
+            data_sn: data_sn as u32,
+            buffer_offset: offset,
         };
-        // SAFETY: the submitting thread reads its own task's data-out before
-        // completion (task.rs, ownership rule); `command` keeps the task alive.
-        let immediate = unsafe { task_write(task, 0, unsolicited.immediate) };
-        let header = Pdu::ScsiCommand(pdu).encode(unsolicited.immediate);
-        batch.push(&header, immediate, shared.digests);
-        // Unsolicited Data-Out after the immediate data (§4.2.5.2), DataSN from 0.
-        let pieces = session::data_out_pieces(
-            unsolicited.immediate,
-            unsolicited.data_out,
-            params.target_max_recv,
-        );
-        for (data_sn, (offset, len, last)) in pieces.enumerate() {
-            let data_out = DataOut {
-                final_bit: last,
-                lun: command.lun_field,
-                initiator_task_tag: command.itt,
-                target_transfer_tag: RESERVED_TAG,
-                exp_stat_sn,
-                data_sn: data_sn as u32,
-                buffer_offset: offset,
-            };
-            // SAFETY: as above; the range lies within the write (session.rs).
-            let data = unsafe { task_write(task, offset, len) };
-            batch.push(&Pdu::DataOut(data_out).encode(len), data, shared.digests);
-        }
+        // SAFETY: as above; the range lies within the write (session.rs).
+        let data = unsafe { task_write(task, offset, len) };
+        batch.push(&Pdu::DataOut(data_out).encode(len), data, link.digests);
     }
 }
 
@@ -429,8 +481,6 @@ impl Connection {
 pub(crate) struct Pending {
     itt: u32,
     task: Arc<Task>,
-    cdb: Vec<u8>,
-    lun_field: u64,
 }
 
 impl Pending {
@@ -457,6 +507,7 @@ impl Drop for Connection {
     fn drop(&mut self) {
         // No caller can be waiting: they all borrow the device this belongs to.
         let shared = &self.shared;
+        shared.dropping.store(true, Ordering::Release);
         let polite = {
             let mut tasks = lock(&shared.tasks);
             let polite = tasks.closed.is_none() && !tasks.logout_sent;
@@ -494,13 +545,142 @@ enum End {
     Wire(WireError),
     Violation(String),
     LoggedOut,
+    /// Reconnecting failed, for this reason.
+    GaveUp(String),
+}
+
+impl std::fmt::Display for End {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            End::Wire(e) => write!(f, "{e}"),
+            End::Violation(reason) | End::GaveUp(reason) => f.write_str(reason),
+            End::LoggedOut => f.write_str("logged out"),
+        }
+    }
+}
+
+/// Longest pause between reconnection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Reconnects after the connection dropped (recovery.rs), with backoff, for up to
+/// the recovery limit; installs the new socket and replays every command without
+/// status. Returns the new socket's reader.
+fn recover(shared: &Arc<Shared>, end: &End) -> Result<PduReader, String> {
+    let recovery = shared.recovery.as_ref().expect("recovery enabled");
+    shared.broken.store(true, Ordering::Release);
+    shared.shutdown();
+    tracing::warn!(
+        "{}: connection lost ({end}); reconnecting for up to {:?}",
+        shared.name,
+        recovery.limit
+    );
+    let expected = lock(&shared.identity).clone();
+    let deadline = Instant::now() + recovery.limit;
+    let mut delay = Duration::from_millis(50);
+    let (stream, params) = loop {
+        if shared.dropping.load(Ordering::Acquire) {
+            return Err("closed by the initiator while reconnecting".into());
+        }
+        match recovery::attempt(recovery, expected.as_deref()) {
+            Ok(fresh) => break fresh,
+            Err(Attempt::Fatal(reason)) => return Err(reason),
+            Err(Attempt::Retry(reason)) => {
+                if Instant::now() + delay > deadline {
+                    return Err(format!(
+                        "the connection dropped ({end}) and reconnecting failed for {:?}: {reason}",
+                        recovery.limit
+                    ));
+                }
+                tracing::debug!("{}: reconnecting: {reason}", shared.name);
+                thread::sleep(delay);
+                delay = (delay * 2).min(MAX_BACKOFF);
+            }
+        }
+    };
+    let digests = Digests {
+        header: params.header_digest,
+        data: params.data_digest,
+    };
+    let control = stream.try_clone().map_err(|e| e.to_string())?;
+    let mut reader = PduReader::new(
+        stream.try_clone().map_err(|e| e.to_string())?,
+        params.initiator_max_recv,
+    );
+    reader.digests = digests;
+    let replay: Vec<Pending> = {
+        // Under the writer lock: no sender sends on the old link meanwhile, and
+        // every command registered so far is either in the replay or sent by its
+        // own thread after `broken` clears (each task is claimed once).
+        let mut link = lock(&shared.writer);
+        *lock(&shared.control) = control;
+        *lock(&shared.window) = Window::new(
+            params.cmd_sn,
+            params.exp_cmd_sn,
+            params.max_cmd_sn,
+            params.exp_stat_sn,
+        );
+        *link = Link {
+            stream,
+            params,
+            digests,
+        };
+        let tasks = lock(&shared.tasks);
+        let mut replay: Vec<Pending> = tasks
+            .map
+            .iter()
+            .map(|(&itt, task)| {
+                task.reset_for_replay();
+                Pending {
+                    itt,
+                    task: task.clone(),
+                }
+            })
+            .collect();
+        // Oldest first (tags count up from 1; a wrap merely reorders).
+        replay.sort_by_key(|p| p.itt);
+        shared.broken.store(false, Ordering::Release);
+        replay
+    };
+    shared.window_moved.notify_all();
+    tracing::info!(
+        "{}: reconnected; re-sending {} command(s)",
+        shared.name,
+        replay.len()
+    );
+    if !replay.is_empty() {
+        // Sent from another thread: this one must read the answers meanwhile, or a
+        // large replay could fill both sockets and stall.
+        let sender = shared.clone();
+        let mut replay = replay;
+        thread::Builder::new()
+            .name("iscsi-replay".into())
+            .spawn(move || sender.send_pending(&mut replay))
+            .map_err(|e| format!("cannot start the replay: {e}"))?;
+    }
+    Ok(reader)
 }
 
 /// The reader thread.
-fn read_loop(shared: &Shared, mut reader: PduReader) {
+fn read_loop(shared: &Arc<Shared>, mut reader: PduReader) {
     let end = loop {
-        if let Err(end) = read_one(shared, &mut reader) {
+        let end = loop {
+            if let Err(end) = read_one(shared, &mut reader) {
+                break end;
+            }
+        };
+        // Only a broken transport is worth a reconnect: a target that breaks the
+        // protocol or logs us out would do it again.
+        let transport = matches!(end, End::Wire(_));
+        let open = {
+            let tasks = lock(&shared.tasks);
+            tasks.closed.is_none() && !tasks.draining
+        };
+        if !(transport && open && shared.recovers()) {
             break end;
+        }
+        match recover(shared, &end) {
+            Ok(fresh) => reader = fresh,
+            Err(reason) => break End::GaveUp(reason),
         }
     };
     let (kind, reason) = match end {
@@ -518,6 +698,7 @@ fn read_loop(shared: &Shared, mut reader: PduReader) {
             format!("protocol error by the target: {reason}"),
         ),
         End::LoggedOut => (ErrorKind::ShuttingDown, "logged out".to_string()),
+        End::GaveUp(reason) => (ErrorKind::Disconnected, reason),
     };
     let reason = format!("{}: {reason}", shared.name);
     if shared.close(kind, reason.clone()) && kind != ErrorKind::ShuttingDown {
@@ -736,24 +917,24 @@ fn r2t_pdu(shared: &Shared, r2t: &R2t) -> Result<(), End> {
     session::check_r2t(itt, offset, len, task.write_len())
         .map_err(|e| End::Violation(e.to_string()))?;
     let exp_stat_sn = lock(&shared.window).exp_stat_sn;
-    let mut batch = Batch::new();
-    let pieces = session::data_out_pieces(offset, len, shared.params.target_max_recv);
-    for (data_sn, (at, piece, last)) in pieces.enumerate() {
-        let data_out = DataOut {
-            final_bit: last,
-            lun: shared.lun_field,
-            initiator_task_tag: itt,
-            target_transfer_tag: r2t.target_transfer_tag,
-            exp_stat_sn,
-            // DataSN counts from 0 in each R2T's sequence (§11.7.5).
-            data_sn: data_sn as u32,
-            buffer_offset: at,
-        };
-        // SAFETY: the reader thread, before completion; the range was checked.
-        let data = unsafe { task.write_buf(at as usize, piece as usize) };
-        batch.push(&Pdu::DataOut(data_out).encode(piece), data, shared.digests);
-    }
-    shared.send(&batch);
+    shared.send_with(|link, batch| {
+        let pieces = session::data_out_pieces(offset, len, link.params.target_max_recv);
+        for (data_sn, (at, piece, last)) in pieces.enumerate() {
+            let data_out = DataOut {
+                final_bit: last,
+                lun: shared.lun_field,
+                initiator_task_tag: itt,
+                target_transfer_tag: r2t.target_transfer_tag,
+                exp_stat_sn,
+                // DataSN counts from 0 in each R2T's sequence (§11.7.5).
+                data_sn: data_sn as u32,
+                buffer_offset: at,
+            };
+            // SAFETY: the reader thread, before completion; the range was checked.
+            let data = unsafe { task.write_buf(at as usize, piece as usize) };
+            batch.push(&Pdu::DataOut(data_out).encode(piece), data, link.digests);
+        }
+    });
     Ok(())
 }
 

@@ -166,7 +166,7 @@ fn session(
         digests: false,
     };
     let params = connect::login(&stream, &address, options, Duration::from_secs(5)).unwrap();
-    let connection = Connection::start(stream, params, 0, "fake session".into()).unwrap();
+    let connection = Connection::start(stream, params, 0, "fake session".into(), None).unwrap();
     (connection, target)
 }
 

@@ -21,6 +21,7 @@ use super::connection::{Command, Connection};
 use super::error::InitiatorError;
 use super::login::{Credentials, LoginOptions};
 use super::queue::IscsiQueue;
+use super::recovery::Recovery;
 use super::scsi::{self, BlockLimits, Capacity, Inquiry, Provisioning};
 use super::session::Outcome;
 use super::uri::{IscsiUri, SECRET_ENV, TARGET_SECRET_ENV};
@@ -38,12 +39,20 @@ const UNIT_ATTENTION_RETRIES: usize = 5;
 pub struct IscsiOptions {
     /// How long connecting and each login step may take.
     pub login_timeout: Duration,
+    /// How long to keep reconnecting (session reinstatement, then a replay of the
+    /// commands without status) after a connection drops; `None` fails them at
+    /// once. The URI's `?reconnect=SECS` overrides it.
+    pub reconnect: Option<Duration>,
 }
+
+/// How long an initiator keeps reconnecting by default (issue 18: 30 s).
+pub const DEFAULT_RECONNECT: Duration = Duration::from_secs(30);
 
 impl Default for IscsiOptions {
     fn default() -> Self {
         IscsiOptions {
             login_timeout: Duration::from_secs(15),
+            reconnect: Some(DEFAULT_RECONNECT),
         }
     }
 }
@@ -57,6 +66,9 @@ pub struct LunDetails {
     pub provisioning: Provisioning,
     pub write_same: bool,
     pub get_lba_status: bool,
+    /// The Device Identification page and capacity, which a reconnect must find
+    /// again (recovery.rs).
+    pub identity: Vec<u8>,
 }
 
 /// One iSCSI logical unit as a block device.
@@ -151,6 +163,11 @@ impl IscsiClient {
             });
         };
         let chap = credentials(uri)?;
+        let reconnect = match uri.reconnect {
+            Some(0) => None,
+            Some(secs) => Some(Duration::from_secs(secs)),
+            None => options.reconnect.filter(|limit| !limit.is_zero()),
+        };
         let mut sessions = Vec::with_capacity(uri.sessions);
         for index in 0..uri.sessions {
             let stream = dial(&address, options.login_timeout)?;
@@ -167,11 +184,24 @@ impl IscsiClient {
                 chap: chap.clone(),
                 digests: uri.digest,
             };
-            let params = login(&stream, &address, login_options, options.login_timeout)?;
+            let params = login(
+                &stream,
+                &address,
+                login_options.clone(),
+                options.login_timeout,
+            )?;
             tracing::debug!("{uri}: session {index} logged in: {params:?}");
             let name = format!("session {index} to {address}");
+            // Reinstatement: the same ISID with TSIH 0 (§6.3.5).
+            let recovery = reconnect.map(|limit| Recovery {
+                address: address.clone(),
+                login: login_options,
+                limit,
+                lun_field: crate::target::encode_lun(uri.lun),
+                login_timeout: options.login_timeout,
+            });
             let connection =
-                Connection::start(stream, params, uri.lun, name).map_err(|source| {
+                Connection::start(stream, params, uri.lun, name, recovery).map_err(|source| {
                     InitiatorError::Io {
                         address: address.clone(),
                         source,
@@ -180,6 +210,9 @@ impl IscsiClient {
             sessions.push(connection);
         }
         let details = probe(&sessions[0], uri)?;
+        for session in &sessions {
+            session.set_identity(details.identity.clone());
+        }
         let info = device_info(&details);
         Ok(IscsiClient {
             uri: uri.clone(),
@@ -206,7 +239,7 @@ impl IscsiClient {
     }
 
     /// What session `index` negotiated.
-    pub fn session_params(&self, index: usize) -> Option<&super::login::SessionParams> {
+    pub fn session_params(&self, index: usize) -> Option<super::login::SessionParams> {
         self.sessions.get(index).map(Connection::params)
     }
 
@@ -386,14 +419,15 @@ fn probe(
             ),
         });
     }
-    let capacity = fetch(connection, &scsi::read_capacity16(), 32)
-        .map_err(|e| failed("READ CAPACITY (16)", e))
-        .and_then(|data| {
-            scsi::parse_capacity(&data).ok_or_else(|| InitiatorError::Device {
-                address: uri.address(),
-                detail: format!("{uri}: malformed READ CAPACITY (16) data"),
-            })
-        })?;
+    let capacity_data = fetch(connection, &scsi::read_capacity16(), 32)
+        .map_err(|e| failed("READ CAPACITY (16)", e))?;
+    let capacity = scsi::parse_capacity(&capacity_data).ok_or_else(|| InitiatorError::Device {
+        address: uri.address(),
+        detail: format!("{uri}: malformed READ CAPACITY (16) data"),
+    })?;
+    // Without a Device Identification page, the capacity alone identifies it.
+    let device_id = fetch(connection, &scsi::inquiry(Some(0x83), 255), 255).unwrap_or_default();
+    let identity = super::recovery::identity(&device_id, &capacity_data);
     let pages = fetch(connection, &scsi::inquiry(Some(0), 255), 255)
         .map(|data| scsi::parse_supported_pages(&data))
         .unwrap_or_default();
@@ -429,6 +463,7 @@ fn probe(
         provisioning,
         write_same,
         get_lba_status,
+        identity,
     })
 }
 

@@ -44,11 +44,11 @@ pub fn inventory(
         digests: uri.digest,
     };
     let params = login(&stream, &address, login_options, options.login_timeout)?;
-    let connection = Connection::start(stream, params, 0, format!("{target} at {address}"))
+    let connection = Connection::start(stream, params, 0, format!("{target} at {address}"), None)
         .map_err(|source| InitiatorError::Io {
-            address: address.clone(),
-            source,
-        })?;
+        address: address.clone(),
+        source,
+    })?;
     let failed = |what: &str, e: blockwire_blockdev::Error| InitiatorError::Device {
         address: address.clone(),
         detail: format!("{target}: {what}: {e}"),

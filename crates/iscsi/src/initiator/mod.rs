@@ -36,6 +36,7 @@ pub mod login;
 #[cfg(test)]
 mod login_tests;
 mod queue;
+mod recovery;
 pub mod scsi;
 pub mod session;
 mod task;

@@ -10,8 +10,8 @@
 //! request's buffer is owned by the task and handed back with the completion, on a
 //! channel that only the submitting thread reads, after its send returned.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
 use blockwire_blockdev::{Completion, Error, IoBuf, Op};
 use crossbeam_channel::Sender;
@@ -59,6 +59,11 @@ pub(crate) struct Task {
     write: Option<RawBuf>,
     /// Data-In bytes received (written by the reader thread only).
     received: AtomicU32,
+    /// The CDB and LUN field, kept to send the command again after a reconnect.
+    command: OnceLock<(Vec<u8>, u64)>,
+    /// Whether the command went out on the current connection (exactly one
+    /// sender claims it: the submitter, or a replay after a reconnect).
+    sent: AtomicBool,
     waiter: Waiter,
 }
 
@@ -85,6 +90,8 @@ impl Task {
                 len: buf.len(),
             }),
             received: AtomicU32::new(0),
+            command: OnceLock::new(),
+            sent: AtomicBool::new(false),
             waiter: Waiter::Thread {
                 result: Mutex::new(None),
                 ready: Condvar::new(),
@@ -113,12 +120,39 @@ impl Task {
             read: (!writes).then_some(raw),
             write: writes.then_some(raw),
             received: AtomicU32::new(0),
+            command: OnceLock::new(),
+            sent: AtomicBool::new(false),
             waiter: Waiter::Queue {
                 done,
                 tag,
                 buf: Mutex::new(Some(buf)),
             },
         }
+    }
+
+    /// Records the command's CDB and LUN field (once, at registration).
+    pub fn set_command(&self, cdb: &[u8], lun_field: u64) {
+        let _ = self.command.set((cdb.to_vec(), lun_field));
+    }
+
+    /// The CDB and LUN field.
+    pub fn command(&self) -> (&[u8], u64) {
+        self.command
+            .get()
+            .map_or((&[][..], 0), |(cdb, lun)| (cdb.as_slice(), *lun))
+    }
+
+    /// Claims the right to send the command on the current connection; false if
+    /// another thread already did.
+    pub fn claim_send(&self) -> bool {
+        !self.sent.swap(true, Ordering::AcqRel)
+    }
+
+    /// Readies the command to be sent again on a new connection (the reader
+    /// thread, holding the writer lock, before any replay).
+    pub fn reset_for_replay(&self) {
+        self.received.store(0, Ordering::Relaxed);
+        self.sent.store(false, Ordering::Release);
     }
 
     /// Counts Data-In bytes received.

@@ -5,7 +5,8 @@
 //! come from the environment (`BLOCKWIRE_CHAP_SECRET`) or a file (`?secret-file=PATH`);
 //! the URI's own `%password` is accepted for compatibility with libiscsi's tools.
 //! Query keys: `digest=crc32c|none`, `secret-file=PATH`, `target-user=NAME` and
-//! `target-secret-file=PATH` (mutual CHAP), `initiator=IQN`, `sessions=N`.
+//! `target-secret-file=PATH` (mutual CHAP), `initiator=IQN`, `sessions=N`,
+//! `reconnect=SECS`.
 
 use std::fmt;
 use std::str::FromStr;
@@ -58,6 +59,9 @@ pub struct IscsiUri {
     pub initiator: Option<String>,
     /// `?sessions=N`: sessions to open to the target.
     pub sessions: usize,
+    /// `?reconnect=SECS`: how long to keep reconnecting after a connection drops
+    /// (0: fail at once); `None` leaves it to the caller's options.
+    pub reconnect: Option<u64>,
 }
 
 impl fmt::Debug for IscsiUri {
@@ -104,6 +108,7 @@ impl IscsiUri {
             digest: false,
             initiator: None,
             sessions: 1,
+            reconnect: None,
         }
     }
 
@@ -182,6 +187,7 @@ impl FromStr for IscsiUri {
             digest: false,
             initiator: None,
             sessions: 1,
+            reconnect: None,
         };
         for option in query.into_iter().flat_map(|q| q.split('&')) {
             if option.is_empty() {
@@ -208,6 +214,7 @@ impl FromStr for IscsiUri {
                 "initiator" | "initiator-name" if !value.is_empty() => {
                     parsed.initiator = Some(value.into())
                 }
+                "reconnect" => parsed.reconnect = Some(value.parse::<u64>().map_err(|_| bad())?),
                 "sessions" => {
                     parsed.sessions = value
                         .parse::<usize>()
@@ -277,11 +284,12 @@ mod tests {
         assert_eq!(uri.target, None);
         let uri: IscsiUri = "iscsi://host/".parse().unwrap();
         assert_eq!(uri.target, None);
-        let uri: IscsiUri = "iscsi://bob@host/iqn.a:b/2?secret-file=/run/s&sessions=4"
+        let uri: IscsiUri = "iscsi://bob@host/iqn.a:b/2?secret-file=/run/s&sessions=4&reconnect=0"
             .parse()
             .unwrap();
         assert_eq!(uri.secret_file.as_deref(), Some("/run/s"));
         assert_eq!(uri.sessions, 4);
+        assert_eq!(uri.reconnect, Some(0));
         assert_eq!(uri.password, None);
     }
 
