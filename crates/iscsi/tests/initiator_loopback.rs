@@ -245,3 +245,17 @@ fn a_target_shutdown_fails_requests_cleanly() {
         "{error}"
     );
 }
+
+#[test]
+fn our_target_answers_idle_pings() {
+    let target = start(512, None);
+    let options = IscsiOptions {
+        nop_interval: Duration::from_millis(50),
+        ..IscsiOptions::default()
+    };
+    let client = IscsiClient::connect(&target.uri(), options).expect("connect");
+    let device = Device::new(Arc::new(client));
+    // Many intervals of silence: each ping is answered, the connection stays.
+    thread::sleep(Duration::from_millis(500));
+    device.write(&[3u8; 512], 0, WriteFlags::NONE).unwrap();
+}

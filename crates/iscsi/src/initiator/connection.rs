@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -41,6 +41,11 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// How long a dropped connection waits for the target's Logout Response.
 const LOGOUT_WAIT: Duration = Duration::from_secs(2);
+/// A connection silent this long gets a NOP-Out ping (§11.18: the initiator may
+/// ping to check the connection); silent for another interval after it, it is dead.
+pub const DEFAULT_NOP_INTERVAL: Duration = Duration::from_secs(10);
+/// The initiator task tag of our pings (never a command's: see `register`).
+const PING_TAG: u32 = RESERVED_TAG - 2;
 /// Longest sense data we keep (SPC-4 allows 252 bytes).
 const MAX_SENSE: usize = 260;
 
@@ -98,6 +103,8 @@ pub(crate) struct Shared {
     recovery: Option<Recovery>,
     /// The logical unit's identity, checked after a reconnect.
     identity: Mutex<Option<Vec<u8>>>,
+    /// Idle time before a NOP-Out ping, in milliseconds.
+    nop_interval_ms: AtomicU64,
     /// "session N to ADDRESS", for messages.
     pub name: String,
 }
@@ -119,6 +126,10 @@ impl Shared {
 
     fn shutdown(&self) {
         let _ = lock(&self.control).shutdown(Shutdown::Both);
+    }
+
+    fn nop_interval(&self) -> Duration {
+        Duration::from_millis(self.nop_interval_ms.load(Ordering::Relaxed))
     }
 
     /// Whether a dropped connection is to be reconnected.
@@ -204,9 +215,13 @@ impl Connection {
         lun: u64,
         name: String,
         recovery: Option<Recovery>,
+        nop_interval: Duration,
     ) -> io::Result<Connection> {
+        // Set before the reader thread starts: a read under way keeps the timeout
+        // it started with.
+        let nop_interval = nop_interval.max(Duration::from_millis(1));
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(None)?;
+        stream.set_read_timeout(Some(nop_interval))?;
         let digests = Digests {
             header: params.header_digest,
             data: params.data_digest,
@@ -231,6 +246,7 @@ impl Connection {
             dropping: AtomicBool::new(false),
             recovery,
             identity: Mutex::new(None),
+            nop_interval_ms: AtomicU64::new(nop_interval.as_millis() as u64),
             window_moved: Condvar::new(),
             tasks: Mutex::new(Tasks {
                 next_itt: 1,
@@ -328,7 +344,7 @@ impl Connection {
         }
         // A tag not in use and not the reserved one (§11.2.1.8).
         let mut itt = tasks.next_itt;
-        while itt == RESERVED_TAG || itt == RESERVED_TAG - 1 || tasks.map.contains_key(&itt) {
+        while itt >= PING_TAG || tasks.map.contains_key(&itt) {
             itt = itt.wrapping_add(1);
         }
         tasks.next_itt = itt.wrapping_add(1);
@@ -601,6 +617,9 @@ fn recover(shared: &Arc<Shared>, end: &End) -> Result<PduReader, String> {
         header: params.header_digest,
         data: params.data_digest,
     };
+    stream
+        .set_read_timeout(Some(shared.nop_interval()))
+        .map_err(|e| e.to_string())?;
     let control = stream.try_clone().map_err(|e| e.to_string())?;
     let mut reader = PduReader::new(
         stream.try_clone().map_err(|e| e.to_string())?,
@@ -663,9 +682,24 @@ fn recover(shared: &Arc<Shared>, end: &End) -> Result<PduReader, String> {
 /// The reader thread.
 fn read_loop(shared: &Arc<Shared>, mut reader: PduReader) {
     let end = loop {
+        let mut pinged = false;
         let end = loop {
-            if let Err(end) = read_one(shared, &mut reader) {
-                break end;
+            match read_one(shared, &mut reader) {
+                Ok(()) => pinged = false,
+                Err(End::Wire(WireError::Idle)) if !pinged => {
+                    ping(shared);
+                    pinged = true;
+                }
+                Err(End::Wire(WireError::Idle)) => {
+                    break End::Wire(WireError::Io(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "no answer to a NOP-Out ping within {:?}",
+                            shared.nop_interval()
+                        ),
+                    )))
+                }
+                Err(end) => break end,
             }
         };
         // Only a broken transport is worth a reconnect: a target that breaks the
@@ -753,6 +787,21 @@ fn logout_if_drained(shared: &Shared) {
         tracing::info!("{}: logging out, as the target asked", shared.name);
         shared.logout();
     }
+}
+
+/// Pings an idle connection (§11.18): a NOP-Out with a task tag, immediate, which
+/// the target answers with a NOP-In.
+fn ping(shared: &Shared) {
+    let (cmd_sn, exp_stat_sn) = shared.sequence();
+    let nop = NopOut {
+        immediate: true,
+        lun: 0,
+        initiator_task_tag: PING_TAG,
+        target_transfer_tag: RESERVED_TAG,
+        cmd_sn,
+        exp_stat_sn,
+    };
+    shared.send_immediate(Pdu::NopOut(nop), &[]);
 }
 
 /// Reads one PDU and acts on it.

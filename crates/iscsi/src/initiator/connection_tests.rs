@@ -107,6 +107,15 @@ fn session(
     limits: TargetLimits,
     script: impl FnOnce(Fake) + Send + 'static,
 ) -> (Connection, JoinHandle<()>) {
+    session_pinging(limits, Duration::from_secs(10), script)
+}
+
+/// [`session`] with NOP-Out pings after `nop_interval` of silence.
+fn session_pinging(
+    limits: TargetLimits,
+    nop_interval: Duration,
+    script: impl FnOnce(Fake) + Send + 'static,
+) -> (Connection, JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap().to_string();
     let target = thread::spawn(move || {
@@ -166,7 +175,8 @@ fn session(
         digests: false,
     };
     let params = connect::login(&stream, &address, options, Duration::from_secs(5)).unwrap();
-    let connection = Connection::start(stream, params, 0, "fake session".into(), None).unwrap();
+    let connection =
+        Connection::start(stream, params, 0, "fake session".into(), None, nop_interval).unwrap();
     (connection, target)
 }
 
@@ -509,5 +519,40 @@ fn check_condition_maps_sense_to_an_error_kind() {
     });
     let error = read(&connection, 1 << 30, 512).unwrap_err();
     assert_eq!(error.kind(), ErrorKind::OutOfRange);
+    target.join().unwrap();
+}
+
+#[test]
+fn an_idle_connection_is_pinged_and_a_silent_one_ends() {
+    let interval = Duration::from_millis(100);
+    let (connection, target) = session_pinging(TargetLimits::default(), interval, |mut fake| {
+        // The first ping is answered...
+        let ping = match fake.recv() {
+            (Pdu::NopOut(ping), _) => ping,
+            (other, _) => panic!("expected a NOP-Out ping, got {other:?}"),
+        };
+        assert_ne!(ping.initiator_task_tag, RESERVED_TAG);
+        assert_eq!(ping.target_transfer_tag, RESERVED_TAG);
+        assert!(ping.immediate);
+        let (exp_cmd_sn, max_cmd_sn) = fake.window();
+        let answer = NopIn {
+            lun: 0,
+            initiator_task_tag: ping.initiator_task_tag,
+            target_transfer_tag: RESERVED_TAG,
+            stat_sn: fake.next_stat_sn(),
+            exp_cmd_sn,
+            max_cmd_sn,
+        };
+        fake.send(Pdu::NopIn(answer), &[]);
+        // ...the next is not: the initiator gives up on the connection.
+        let (Pdu::NopOut(_), _) = fake.recv() else {
+            panic!("expected a second ping");
+        };
+        assert!(fake.reader.read_header().is_err());
+    });
+    thread::sleep(Duration::from_millis(600));
+    let error = read(&connection, 0, 512).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Disconnected);
+    assert!(error.to_string().contains("NOP-Out"), "{error}");
     target.join().unwrap();
 }

@@ -43,6 +43,9 @@ pub struct IscsiOptions {
     /// commands without status) after a connection drops; `None` fails them at
     /// once. The URI's `?reconnect=SECS` overrides it.
     pub reconnect: Option<Duration>,
+    /// Idle time before a NOP-Out ping; a ping unanswered as long again ends the
+    /// connection (which a reconnect may then restore).
+    pub nop_interval: Duration,
 }
 
 /// How long an initiator keeps reconnecting by default (issue 18: 30 s).
@@ -53,6 +56,7 @@ impl Default for IscsiOptions {
         IscsiOptions {
             login_timeout: Duration::from_secs(15),
             reconnect: Some(DEFAULT_RECONNECT),
+            nop_interval: super::connection::DEFAULT_NOP_INTERVAL,
         }
     }
 }
@@ -200,13 +204,18 @@ impl IscsiClient {
                 lun_field: crate::target::encode_lun(uri.lun),
                 login_timeout: options.login_timeout,
             });
-            let connection =
-                Connection::start(stream, params, uri.lun, name, recovery).map_err(|source| {
-                    InitiatorError::Io {
-                        address: address.clone(),
-                        source,
-                    }
-                })?;
+            let connection = Connection::start(
+                stream,
+                params,
+                uri.lun,
+                name,
+                recovery,
+                options.nop_interval,
+            )
+            .map_err(|source| InitiatorError::Io {
+                address: address.clone(),
+                source,
+            })?;
             sessions.push(connection);
         }
         let details = probe(&sessions[0], uri)?;

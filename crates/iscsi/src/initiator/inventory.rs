@@ -44,8 +44,15 @@ pub fn inventory(
         digests: uri.digest,
     };
     let params = login(&stream, &address, login_options, options.login_timeout)?;
-    let connection = Connection::start(stream, params, 0, format!("{target} at {address}"), None)
-        .map_err(|source| InitiatorError::Io {
+    let connection = Connection::start(
+        stream,
+        params,
+        0,
+        format!("{target} at {address}"),
+        None,
+        options.nop_interval,
+    )
+    .map_err(|source| InitiatorError::Io {
         address: address.clone(),
         source,
     })?;

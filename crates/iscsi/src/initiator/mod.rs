@@ -44,7 +44,10 @@ pub mod uri;
 mod wire;
 
 pub use connect::{parse_send_targets, DiscoveredTarget};
-pub use device::{credentials, IscsiClient, IscsiOptions, LunDetails, DEFAULT_INITIATOR_NAME};
+pub use connection::DEFAULT_NOP_INTERVAL;
+pub use device::{
+    credentials, IscsiClient, IscsiOptions, LunDetails, DEFAULT_INITIATOR_NAME, DEFAULT_RECONNECT,
+};
 pub use error::InitiatorError;
 pub use inventory::{inventory, LunSummary};
 pub use login::{status_name, Credentials, LoginError, SessionParams};

@@ -83,9 +83,6 @@ pub(crate) fn attempt(
             ));
         }
     }
-    stream
-        .set_read_timeout(None)
-        .map_err(|e| Attempt::Retry(e.to_string()))?;
     Ok((stream, params))
 }
 

@@ -17,6 +17,9 @@ pub enum WireError {
     Io(#[from] io::Error),
     #[error("the target closed the connection")]
     Closed,
+    /// Nothing arrived for the read timeout, between PDUs.
+    #[error("the connection was idle")]
+    Idle,
     #[error("header digest mismatch")]
     HeaderDigest,
     #[error("data digest mismatch")]
@@ -60,6 +63,15 @@ impl PduReader {
                 Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
                 Ok(n) => filled += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if filled == 0
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        ) =>
+                {
+                    return Err(WireError::Idle)
+                }
                 Err(e) => return Err(e.into()),
             }
         }
