@@ -1,7 +1,7 @@
 //! The block-device core of blockwire.
 //!
 //! Everything that stores, moves or measures bytes meets here: backends (a file or
-//! block device, sparse memory), composers (read-only, ...) and, later, initiators all
+//! block device, sparse memory), composers (read-only, stripe, throttle, ...) and, later, initiators all
 //! implement [`BlockDevice`]. Users never call a device directly: they go through the
 //! checked [`Device`] handle, which validates every request, splits it by the device's
 //! limits and emulates what the device cannot do natively, so backends and protocol
@@ -20,6 +20,8 @@ pub mod queue;
 pub mod read_only;
 pub mod rmw;
 pub mod size;
+pub mod stripe;
+pub mod throttle;
 pub mod workers;
 pub mod write_behind;
 
@@ -33,3 +35,5 @@ pub use memory::MemoryDevice;
 pub use queue::{Completion, QueuedOp, RequestQueue, Submission};
 pub use read_only::ReadOnly;
 pub use rmw::ReadModifyWrite;
+pub use stripe::{Stripe, StripeError};
+pub use throttle::{Throttle, ThrottleConfig};
