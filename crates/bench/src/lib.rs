@@ -150,6 +150,8 @@ pub fn run(request: &RunRequest, note: &mut dyn FnMut(&str)) -> Result<RunReport
         TargetSpec::Remote(remote) => {
             if config.wants(Workload::Network) && remote.scheme == "aoe" {
                 note("network: skipped (AoE is layer 2: there is no IP host for a TCP test)");
+            } else if config.wants(Workload::Network) && remote.scheme == "stripe" {
+                note("network: skipped (a stripe has one host per member: measure each member's URI)");
             } else if config.wants(Workload::Network) {
                 let network = network::NetworkRequest {
                     host: remote.host.clone(),
@@ -175,7 +177,7 @@ pub fn run(request: &RunRequest, note: &mut dyn FnMut(&str)) -> Result<RunReport
                                 note(&line);
                                 config.target_cpu = Some(source);
                             }
-                            None if remote.scheme == "aoe" => note(
+                            None if remote.scheme == "aoe" || remote.scheme == "stripe" => note(
                                 "target CPU: not seen (give --target-pid on the target's host)",
                             ),
                             None => note(

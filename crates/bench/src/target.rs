@@ -83,6 +83,16 @@ impl TargetSpec {
     /// Tells paths from URIs: `file:///p` and anything that exists or contains a
     /// slash without a scheme is a path; `scheme://…` and `host:port` are remote.
     pub fn parse(text: &str) -> TargetSpec {
+        // A striped volume (`stripe:CHUNK:MEMBER,...`) is opened by the caller and
+        // measured as a device; it has no one host.
+        if text.starts_with("stripe:") {
+            return TargetSpec::Remote(RemoteTarget {
+                uri: text.to_string(),
+                scheme: "stripe".into(),
+                host: String::new(),
+                port: None,
+            });
+        }
         if let Some(path) = text.strip_prefix("file://") {
             return TargetSpec::Path(PathBuf::from(path));
         }

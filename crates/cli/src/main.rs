@@ -9,6 +9,7 @@ mod info_aoe;
 mod info_iscsi;
 mod netserve;
 mod open;
+mod open_stripe;
 mod serve;
 mod serve_iscsi;
 mod stop_signals;

@@ -1,7 +1,8 @@
 //! Opening what a command names: a path (`/srv/disk.img`, `file:///srv/disk.img`), an
 //! NBD URI (`nbd://host[:port]/export`, `nbd+unix:///export?socket=PATH`) or an AoE
 //! URI (`aoe://eth0/e1.2`, `aoe://eth0,eth1/e1.2`) or an iSCSI URI
-//! (`iscsi://[user@]host[:port]/IQN/LUN`).
+//! (`iscsi://[user@]host[:port]/IQN/LUN`), or a striped volume of any of them
+//! (`stripe:CHUNK:MEMBER,MEMBER,...`).
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,8 @@ use blockwire_blockdev::{Device, FileDevice, FileOptions};
 use blockwire_iscsi::initiator::{IscsiClient, IscsiOptions, IscsiUri};
 use blockwire_nbd::client::{ClientOptions, NbdClient, NbdUri};
 
+use crate::open_stripe::StripeSpec;
+
 /// What a command line names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
@@ -21,10 +24,15 @@ pub enum Target {
     Nbd(NbdUri),
     Aoe(AoeUri),
     Iscsi(IscsiUri),
+    /// A striped volume: `stripe:CHUNK:MEMBER,MEMBER,...` (see open_stripe.rs).
+    Stripe(StripeSpec),
 }
 
 impl Target {
     pub fn parse(spec: &str) -> Result<Target> {
+        if let Some(rest) = spec.strip_prefix(crate::open_stripe::PREFIX) {
+            return Ok(Target::Stripe(StripeSpec::parse(rest)?));
+        }
         if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://") {
             let uri: NbdUri = spec.parse().map_err(|e| anyhow!("{e}"))?;
             return Ok(Target::Nbd(uri));
@@ -113,6 +121,7 @@ pub fn open(target: &Target, read_only: bool, remote: Remote) -> Result<Device> 
             }
             Ok(device)
         }
+        Target::Stripe(spec) => spec.open(read_only, remote),
     }
 }
 
