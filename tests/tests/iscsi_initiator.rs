@@ -300,3 +300,44 @@ fn a_different_unit_behind_the_same_address_is_not_replayed_onto() {
     let error = device.write(&[2u8; 4096], 0, WriteFlags::NONE).unwrap_err();
     assert!(error.to_string().contains("identity"), "{error}");
 }
+
+#[test]
+fn a_copy_with_verify_rides_out_two_target_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = sparse_file(dir.path(), "copy-restart.img", 512 * MIB);
+    let source = patterned_file(dir.path(), "copy-source.img", (512 * MIB) as usize, 9);
+    let port = free_port();
+    let mut served = serve_on(&image, port);
+    let url = served.iscsi_url().to_string();
+    // Small requests, few in flight: the copy takes long enough to be interrupted.
+    let mut command = Command::new(blockwire_bin());
+    command.args([
+        "copy",
+        source.to_str().unwrap(),
+        &url,
+        "--verify",
+        "--quiet",
+        "--request-size",
+        "64K",
+        "--requests",
+        "4",
+    ]);
+    let copy = thread::spawn(move || run_bounded(command, Duration::from_secs(300)));
+    for _ in 0..2 {
+        thread::sleep(Duration::from_millis(400));
+        kill_hard(served);
+        thread::sleep(Duration::from_millis(300));
+        served = serve_on(&image, port);
+    }
+    let output = copy.join().unwrap();
+    assert!(
+        output.status.success(),
+        "the copy failed: {}",
+        text(&output.stderr)
+    );
+    // Both restarts happened under the copy.
+    let stderr = text(&output.stderr);
+    assert!(stderr.matches("reconnecting").count() >= 2, "{stderr}");
+    drop(served);
+    assert!(std::fs::read(&image).unwrap() == std::fs::read(&source).unwrap());
+}

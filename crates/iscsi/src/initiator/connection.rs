@@ -1002,7 +1002,9 @@ fn nop_in(shared: &Shared, nop: &NopIn, data: &[u8]) {
         cmd_sn,
         exp_stat_sn,
     };
-    shared.send_immediate(Pdu::NopOut(answer), data);
+    // The echo must fit what the target takes in one PDU.
+    let max = lock(&shared.writer).params.target_max_recv as usize;
+    shared.send_immediate(Pdu::NopOut(answer), &data[..data.len().min(max)]);
 }
 
 /// Reject (§11.17): the data segment is the rejected PDU's header; the command it

@@ -494,7 +494,9 @@ fn device_info(details: &LunDetails) -> DeviceInfo {
     };
     let maximum = (u64::from(max_blocks) * u64::from(bs)).min(u64::from(MAX_TRANSFER)) as u32;
     let maximum = (maximum / bs).max(1) * bs;
-    let physical = bs << details.capacity.physical_exponent.min(16);
+    // In u64: a large block size and exponent from the network must not overflow.
+    let physical = (u64::from(bs) << details.capacity.physical_exponent.min(16))
+        .min(u64::from(maximum)) as u32;
     let optimal = u32::from(limits.optimal_granularity_blocks).saturating_mul(bs);
     let preferred = physical.max(optimal).max(4096.max(bs)).min(maximum);
     let blocks_to_bytes = |blocks: u64| blocks.saturating_mul(u64::from(bs));
