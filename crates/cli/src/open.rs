@@ -63,7 +63,8 @@ impl Target {
 pub struct Remote {
     /// NBD connections, when the server allows several.
     pub connections: usize,
-    /// How long a request may wait for an answer (NBD default: forever; AoE: 10 s).
+    /// How long a request may wait for an answer (NBD and iSCSI default: forever;
+    /// AoE: 10 s).
     pub timeout: Option<Duration>,
 }
 
@@ -113,8 +114,13 @@ pub fn open(target: &Target, read_only: bool, remote: Remote) -> Result<Device> 
             Ok(Device::new(Arc::new(client)))
         }
         Target::Iscsi(uri) => {
-            let client =
-                IscsiClient::connect(uri, IscsiOptions::default()).map_err(|e| anyhow!("{e}"))?;
+            // Reconnecting after a dropped connection is on by default (30 s;
+            // the URI's ?reconnect=SECS changes it).
+            let options = IscsiOptions {
+                request_timeout: remote.timeout,
+                ..IscsiOptions::default()
+            };
+            let client = IscsiClient::connect(uri, options).map_err(|e| anyhow!("{e}"))?;
             let device = Device::new(Arc::new(client));
             if !read_only && device.info().read_only {
                 bail!("{uri} is a read-only logical unit");

@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -44,6 +44,28 @@ const LOGOUT_WAIT: Duration = Duration::from_secs(2);
 /// A connection silent this long gets a NOP-Out ping (§11.18: the initiator may
 /// ping to check the connection); silent for another interval after it, it is dead.
 pub const DEFAULT_NOP_INTERVAL: Duration = Duration::from_secs(10);
+/// When the reader thread pings and gives up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Timing {
+    /// Silence before a NOP-Out ping; as long again without an answer ends the
+    /// connection.
+    pub nop_interval: Duration,
+    /// A command without status this long fails, with every other on the
+    /// connection, which closes (no reconnect: a unit that hangs would hang again).
+    pub request_timeout: Option<Duration>,
+}
+
+impl Timing {
+    /// How often the reader must wake to keep both promises.
+    fn tick(&self) -> Duration {
+        let nop = self.nop_interval.max(Duration::from_millis(1));
+        match self.request_timeout {
+            Some(limit) => nop.min((limit / 4).max(Duration::from_millis(10))),
+            None => nop,
+        }
+    }
+}
+
 /// The initiator task tag of our pings (never a command's: see `register`).
 const PING_TAG: u32 = RESERVED_TAG - 2;
 /// Longest sense data we keep (SPC-4 allows 252 bytes).
@@ -103,8 +125,10 @@ pub(crate) struct Shared {
     recovery: Option<Recovery>,
     /// The logical unit's identity, checked after a reconnect.
     identity: Mutex<Option<Vec<u8>>>,
-    /// Idle time before a NOP-Out ping, in milliseconds.
-    nop_interval_ms: AtomicU64,
+    timing: Timing,
+    /// How often the reader thread wakes when nothing arrives: the socket's read
+    /// timeout.
+    tick: Duration,
     /// "session N to ADDRESS", for messages.
     pub name: String,
 }
@@ -129,7 +153,7 @@ impl Shared {
     }
 
     fn nop_interval(&self) -> Duration {
-        Duration::from_millis(self.nop_interval_ms.load(Ordering::Relaxed))
+        self.timing.nop_interval
     }
 
     /// Whether a dropped connection is to be reconnected.
@@ -215,13 +239,13 @@ impl Connection {
         lun: u64,
         name: String,
         recovery: Option<Recovery>,
-        nop_interval: Duration,
+        timing: Timing,
     ) -> io::Result<Connection> {
+        let tick = timing.tick();
         // Set before the reader thread starts: a read under way keeps the timeout
         // it started with.
-        let nop_interval = nop_interval.max(Duration::from_millis(1));
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(nop_interval))?;
+        stream.set_read_timeout(Some(tick))?;
         let digests = Digests {
             header: params.header_digest,
             data: params.data_digest,
@@ -246,7 +270,8 @@ impl Connection {
             dropping: AtomicBool::new(false),
             recovery,
             identity: Mutex::new(None),
-            nop_interval_ms: AtomicU64::new(nop_interval.as_millis() as u64),
+            timing,
+            tick,
             window_moved: Condvar::new(),
             tasks: Mutex::new(Tasks {
                 next_itt: 1,
@@ -563,16 +588,31 @@ enum End {
     LoggedOut,
     /// Reconnecting failed, for this reason.
     GaveUp(String),
+    /// A command waited longer than the request timeout.
+    TimedOut(String),
 }
 
 impl std::fmt::Display for End {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             End::Wire(e) => write!(f, "{e}"),
-            End::Violation(reason) | End::GaveUp(reason) => f.write_str(reason),
+            End::Violation(reason) | End::GaveUp(reason) | End::TimedOut(reason) => {
+                f.write_str(reason)
+            }
             End::LoggedOut => f.write_str("logged out"),
         }
     }
+}
+
+/// A command older than `limit` ends the connection with a timeout.
+fn overdue(shared: &Shared, limit: Duration) -> Option<End> {
+    let tasks = lock(&shared.tasks);
+    let oldest = tasks.map.values().map(|task| task.age()).max()?;
+    (oldest >= limit).then(|| {
+        End::TimedOut(format!(
+            "a command had no status for {oldest:.1?} (the limit is {limit:?}); connection closed"
+        ))
+    })
 }
 
 /// Longest pause between reconnection attempts.
@@ -618,7 +658,7 @@ fn recover(shared: &Arc<Shared>, end: &End) -> Result<PduReader, String> {
         data: params.data_digest,
     };
     stream
-        .set_read_timeout(Some(shared.nop_interval()))
+        .set_read_timeout(Some(shared.tick))
         .map_err(|e| e.to_string())?;
     let control = stream.try_clone().map_err(|e| e.to_string())?;
     let mut reader = PduReader::new(
@@ -682,24 +722,40 @@ fn recover(shared: &Arc<Shared>, end: &End) -> Result<PduReader, String> {
 /// The reader thread.
 fn read_loop(shared: &Arc<Shared>, mut reader: PduReader) {
     let end = loop {
-        let mut pinged = false;
+        let mut heard = Instant::now();
+        let mut pinged: Option<Instant> = None;
+        let mut checked = Instant::now();
         let end = loop {
             match read_one(shared, &mut reader) {
-                Ok(()) => pinged = false,
-                Err(End::Wire(WireError::Idle)) if !pinged => {
-                    ping(shared);
-                    pinged = true;
+                Ok(()) => {
+                    heard = Instant::now();
+                    pinged = None;
                 }
                 Err(End::Wire(WireError::Idle)) => {
-                    break End::Wire(WireError::Io(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!(
-                            "no answer to a NOP-Out ping within {:?}",
-                            shared.nop_interval()
-                        ),
-                    )))
+                    let interval = shared.nop_interval();
+                    match pinged {
+                        None if heard.elapsed() >= interval => {
+                            ping(shared);
+                            pinged = Some(Instant::now());
+                        }
+                        Some(at) if at.elapsed() >= interval => {
+                            break End::Wire(WireError::Io(io::Error::new(
+                                io::ErrorKind::TimedOut,
+                                format!("no answer to a NOP-Out ping within {interval:?}"),
+                            )))
+                        }
+                        _ => {}
+                    }
                 }
                 Err(end) => break end,
+            }
+            if let Some(limit) = shared.timing.request_timeout {
+                if checked.elapsed() >= shared.tick {
+                    checked = Instant::now();
+                    if let Some(end) = overdue(shared, limit) {
+                        break end;
+                    }
+                }
             }
         };
         // Only a broken transport is worth a reconnect: a target that breaks the
@@ -733,6 +789,7 @@ fn read_loop(shared: &Arc<Shared>, mut reader: PduReader) {
         ),
         End::LoggedOut => (ErrorKind::ShuttingDown, "logged out".to_string()),
         End::GaveUp(reason) => (ErrorKind::Disconnected, reason),
+        End::TimedOut(reason) => (ErrorKind::TimedOut, reason),
     };
     let reason = format!("{}: {reason}", shared.name);
     if shared.close(kind, reason.clone()) && kind != ErrorKind::ShuttingDown {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use blockwire_blockdev::{ErrorKind, Op};
 
 use super::connect;
-use super::connection::{Command, Connection};
+use super::connection::{Command, Connection, Timing};
 use super::login::LoginOptions;
 use super::scsi;
 use super::wire::{send_pdu, Digests, PduReader};
@@ -107,13 +107,15 @@ fn session(
     limits: TargetLimits,
     script: impl FnOnce(Fake) + Send + 'static,
 ) -> (Connection, JoinHandle<()>) {
-    session_pinging(limits, Duration::from_secs(10), script)
+    session_timed(limits, Duration::from_secs(10), None, script)
 }
 
-/// [`session`] with NOP-Out pings after `nop_interval` of silence.
-fn session_pinging(
+/// [`session`] with NOP-Out pings after `nop_interval` of silence and a request
+/// timeout.
+fn session_timed(
     limits: TargetLimits,
     nop_interval: Duration,
+    request_timeout: Option<Duration>,
     script: impl FnOnce(Fake) + Send + 'static,
 ) -> (Connection, JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -175,8 +177,18 @@ fn session_pinging(
         digests: false,
     };
     let params = connect::login(&stream, &address, options, Duration::from_secs(5)).unwrap();
-    let connection =
-        Connection::start(stream, params, 0, "fake session".into(), None, nop_interval).unwrap();
+    let connection = Connection::start(
+        stream,
+        params,
+        0,
+        "fake session".into(),
+        None,
+        Timing {
+            nop_interval,
+            request_timeout,
+        },
+    )
+    .unwrap();
     (connection, target)
 }
 
@@ -525,34 +537,56 @@ fn check_condition_maps_sense_to_an_error_kind() {
 #[test]
 fn an_idle_connection_is_pinged_and_a_silent_one_ends() {
     let interval = Duration::from_millis(100);
-    let (connection, target) = session_pinging(TargetLimits::default(), interval, |mut fake| {
-        // The first ping is answered...
-        let ping = match fake.recv() {
-            (Pdu::NopOut(ping), _) => ping,
-            (other, _) => panic!("expected a NOP-Out ping, got {other:?}"),
-        };
-        assert_ne!(ping.initiator_task_tag, RESERVED_TAG);
-        assert_eq!(ping.target_transfer_tag, RESERVED_TAG);
-        assert!(ping.immediate);
-        let (exp_cmd_sn, max_cmd_sn) = fake.window();
-        let answer = NopIn {
-            lun: 0,
-            initiator_task_tag: ping.initiator_task_tag,
-            target_transfer_tag: RESERVED_TAG,
-            stat_sn: fake.next_stat_sn(),
-            exp_cmd_sn,
-            max_cmd_sn,
-        };
-        fake.send(Pdu::NopIn(answer), &[]);
-        // ...the next is not: the initiator gives up on the connection.
-        let (Pdu::NopOut(_), _) = fake.recv() else {
-            panic!("expected a second ping");
-        };
-        assert!(fake.reader.read_header().is_err());
-    });
+    let (connection, target) =
+        session_timed(TargetLimits::default(), interval, None, |mut fake| {
+            // The first ping is answered...
+            let ping = match fake.recv() {
+                (Pdu::NopOut(ping), _) => ping,
+                (other, _) => panic!("expected a NOP-Out ping, got {other:?}"),
+            };
+            assert_ne!(ping.initiator_task_tag, RESERVED_TAG);
+            assert_eq!(ping.target_transfer_tag, RESERVED_TAG);
+            assert!(ping.immediate);
+            let (exp_cmd_sn, max_cmd_sn) = fake.window();
+            let answer = NopIn {
+                lun: 0,
+                initiator_task_tag: ping.initiator_task_tag,
+                target_transfer_tag: RESERVED_TAG,
+                stat_sn: fake.next_stat_sn(),
+                exp_cmd_sn,
+                max_cmd_sn,
+            };
+            fake.send(Pdu::NopIn(answer), &[]);
+            // ...the next is not: the initiator gives up on the connection.
+            let (Pdu::NopOut(_), _) = fake.recv() else {
+                panic!("expected a second ping");
+            };
+            assert!(fake.reader.read_header().is_err());
+        });
     thread::sleep(Duration::from_millis(600));
     let error = read(&connection, 0, 512).unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Disconnected);
     assert!(error.to_string().contains("NOP-Out"), "{error}");
+    target.join().unwrap();
+}
+
+#[test]
+fn a_command_past_the_request_timeout_fails_with_a_timeout() {
+    let limit = Duration::from_millis(200);
+    let (connection, target) = session_timed(
+        TargetLimits::default(),
+        Duration::from_secs(10),
+        Some(limit),
+        |mut fake| {
+            // Take the command, never answer it; pings are answered by nobody
+            // either, but the timeout comes first.
+            let _ = fake.command();
+            assert!(fake.reader.read_header().is_err());
+        },
+    );
+    let started = std::time::Instant::now();
+    let error = read(&connection, 0, 512).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::TimedOut, "{error}");
+    assert!(started.elapsed() < Duration::from_secs(5));
     target.join().unwrap();
 }

@@ -17,7 +17,7 @@ use blockwire_blockdev::{
 };
 
 use super::connect::{dial, login};
-use super::connection::{Command, Connection};
+use super::connection::{Command, Connection, Timing};
 use super::error::InitiatorError;
 use super::login::{Credentials, LoginOptions};
 use super::queue::IscsiQueue;
@@ -46,6 +46,10 @@ pub struct IscsiOptions {
     /// Idle time before a NOP-Out ping; a ping unanswered as long again ends the
     /// connection (which a reconnect may then restore).
     pub nop_interval: Duration,
+    /// A command without status this long fails with a timeout, as does every
+    /// other on its session, which closes; `None` waits (a slow unit is not a
+    /// dead one, and pings catch dead connections).
+    pub request_timeout: Option<Duration>,
 }
 
 /// How long an initiator keeps reconnecting by default (issue 18: 30 s).
@@ -57,6 +61,7 @@ impl Default for IscsiOptions {
             login_timeout: Duration::from_secs(15),
             reconnect: Some(DEFAULT_RECONNECT),
             nop_interval: super::connection::DEFAULT_NOP_INTERVAL,
+            request_timeout: None,
         }
     }
 }
@@ -140,6 +145,14 @@ pub fn credentials(uri: &IscsiUri) -> std::result::Result<Option<Credentials>, I
     }))
 }
 
+/// The connection's timing from the options.
+pub(crate) fn timing(options: &IscsiOptions) -> Timing {
+    Timing {
+        nop_interval: options.nop_interval,
+        request_timeout: options.request_timeout,
+    }
+}
+
 /// An ISID of the "random" type (§11.12.5: T = 10b), so that two initiators on one
 /// host never reinstate each other's sessions; `index` tells our sessions apart.
 fn random_isid(index: u16) -> u64 {
@@ -204,18 +217,12 @@ impl IscsiClient {
                 lun_field: crate::target::encode_lun(uri.lun),
                 login_timeout: options.login_timeout,
             });
-            let connection = Connection::start(
-                stream,
-                params,
-                uri.lun,
-                name,
-                recovery,
-                options.nop_interval,
-            )
-            .map_err(|source| InitiatorError::Io {
-                address: address.clone(),
-                source,
-            })?;
+            let connection =
+                Connection::start(stream, params, uri.lun, name, recovery, timing(&options))
+                    .map_err(|source| InitiatorError::Io {
+                        address: address.clone(),
+                        source,
+                    })?;
             sessions.push(connection);
         }
         let details = probe(&sessions[0], uri)?;

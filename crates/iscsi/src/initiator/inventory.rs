@@ -50,7 +50,7 @@ pub fn inventory(
         0,
         format!("{target} at {address}"),
         None,
-        options.nop_interval,
+        super::device::timing(options),
     )
     .map_err(|source| InitiatorError::Io {
         address: address.clone(),

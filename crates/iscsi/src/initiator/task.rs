@@ -12,6 +12,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 use blockwire_blockdev::{Completion, Error, IoBuf, Op};
 use crossbeam_channel::Sender;
@@ -61,6 +62,8 @@ pub(crate) struct Task {
     received: AtomicU32,
     /// The CDB and LUN field, kept to send the command again after a reconnect.
     command: OnceLock<(Vec<u8>, u64)>,
+    /// When the command was submitted (for the request timeout).
+    started: Instant,
     /// Whether the command went out on the current connection (exactly one
     /// sender claims it: the submitter, or a replay after a reconnect).
     sent: AtomicBool,
@@ -92,6 +95,7 @@ impl Task {
             received: AtomicU32::new(0),
             command: OnceLock::new(),
             sent: AtomicBool::new(false),
+            started: Instant::now(),
             waiter: Waiter::Thread {
                 result: Mutex::new(None),
                 ready: Condvar::new(),
@@ -122,12 +126,18 @@ impl Task {
             received: AtomicU32::new(0),
             command: OnceLock::new(),
             sent: AtomicBool::new(false),
+            started: Instant::now(),
             waiter: Waiter::Queue {
                 done,
                 tag,
                 buf: Mutex::new(Some(buf)),
             },
         }
+    }
+
+    /// How long since the command was submitted.
+    pub fn age(&self) -> Duration {
+        self.started.elapsed()
     }
 
     /// Records the command's CDB and LUN field (once, at registration).
