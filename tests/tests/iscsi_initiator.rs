@@ -341,3 +341,56 @@ fn a_copy_with_verify_rides_out_two_target_restarts() {
     drop(served);
     assert!(std::fs::read(&image).unwrap() == std::fs::read(&source).unwrap());
 }
+
+#[test]
+fn bench_measures_an_iscsi_lun() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = sparse_file(dir.path(), "bench.img", 64 * MIB);
+    let served = Served::start_iscsi(&[image.to_str().unwrap()], "bench");
+    let json = dir.path().join("bench.json");
+    let output = blockwire(&[
+        "bench",
+        served.iscsi_url(),
+        "--workload",
+        "sequential,random",
+        "--size",
+        "16M",
+        "--time",
+        "1",
+        "--random-depths",
+        "4",
+        "--force",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let results = report["results"].as_array().unwrap();
+    for op in ["write", "read", "randread", "randwrite"] {
+        let row = results
+            .iter()
+            .find(|r| r["op"] == op)
+            .unwrap_or_else(|| panic!("no {op} row in {report}"));
+        assert!(row["mb_per_s"].as_f64().unwrap() > 0.0, "{row}");
+    }
+}
+
+#[test]
+fn a_gateway_serves_an_iscsi_lun_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = sparse_file(dir.path(), "behind.img", 32 * MIB);
+    let behind = Served::start_iscsi(&[image.to_str().unwrap()], "behind");
+    // `blockwire serve iscsi://...`: our initiator below, our target above.
+    let gateway = Served::start_iscsi(&[behind.iscsi_url()], "gateway");
+    let device = connect(gateway.iscsi_url());
+    assert_eq!(device.info().size, 32 * MIB);
+    conformance::write_read_verify(&device);
+    conformance::trim(&device);
+    conformance::write_zeroes(&device);
+    device.write(&[0x5a; 4096], 8192, WriteFlags::FUA).unwrap();
+    drop(device);
+    drop(gateway);
+    drop(behind);
+    let file = std::fs::read(&image).unwrap();
+    assert!(file[8192..12288].iter().all(|&b| b == 0x5a));
+}
