@@ -7,8 +7,11 @@
 //!   [`crate::login::LoginMachine`] without sockets;
 //! - [`session`]: command window and data sequencing rules, sans-IO;
 //! - `wire`, `connect`: PDUs on a socket, the login driver, SendTargets;
-//! - `connection`, `task`: the full feature phase — many commands in flight,
-//!   Data-In straight into the caller's buffer, R2Ts served from it;
+//! - `connection`, `reader`, `task`: the full feature phase — many commands in
+//!   flight, Data-In straight into the caller's buffer, R2Ts served from it, pings,
+//!   the request timeout;
+//! - `recovery`: riding out a dropped connection (reinstatement, identity check,
+//!   replay);
 //! - [`scsi`]: the CDBs we send and the answers we parse;
 //! - [`IscsiClient`]: the device, and its request queue.
 //!
@@ -36,6 +39,7 @@ pub mod login;
 #[cfg(test)]
 mod login_tests;
 mod queue;
+mod reader;
 mod recovery;
 pub mod scsi;
 pub mod session;

@@ -9,12 +9,18 @@
 //! connection's reader takes it over: nothing else is in flight then.
 
 use std::net::TcpStream;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use super::connect::{dial, login};
+use super::connection::{lock, Link, Pending, Shared};
 use super::error::InitiatorError;
 use super::login::{LoginOptions, SessionParams};
+use super::reader::End;
 use super::scsi;
+use super::session::Window;
 use super::wire::{send_pdu, Digests, PduReader};
 use crate::pdu::{Pdu, ScsiCommand, TaskAttribute, RESERVED_TAG};
 
@@ -201,4 +207,108 @@ impl<'a> Check<'a> {
             }
         }
     }
+}
+
+/// Longest pause between reconnection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Reconnects after the connection dropped (recovery.rs), with backoff, for up to
+/// the recovery limit; installs the new socket and replays every command without
+/// status. Returns the new socket's reader.
+pub(super) fn recover(shared: &Arc<Shared>, end: &End) -> Result<PduReader, String> {
+    let recovery = shared.recovery.as_ref().expect("recovery enabled");
+    shared.broken.store(true, Ordering::Release);
+    shared.shutdown();
+    tracing::warn!(
+        "{}: connection lost ({end}); reconnecting for up to {:?}",
+        shared.name,
+        recovery.limit
+    );
+    let expected = lock(&shared.identity).clone();
+    let deadline = Instant::now() + recovery.limit;
+    let mut delay = Duration::from_millis(50);
+    let (stream, params) = loop {
+        if shared.dropping.load(Ordering::Acquire) {
+            return Err("closed by the initiator while reconnecting".into());
+        }
+        match attempt(recovery, expected.as_deref()) {
+            Ok(fresh) => break fresh,
+            Err(Attempt::Fatal(reason)) => return Err(reason),
+            Err(Attempt::Retry(reason)) => {
+                if Instant::now() + delay > deadline {
+                    return Err(format!(
+                        "the connection dropped ({end}) and reconnecting failed for {:?}: {reason}",
+                        recovery.limit
+                    ));
+                }
+                tracing::debug!("{}: reconnecting: {reason}", shared.name);
+                thread::sleep(delay);
+                delay = (delay * 2).min(MAX_BACKOFF);
+            }
+        }
+    };
+    let digests = Digests {
+        header: params.header_digest,
+        data: params.data_digest,
+    };
+    stream
+        .set_read_timeout(Some(shared.tick))
+        .map_err(|e| e.to_string())?;
+    let control = stream.try_clone().map_err(|e| e.to_string())?;
+    let mut reader = PduReader::new(
+        stream.try_clone().map_err(|e| e.to_string())?,
+        params.initiator_max_recv,
+    );
+    reader.digests = digests;
+    let replay: Vec<Pending> = {
+        // Under the writer lock: no sender sends on the old link meanwhile, and
+        // every command registered so far is either in the replay or sent by its
+        // own thread after `broken` clears (each task is claimed once).
+        let mut link = lock(&shared.writer);
+        *lock(&shared.control) = control;
+        *lock(&shared.window) = Window::new(
+            params.cmd_sn,
+            params.exp_cmd_sn,
+            params.max_cmd_sn,
+            params.exp_stat_sn,
+        );
+        *link = Link {
+            stream,
+            params,
+            digests,
+        };
+        let tasks = lock(&shared.tasks);
+        let mut replay: Vec<Pending> = tasks
+            .map
+            .iter()
+            .map(|(&itt, task)| {
+                task.reset_for_replay();
+                Pending {
+                    itt,
+                    task: task.clone(),
+                }
+            })
+            .collect();
+        // Oldest first (tags count up from 1; a wrap merely reorders).
+        replay.sort_by_key(|p| p.itt);
+        shared.broken.store(false, Ordering::Release);
+        replay
+    };
+    shared.window_moved.notify_all();
+    tracing::info!(
+        "{}: reconnected; re-sending {} command(s)",
+        shared.name,
+        replay.len()
+    );
+    if !replay.is_empty() {
+        // Sent from another thread: this one must read the answers meanwhile, or a
+        // large replay could fill both sockets and stall.
+        let sender = shared.clone();
+        let mut replay = replay;
+        thread::Builder::new()
+            .name("iscsi-replay".into())
+            .spawn(move || sender.send_pending(&mut replay))
+            .map_err(|e| format!("cannot start the replay: {e}"))?;
+    }
+    Ok(reader)
 }
