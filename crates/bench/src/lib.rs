@@ -443,9 +443,12 @@ mod tests {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
+        // Up once the port is taken. Not by connecting: iperf3 takes a connection
+        // as a test's control channel, and one that says nothing keeps it busy long
+        // enough to turn the real client away.
         let up = (0..100).any(|_| {
             std::thread::sleep(Duration::from_millis(50));
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+            std::net::TcpListener::bind(("127.0.0.1", port)).is_err()
         });
         // No netserve answers, and no --iperf-port is given.
         let request = network_only(Some(closed_port()), Duration::from_secs(1), 1);
