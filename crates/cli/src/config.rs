@@ -13,6 +13,9 @@ pub struct Config {
     pub server: ServerSection,
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportSection>,
+    /// `[[volume]]`: striped volumes that exports name with `volume = "NAME"`.
+    #[serde(default, rename = "volume")]
+    pub volumes: Vec<VolumeSection>,
     /// `[iscsi]`: the iSCSI target's listeners, names and secrets.
     #[serde(default)]
     pub iscsi: IscsiSection,
@@ -100,8 +103,10 @@ pub struct ExportSection {
     pub description: String,
     /// A file or block device...
     pub path: Option<PathBuf>,
-    /// ...or an in-memory device of this size ("1G").
+    /// ...or an in-memory device of this size ("1G")...
     pub memory: Option<String>,
+    /// ...or the `[[volume]]` of this name.
+    pub volume: Option<String>,
     /// Create `path` as a sparse file of this size if it does not exist.
     pub size: Option<String>,
     #[serde(default)]
@@ -118,6 +123,21 @@ pub struct ExportSection {
     pub aoe: Option<AoeSection>,
     /// Also serve this export over iSCSI, as LUN 0 of its own target.
     pub iscsi: Option<IscsiExport>,
+    /// Limit reads and writes together to this many MB/s (10^6 bytes), like a disk.
+    pub disk_rate: Option<f64>,
+    /// Add this many milliseconds to every request, like a disk.
+    pub disk_latency: Option<f64>,
+}
+
+/// `[[volume]]`: a striped volume (RAID-0) over member devices.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeSection {
+    pub name: String,
+    /// Chunk size ("64K", "1M").
+    pub chunk: String,
+    /// Paths or URIs (nbd://, aoe://, iscsi://), in stripe order.
+    pub members: Vec<String>,
 }
 
 fn yes() -> bool {
@@ -180,12 +200,29 @@ impl Config {
                     export.name
                 );
             }
-            match (&export.path, &export.memory) {
-                (Some(_), None) | (None, Some(_)) => {}
-                _ => bail!(
-                    "export '{}': give exactly one of `path` or `memory`",
+            let sources = [
+                export.path.is_some(),
+                export.memory.is_some(),
+                export.volume.is_some(),
+            ];
+            if sources.iter().filter(|&&given| given).count() != 1 {
+                bail!(
+                    "export '{}': give exactly one of `path`, `memory` or `volume`",
                     export.name
-                ),
+                );
+            }
+            if let Some(volume) = &export.volume {
+                if !config.volumes.iter().any(|v| &v.name == volume) {
+                    bail!("export '{}': no [[volume]] named '{volume}'", export.name);
+                }
+            }
+        }
+        for (i, volume) in config.volumes.iter().enumerate() {
+            if config.volumes[..i].iter().any(|v| v.name == volume.name) {
+                bail!("two [[volume]] tables are named '{}'", volume.name);
+            }
+            if volume.members.is_empty() {
+                bail!("volume '{}' has no members", volume.name);
             }
         }
         Ok(config)
@@ -315,6 +352,47 @@ mod tests {
             Some(XdpChoice::Driver)
         );
         assert!(aoe(export(", xdp = \"fast\"")).is_err());
+    }
+
+    #[test]
+    fn parses_volumes_and_throttles() {
+        let text = r#"
+            [[volume]]
+            name = "wide"
+            chunk = "64K"
+            members = ["nbd://10.0.1.2/a", "aoe://eth1,eth2/e1.2", "/srv/c.img"]
+
+            [[export]]
+            name = "striped"
+            volume = "wide"
+            disk_rate = 70
+            disk_latency = 0.5
+        "#;
+        let config: Config = toml::from_str(text).unwrap();
+        assert_eq!(config.volumes[0].members.len(), 3);
+        assert_eq!(config.exports[0].volume.as_deref(), Some("wide"));
+        assert_eq!(config.exports[0].disk_rate, Some(70.0));
+        assert_eq!(config.exports[0].disk_latency, Some(0.5));
+    }
+
+    #[test]
+    fn an_export_names_an_existing_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        let load = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            Config::load(&path).map_err(|e| format!("{e:#}"))
+        };
+        let err = load("[[export]]\nname = \"a\"\nvolume = \"nope\"\n").unwrap_err();
+        assert!(err.contains("no [[volume]] named 'nope'"), "{err}");
+        let err = load(
+            "[[volume]]\nname = \"v\"\nchunk = \"4K\"\nmembers = []\n\
+             [[export]]\nname = \"a\"\nvolume = \"v\"\n",
+        )
+        .unwrap_err();
+        assert!(err.contains("volume 'v' has no members"), "{err}");
+        let err = load("[[export]]\nname = \"a\"\nmemory = \"1M\"\nvolume = \"v\"\n").unwrap_err();
+        assert!(err.contains("exactly one of"), "{err}");
     }
 
     #[test]

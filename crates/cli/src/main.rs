@@ -7,12 +7,15 @@ mod demo;
 mod info;
 mod info_aoe;
 mod info_iscsi;
+mod info_stripe;
 mod netserve;
 mod open;
 mod open_stripe;
 mod serve;
 mod serve_iscsi;
+mod serve_volume;
 mod stop_signals;
+mod throttle_args;
 
 use std::process::ExitCode;
 

@@ -70,6 +70,11 @@ impl StripeSpec {
     /// Opens every member at once (remote members connect in parallel) and builds
     /// the volume. An unreachable member is named in the error.
     pub fn open(&self, read_only: bool, remote: Remote) -> Result<Device> {
+        Ok(Device::new(Arc::new(self.open_stripe(read_only, remote)?)))
+    }
+
+    /// Like [`open`](Self::open), keeping the stripe's own view (its members).
+    pub fn open_stripe(&self, read_only: bool, remote: Remote) -> Result<Stripe> {
         let opened: Vec<Result<Device>> = thread::scope(|scope| {
             let handles: Vec<_> = self
                 .members
@@ -86,9 +91,8 @@ impl StripeSpec {
             devices.push(result.with_context(|| format!("stripe member {i} ({text})"))?);
         }
         let names = self.members.iter().map(|(text, _)| text.clone()).collect();
-        let stripe = Stripe::with_names(devices, names, self.chunk)
-            .map_err(|e| anyhow!("cannot stripe {}: {e}", self.describe()))?;
-        Ok(Device::new(Arc::new(stripe)))
+        Stripe::with_names(devices, names, self.chunk)
+            .map_err(|e| anyhow!("cannot stripe {}: {e}", self.describe()))
     }
 
     /// `stripe:64K:a,b` as the user would write it.

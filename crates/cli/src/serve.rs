@@ -8,7 +8,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use blockwire_aoe::target::{AoeTarget, TargetConfig};
 use blockwire_blockdev::size::{format_size, parse_size};
 use blockwire_blockdev::write_behind::DEFAULT_WRITE_BEHIND;
-use blockwire_blockdev::{Device, FileDevice, FileOptions, MemoryDevice};
+use blockwire_blockdev::{Device, FileDevice, FileOptions, MemoryDevice, Throttle, ThrottleConfig};
 use blockwire_nbd::{Export, ExportSet, Server, ServerConfig};
 use clap::Args;
 
@@ -17,11 +17,16 @@ use crate::config::{
 };
 use crate::open::{create_sparse, open, Remote, Target};
 use crate::serve_iscsi::{self, ChapSources, IscsiExport, IscsiPlan};
+use crate::serve_volume::Volumes;
 use crate::stop_signals;
+use crate::throttle_args;
 
 /// The remote target a PATH argument names, if it is a URI (nbd://, aoe://).
 fn remote_target(path: &Path) -> Result<Option<Target>> {
     match path.to_str() {
+        Some(text) if text.starts_with(crate::open_stripe::PREFIX) => {
+            Ok(Some(Target::parse(text)?))
+        }
         Some(text) if text.contains("://") && !text.starts_with("file://") => {
             Ok(Some(Target::parse(text)?).filter(Target::is_remote))
         }
@@ -36,8 +41,8 @@ const DEMO_SIZE: u64 = 1 << 30;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// File or block device to export, or a remote device (nbd://..., aoe://...) to
-    /// serve again as a gateway. Without it (and without --config), serves a 1 GiB
+    /// File or block device to export, or a remote device (nbd://..., aoe://...) or
+    /// a striped volume (stripe:CHUNK:MEMBER,MEMBER,...) to serve again as a gateway. Without it (and without --config), serves a 1 GiB
     /// in-memory demo export.
     pub path: Option<PathBuf>,
 
@@ -143,6 +148,15 @@ pub struct ServeArgs {
     #[arg(long, value_name = "HOST:PORT")]
     pub netserve: Option<String>,
 
+    /// Limit the export's reads and writes together to this many MB/s (10^6 bytes),
+    /// to stand in for a disk (the lab's 70 MB/s disk, say).
+    #[arg(long, value_name = "MB/s", value_parser = throttle_args::parse_rate, conflicts_with = "config")]
+    pub disk_rate: Option<u64>,
+
+    /// Add this many milliseconds to every request of the export, like a disk.
+    #[arg(long, value_name = "MS", value_parser = throttle_args::parse_latency, conflicts_with = "config")]
+    pub disk_latency: Option<std::time::Duration>,
+
     /// Serve the exports of this TOML file instead of PATH.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["path", "size", "name", "read_only", "direct", "aoe", "iscsi"])]
     pub config: Option<PathBuf>,
@@ -223,8 +237,32 @@ fn listen_config(listen: &[String], sockets: &[PathBuf], workers: usize) -> Resu
     })
 }
 
-fn export_from_section(section: &ExportSection) -> Result<Export> {
+/// Wraps an export's device in the throttle its settings ask for, saying so.
+fn throttled(name: &str, device: Device, config: ThrottleConfig) -> Device {
+    if config.is_active() {
+        tracing::info!(
+            "export '{name}': throttled to {}",
+            throttle_args::describe(&config)
+        );
+    }
+    Throttle::wrap(device, config)
+}
+
+fn export_from_section(section: &ExportSection, volumes: &mut Volumes) -> Result<Export> {
+    let throttle =
+        throttle_args::from_config(&section.name, section.disk_rate, section.disk_latency)?;
     let device = match (&section.path, &section.memory) {
+        _ if section.volume.is_some() => {
+            let name = section.volume.as_deref().unwrap_or_default();
+            let device = volumes
+                .open(name)
+                .with_context(|| format!("export '{}'", section.name))?;
+            if section.read_only {
+                device.read_only()
+            } else {
+                device
+            }
+        }
         (Some(path), _) => {
             let size = section
                 .size
@@ -256,10 +294,21 @@ fn export_from_section(section: &ExportSection) -> Result<Export> {
         }
         (None, None) => bail!("export '{}' has neither path nor memory", section.name),
     };
+    let device = throttled(&section.name, device, throttle);
     Ok(Export::new(&section.name, &section.description, device))
 }
 
 fn export_from_args(args: &ServeArgs) -> Result<Export> {
+    let export = plain_export_from_args(args)?;
+    let throttle = ThrottleConfig {
+        rate: args.disk_rate,
+        latency: args.disk_latency.unwrap_or_default(),
+    };
+    let device = throttled(&export.name, export.device.clone(), throttle);
+    Ok(Export::new(export.name, export.description, device))
+}
+
+fn plain_export_from_args(args: &ServeArgs) -> Result<Export> {
     Ok(match &args.path {
         None => {
             let device = Device::from_device(MemoryDevice::new(DEMO_SIZE));
@@ -291,7 +340,11 @@ fn export_from_args(args: &ServeArgs) -> Result<Export> {
             } else {
                 device
             };
-            let name = args.name.clone().unwrap_or_else(|| "remote".into());
+            let default = match target {
+                Target::Stripe(_) => "volume",
+                _ => "remote",
+            };
+            let name = args.name.clone().unwrap_or_else(|| default.into());
             Export::new(name, args.description.clone(), device)
         }
         Some(path) => {
@@ -333,8 +386,9 @@ fn plan_from_file(path: &Path, workers: usize) -> Result<Plan> {
         .iqn_prefix
         .as_deref()
         .unwrap_or(serve_iscsi::DEFAULT_IQN_PREFIX);
+    let mut volumes = Volumes::new(&file.volumes, &file.exports);
     for section in &file.exports {
-        let export = export_from_section(section)?;
+        let export = export_from_section(section, &mut volumes)?;
         if let Some(settings) = section.iscsi.as_ref().and_then(IscsiExportConfig::settings) {
             iscsi.push(IscsiExport {
                 name: export.name.clone(),
