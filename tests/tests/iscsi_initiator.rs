@@ -318,9 +318,9 @@ fn a_copy_with_verify_rides_out_two_target_restarts() {
         "--verify",
         "--quiet",
         "--request-size",
-        "64K",
+        "16K",
         "--requests",
-        "4",
+        "2",
     ]);
     let copy = thread::spawn(move || run_bounded(command, Duration::from_secs(300)));
     for _ in 0..2 {
