@@ -323,3 +323,111 @@ fn bad_responses_are_errors_not_panics() {
     };
     assert!(initiator.handle(&both, b"").is_err());
 }
+
+mod arbitrary {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::initiator::scsi;
+
+    fn response() -> impl Strategy<Value = LoginResponse> {
+        (
+            any::<(bool, bool, u8, u8, u8, u8)>(),
+            any::<(u16, u32, u32, u32, u32)>(),
+        )
+            .prop_map(
+                |((transit, continue_bit, csg, nsg, class, detail), (tsih, itt, a, b, c))| {
+                    LoginResponse {
+                        transit,
+                        continue_bit,
+                        current_stage: csg & 3,
+                        next_stage: nsg & 3,
+                        status_class: class % 4,
+                        status_detail: detail % 4,
+                        tsih,
+                        initiator_task_tag: itt,
+                        stat_sn: a,
+                        exp_cmd_sn: b,
+                        max_cmd_sn: c,
+                        ..LoginResponse::default()
+                    }
+                },
+            )
+    }
+
+    fn text() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..64),
+            proptest::collection::vec(
+                prop_oneof![
+                    Just("AuthMethod=CHAP"),
+                    Just("AuthMethod=None"),
+                    Just("CHAP_A=5"),
+                    Just("CHAP_I=7"),
+                    Just("CHAP_C=0x0102"),
+                    Just("CHAP_N=target"),
+                    Just("CHAP_R=0xff"),
+                    Just("MaxRecvDataSegmentLength=0"),
+                    Just("MaxBurstLength=99999999999"),
+                    Just("FirstBurstLength=512"),
+                    Just("HeaderDigest=Reject"),
+                    Just("InitialR2T=Yes"),
+                    Just("X-odd=1"),
+                ],
+                0..6
+            )
+            .prop_map(|keys| {
+                let mut out = Vec::new();
+                for key in keys {
+                    out.extend_from_slice(key.as_bytes());
+                    out.push(0);
+                }
+                out
+            }),
+        ]
+    }
+
+    proptest! {
+        /// Whatever the target answers, the login answers with a request, a
+        /// result or an error: never a panic, and never more than it allows.
+        #[test]
+        fn arbitrary_responses_never_panic(
+            steps in proptest::collection::vec((response(), text()), 1..12),
+            chap in any::<bool>(),
+            mutual in any::<bool>(),
+        ) {
+            let credentials = chap.then(|| Credentials {
+                user: "u".into(),
+                secret: b"0123456789ab".to_vec(),
+                mutual: mutual.then(|| (None, b"ba9876543210".to_vec())),
+            });
+            let mut login = InitiatorLogin::new(options(Some(IQN), credentials, false));
+            login.start();
+            for (response, data) in steps {
+                match login.handle(&response, &data) {
+                    Ok(LoginStep::Send { .. }) => {}
+                    Ok(LoginStep::Done(params)) => {
+                        prop_assert!(params.first_burst_length <= params.max_burst_length);
+                        prop_assert!(params.target_max_recv >= 512);
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+
+        /// The SCSI answers we parse come from the network: any bytes are fine.
+        #[test]
+        fn scsi_parsers_take_any_bytes(data in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = scsi::parse_capacity(&data);
+            let _ = scsi::parse_block_limits(&data);
+            let _ = scsi::parse_provisioning(&data);
+            let _ = scsi::parse_supported_pages(&data);
+            let _ = scsi::parse_inquiry(&data);
+            let _ = scsi::parse_report_luns(&data);
+            let _ = scsi::parse_lba_status(&data);
+            let _ = scsi::sense_code(&data);
+            let _ = scsi::opcode_supported(&data);
+        }
+    }
+}
