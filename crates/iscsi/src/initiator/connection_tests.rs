@@ -590,3 +590,57 @@ fn a_command_past_the_request_timeout_fails_with_a_timeout() {
     assert!(started.elapsed() < Duration::from_secs(5));
     target.join().unwrap();
 }
+
+#[test]
+fn garbage_from_the_target_ends_requests_without_hanging_or_panicking() {
+    // A small xorshift: reproducible cases without a dependency.
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    const OPCODES: [u8; 10] = [0x20, 0x21, 0x22, 0x23, 0x24, 0x25, 0x26, 0x31, 0x32, 0x3f];
+    for case in 0..40 {
+        let mut pdus = Vec::new();
+        for _ in 0..(1 + next() % 4) {
+            let mut bhs = crate::pdu::Bhs::default();
+            for chunk in bhs.0.chunks_mut(8) {
+                chunk.copy_from_slice(&next().to_be_bytes()[..chunk.len()]);
+            }
+            bhs.0[0] = OPCODES[(next() % OPCODES.len() as u64) as usize];
+            bhs.0[4] = 0; // no AHS
+            let len = (next() % 600) as u32;
+            bhs.set_data_len(len);
+            // Half the cases aim at the command in flight.
+            if next() % 2 == 0 {
+                bhs.put_u32(16, 1);
+            }
+            let mut bytes = bhs.0.to_vec();
+            bytes.resize(48 + crate::pdu::padded(len as usize), (next() & 0xff) as u8);
+            pdus.push(bytes);
+        }
+        let (connection, target) = session(TargetLimits::default(), move |mut fake| {
+            let _ = fake.command();
+            use std::io::Write;
+            for bytes in pdus {
+                if fake.writer.write_all(&bytes).is_err() {
+                    break;
+                }
+            }
+            let _ = fake.writer.shutdown(std::net::Shutdown::Both);
+        });
+        let (done_tx, done_rx) = mpsc::channel();
+        let reader = thread::spawn(move || {
+            let result = read(&connection, 0, 4096);
+            done_tx.send(result.is_ok()).unwrap();
+            connection
+        });
+        done_rx
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("case {case}: the read hung"));
+        drop(reader.join().expect("no panic"));
+        target.join().unwrap();
+    }
+}

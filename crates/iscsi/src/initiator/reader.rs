@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use blockwire_blockdev::{Error, ErrorKind};
 
-use super::connection::{lock, Shared, MAX_SENSE, PING_TAG};
+use super::connection::{lock, Closed, Shared, MAX_SENSE, PING_TAG};
 use super::recovery::recover;
 use super::session::{self, Outcome};
 use super::task::Task;
@@ -58,6 +58,7 @@ fn overdue(shared: &Shared, limit: Duration) -> Option<End> {
 
 /// The reader thread.
 pub(super) fn read_loop(shared: &Arc<Shared>, mut reader: PduReader) {
+    let _fail_on_panic = FailOnPanic(shared);
     let end = loop {
         let mut heard = Instant::now();
         let mut pinged: Option<Instant> = None;
@@ -132,10 +133,19 @@ pub(super) fn read_loop(shared: &Arc<Shared>, mut reader: PduReader) {
     if shared.close(kind, reason.clone()) && kind != ErrorKind::ShuttingDown {
         tracing::warn!("{reason}");
     }
+    fail_everything(shared);
+}
+
+/// Fails every task still in flight with the reason the connection closed, and
+/// lets a dropping connection know the reader is done.
+fn fail_everything(shared: &Shared) {
     shared.shutdown();
     let (closed, pending) = {
         let mut tasks = lock(&shared.tasks);
-        let closed = tasks.closed.clone().expect("closed above");
+        let closed = tasks.closed.clone().unwrap_or_else(|| Closed {
+            kind: ErrorKind::Disconnected,
+            reason: format!("{}: closed", shared.name),
+        });
         (
             closed,
             tasks.map.drain().map(|(_, t)| t).collect::<Vec<_>>(),
@@ -147,6 +157,23 @@ pub(super) fn read_loop(shared: &Arc<Shared>, mut reader: PduReader) {
     }
     *lock(&shared.ended) = true;
     shared.ended_cv.notify_all();
+}
+
+/// Fails everything in flight if the reader thread panics (a bug), so that no
+/// caller waits for a status nobody will read.
+struct FailOnPanic<'a>(&'a Shared);
+
+impl Drop for FailOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let shared = self.0;
+            shared.close(
+                ErrorKind::Disconnected,
+                format!("{}: the reader thread stopped", shared.name),
+            );
+            fail_everything(shared);
+        }
+    }
 }
 
 /// The task `itt` names, taken out of the table when `finish`.
