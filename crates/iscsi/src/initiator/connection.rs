@@ -442,10 +442,16 @@ impl Shared {
             };
             let mut batch = Batch::new();
             for &(command, cmd_sn) in &chosen {
+                // A replay sends from buffers whose owners wait on other threads.
+                command.task.lend();
                 encode(&link, command, cmd_sn, exp_stat_sn, &mut batch);
             }
             let sent = batch.send(&mut link.stream);
+            drop(batch);
             drop(link);
+            for (command, _) in &chosen {
+                command.task.unlend();
+            }
             if let Err(e) = sent {
                 self.kill(format!("{}: sending commands failed: {e}", self.name));
                 break;

@@ -64,6 +64,9 @@ pub(crate) struct Task {
     command: OnceLock<(Vec<u8>, u64)>,
     /// When the command was submitted (for the request timeout).
     started: Instant,
+    /// Sending threads reading the buffers now, and a completion waiting for them
+    /// (see [`Task::lend`]).
+    lent: Mutex<(usize, Option<Result<Outcome, Error>>)>,
     /// Whether the command went out on the current connection (exactly one
     /// sender claims it: the submitter, or a replay after a reconnect).
     sent: AtomicBool,
@@ -96,6 +99,7 @@ impl Task {
             command: OnceLock::new(),
             sent: AtomicBool::new(false),
             started: Instant::now(),
+            lent: Mutex::new((0, None)),
             waiter: Waiter::Thread {
                 result: Mutex::new(None),
                 ready: Condvar::new(),
@@ -127,6 +131,7 @@ impl Task {
             command: OnceLock::new(),
             sent: AtomicBool::new(false),
             started: Instant::now(),
+            lent: Mutex::new((0, None)),
             waiter: Waiter::Queue {
                 done,
                 tag,
@@ -213,9 +218,47 @@ impl Task {
         unsafe { std::slice::from_raw_parts(buf.ptr.add(at), len) }
     }
 
+    /// Marks the task's data-out as being read by a sending thread: a completion
+    /// that arrives meanwhile (a target may answer before it has read everything)
+    /// waits until [`unlend`](Self::unlend), so the buffer is not handed back — and
+    /// freed — while a replay still sends from it.
+    pub fn lend(&self) {
+        lock(&self.lent).0 += 1;
+    }
+
+    /// The sending thread is done with the buffer; delivers a completion that
+    /// waited for it.
+    pub fn unlend(&self) {
+        let deferred = {
+            let mut lent = lock(&self.lent);
+            lent.0 = lent.0.saturating_sub(1);
+            if lent.0 == 0 {
+                lent.1.take()
+            } else {
+                None
+            }
+        };
+        if let Some(result) = deferred {
+            self.deliver(result);
+        }
+    }
+
     /// Delivers the result (first call only): wakes the caller, or hands the
-    /// completion with its buffer to the queue.
+    /// completion with its buffer to the queue — once no sender reads the buffer.
     pub fn complete(&self, result: Result<Outcome, Error>) {
+        {
+            let mut lent = lock(&self.lent);
+            if lent.0 > 0 {
+                if lent.1.is_none() {
+                    lent.1 = Some(result);
+                }
+                return;
+            }
+        }
+        self.deliver(result);
+    }
+
+    fn deliver(&self, result: Result<Outcome, Error>) {
         match &self.waiter {
             Waiter::Thread {
                 result: slot,
@@ -256,5 +299,34 @@ impl Task {
             }
             slot = ready.wait(slot).unwrap_or_else(|e| e.into_inner());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_completion_waits_while_a_sender_reads_the_buffer() {
+        let (done, completions) = crossbeam_channel::unbounded();
+        let task = Task::queued(Op::Write, 0, IoBuf::new(512), true, done, 7);
+        task.lend();
+        // The target answered before the sender finished with the buffer.
+        task.complete(Ok(Outcome::default()));
+        assert!(completions.try_recv().is_err());
+        task.unlend();
+        let completion = completions
+            .try_recv()
+            .expect("delivered once the sender is done");
+        assert_eq!(completion.tag, 7);
+        assert!(completion.result.is_ok());
+        // Without a sender, at once.
+        let (done, completions) = crossbeam_channel::unbounded();
+        let task = Task::queued(Op::Read, 0, IoBuf::new(512), false, done, 8);
+        task.complete(Ok(Outcome {
+            received: 512,
+            ..Outcome::default()
+        }));
+        assert_eq!(completions.try_recv().unwrap().tag, 8);
     }
 }
