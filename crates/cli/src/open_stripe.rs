@@ -34,9 +34,6 @@ impl StripeSpec {
             bail!("'{PREFIX}{rest}': {usage}");
         };
         let chunk = parse_size(chunk).map_err(|e| anyhow!("stripe chunk size: {e}; {usage}"))?;
-        if chunk == 0 {
-            bail!("stripe chunk size must be above zero");
-        }
         let texts = split_members(members);
         if texts.is_empty() {
             bail!("'{PREFIX}{rest}' names no members; {usage}");
