@@ -228,7 +228,8 @@ fn writes_ride_out_a_target_killed_and_restarted_twice() {
     let image = sparse_file(dir.path(), "restart.img", 32 * MIB);
     let port = free_port();
     let served = serve_on(&image, port);
-    let device = connect(&format!("{}?reconnect=20", served.iscsi_url()));
+    // Two sessions: both reconnect, each reinstating its own ISID.
+    let device = connect(&format!("{}?reconnect=20&sessions=2", served.iscsi_url()));
     const CHUNK: usize = 64 * 1024;
     let chunks = (16 * MIB) as usize / CHUNK;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));

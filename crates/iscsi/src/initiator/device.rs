@@ -215,7 +215,12 @@ impl IscsiClient {
                 login: login_options,
                 limit,
                 lun_field: crate::target::encode_lun(uri.lun),
-                login_timeout: options.login_timeout,
+                // Several attempts fit in the limit: a target process that is
+                // still dying (a thread in uninterruptible I/O keeps its listening
+                // socket open) takes connections it never answers.
+                login_timeout: options
+                    .login_timeout
+                    .min((limit / 4).max(Duration::from_secs(1))),
             });
             let connection =
                 Connection::start(stream, params, uri.lun, name, recovery, timing(&options))
