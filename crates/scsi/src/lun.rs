@@ -319,6 +319,19 @@ impl LogicalUnit {
         }
     }
 
+    /// Whether `cdb` is a plain WRITE that the device finishes without waiting for
+    /// hardware: a buffered write into a cache, neither FUA nor write-through (see
+    /// [`ScsiTarget::write_completes_inline`](crate::ScsiTarget::write_completes_inline)).
+    pub(crate) fn write_completes_inline(&self, cdb: &[u8]) -> bool {
+        if !self.device.info().completes_inline {
+            return false;
+        }
+        match cdb::decode(cdb) {
+            Ok(Cdb::Write(rw)) => !self.write_flags(rw.fua).fua,
+            _ => false,
+        }
+    }
+
     /// A READ served from the device's cache without waiting (see
     /// [`ScsiTarget::try_execute_cached`](crate::ScsiTarget::try_execute_cached)).
     pub(crate) fn try_read_cached(&self, command: &Command<'_>) -> Option<Response> {

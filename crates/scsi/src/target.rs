@@ -179,6 +179,15 @@ impl ScsiTarget {
         unit.try_read_cached(command)
     }
 
+    /// Whether `cdb` is a WRITE that `lun`'s device finishes without waiting for
+    /// hardware (buffered, no FUA, the write cache on): a transport may then
+    /// [`execute`](Self::execute) it on its connection's own thread.
+    pub fn write_completes_inline(&self, lun: u64, cdb: &[u8]) -> bool {
+        self.luns
+            .get(&lun)
+            .is_some_and(|unit| unit.write_completes_inline(cdb))
+    }
+
     fn absent_lun(&self, command: &Command<'_>) -> Response {
         match cdb::decode(command.cdb) {
             Ok(Cdb::Inquiry {

@@ -51,6 +51,66 @@ const CRC_ERROR: Code = Code::new(key::ABORTED_COMMAND, 0x47, 0x05);
 /// is cached.
 const INLINE_READ_MAX: u32 = 64 * 1024;
 
+/// Writes up to this size that the device takes into its cache run on the
+/// connection's thread.
+const INLINE_WRITE_MAX: u32 = 64 * 1024;
+
+/// One command on its way to the SCSI layer and back.
+struct Job {
+    session: Arc<Session>,
+    itt: u32,
+    cdb: Vec<u8>,
+    lun: Option<u64>,
+    lun_field: u64,
+    expected_len: u32,
+    reads: bool,
+    writes: bool,
+    max_burst: u32,
+    /// The data-out buffer and how much of it arrived.
+    data: Option<(IoBuf, u32)>,
+    /// An answer decided before the command reached the SCSI layer.
+    early: Option<Response>,
+    r2t_count: u32,
+}
+
+impl Job {
+    /// Executes the command and sends its answer; a send that fails ends the
+    /// connection.
+    fn run(self) {
+        let session = &self.session;
+        let response = self.early.unwrap_or_else(|| {
+            let scsi = session.scsi.as_ref().expect("normal session");
+            let data_out = match &self.data {
+                Some((buf, received)) => &buf[..*received as usize],
+                None => &[][..],
+            };
+            scsi.execute(
+                self.lun.unwrap_or(NO_SUCH_LUN),
+                &Command {
+                    nexus: &session.nexus,
+                    cdb: &self.cdb,
+                    data_out,
+                },
+            )
+        });
+        drop(self.data);
+        let reply = Reply {
+            initiator_task_tag: self.itt,
+            lun_field: self.lun_field,
+            expected_len: self.expected_len,
+            reads: self.reads,
+            writes: self.writes,
+            r2t_count: self.r2t_count,
+            max_burst: self.max_burst,
+            response: &response,
+        };
+        if let Err(e) = send_reply(&session.writer, &**session, &reply) {
+            tracing::debug!("cannot send a response: {e}");
+            session.writer.shutdown();
+        }
+    }
+}
+
 /// Why a connection ended.
 enum Ending {
     Closed,
@@ -786,7 +846,9 @@ impl Connection {
         Ok(true)
     }
 
-    /// Runs a command on the worker pool; the worker sends its answer.
+    /// Runs a command and sends its answer: on this thread for a small write the
+    /// device takes into its cache (a hand-off to a worker costs more than the
+    /// write), on the worker pool otherwise.
     fn execute(
         &self,
         command: &ScsiCommand,
@@ -795,45 +857,34 @@ impl Connection {
         early: Option<Response>,
         r2t_count: u32,
     ) {
+        let job = Job {
+            session: self.session.clone(),
+            itt: command.initiator_task_tag,
+            cdb: command.cdb.clone(),
+            lun,
+            lun_field: command.lun,
+            expected_len: command.expected_data_transfer_length,
+            reads: command.read,
+            writes: command.write,
+            max_burst: self.negotiated.max_burst_length,
+            data,
+            early,
+            r2t_count,
+        };
+        let scsi = self.session.scsi.as_ref().expect("normal session");
+        let inline = job.early.is_none()
+            && command.write
+            && command.expected_data_transfer_length <= INLINE_WRITE_MAX
+            && scsi.write_completes_inline(lun.unwrap_or(NO_SUCH_LUN), &command.cdb);
+        if inline {
+            job.run();
+            return;
+        }
         let session = self.session.clone();
-        let itt = command.initiator_task_tag;
-        let cdb = command.cdb.clone();
-        let lun_field = command.lun;
-        let expected_len = command.expected_data_transfer_length;
-        let (reads, writes) = (command.read, command.write);
-        let max_burst = self.negotiated.max_burst_length;
+        let itt = job.itt;
         session.start_executing(itt);
         self.shared.pool.submit(move || {
-            let response = early.unwrap_or_else(|| {
-                let scsi = session.scsi.as_ref().expect("normal session");
-                let data_out = match &data {
-                    Some((buf, received)) => &buf[..*received as usize],
-                    None => &[][..],
-                };
-                scsi.execute(
-                    lun.unwrap_or(NO_SUCH_LUN),
-                    &Command {
-                        nexus: &session.nexus,
-                        cdb: &cdb,
-                        data_out,
-                    },
-                )
-            });
-            drop(data);
-            let reply = Reply {
-                initiator_task_tag: itt,
-                lun_field,
-                expected_len,
-                reads,
-                writes,
-                r2t_count,
-                max_burst,
-                response: &response,
-            };
-            if let Err(e) = send_reply(&session.writer, &*session, &reply) {
-                tracing::debug!("cannot send a response: {e}");
-                session.writer.shutdown();
-            }
+            job.run();
             session.finish_executing(itt);
         });
     }
