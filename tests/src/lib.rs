@@ -427,3 +427,30 @@ fn read_all(mut file: std::fs::File) -> Vec<u8> {
     file.read_to_end(&mut bytes).expect("read output file");
     bytes
 }
+
+/// Spawns a capture (`tshark -i ... -w FILE`, built by the caller, perhaps inside a
+/// network namespace) and waits until it runs: tshark says "Capturing on" once its
+/// capture starts, and its capture child may still be opening the interface after
+/// that, so a second more is given. Stop it with SIGINT (`kill(pid, SIGINT)`) so it
+/// writes its file out.
+pub fn start_capture(mut command: Command) -> Child {
+    let mut tshark = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tshark");
+    let stderr = tshark.stderr.take().expect("piped stderr");
+    let (ready, started) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("Capturing on") {
+                let _ = ready.send(());
+            }
+        }
+    });
+    started
+        .recv_timeout(Duration::from_secs(20))
+        .expect("tshark starts capturing");
+    std::thread::sleep(Duration::from_secs(1));
+    tshark
+}

@@ -4,7 +4,6 @@
 //! MAC mask and reservations, durability of flushed writes across SIGKILL, NBD and
 //! AoE on one export, and the peers aoe-sancheck, aoeping and tshark. Needs root.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use blockwire_aoe::identify::Identity;
@@ -13,7 +12,7 @@ use blockwire_aoe::wire::{
     MaskList, ReserveList, SECTOR_SIZE,
 };
 use blockwire_tests::aoe::{ata_args, file_has, AoeLab, RawClient, ANSWER_WAIT, SHELF, SLOT};
-use blockwire_tests::{path_str, require, require_root, text, MIB};
+use blockwire_tests::{path_str, require, require_root, start_capture, text, MIB};
 
 const SIZE: u64 = 64 * MIB;
 const OTHER: [u8; 6] = [0x02, 0x0b, 0x0b, 0x0b, 0x0b, 0x0b];
@@ -466,40 +465,16 @@ fn tshark_decodes_every_frame() {
     let file = backing_file(&dir);
     let capture = dir.path().join("aoe.pcapng");
     let lab = AoeLab::start("at", 1500, &[&file]);
-    let mut tshark = lab
-        .lab
-        .command_in(lab.lab.initiator_ns(), "tshark")
-        .args([
-            "-i",
-            "eth0",
-            "-f",
-            "ether proto 0x88a2",
-            "-w",
-            path_str(&capture),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start tshark");
-    // tshark says "Capturing on 'eth0'" once the capture runs.
-    let stderr = tshark.stderr.take().unwrap();
-    let (ready, started) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if line.contains("Capturing on") {
-                let _ = ready.send(());
-            }
-        }
-    });
-    started
-        .recv_timeout(Duration::from_secs(20))
-        .expect("tshark starts capturing");
-    // Its capture child may still be opening the interface.
-    std::thread::sleep(Duration::from_secs(1));
+    let mut command = lab.lab.command_in(lab.lab.initiator_ns(), "tshark");
+    command.args([
+        "-i",
+        "eth0",
+        "-f",
+        "ether proto 0x88a2",
+        "-w",
+        path_str(&capture),
+    ]);
+    let mut tshark = start_capture(command);
 
     let mut client = lab.client();
     client.discover();

@@ -2,14 +2,14 @@
 //! Wireshark's dissector (tshark): login, SCSI commands, Data-In, responses and
 //! logout are all recognised, and no PDU is malformed.
 
-use std::io::BufRead;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use blockwire_tests::iscsi::{tool_ok, Backing, Tgtd};
 use blockwire_tests::{
-    path_str, patterned_file, require, require_qemu_iscsi, require_tgtd, run, text, Served, MIB,
+    path_str, patterned_file, require, require_qemu_iscsi, require_tgtd, run, start_capture, text,
+    Served, MIB,
 };
 
 /// tshark's answer to `filter` over the capture, as rows of tab-separated `fields`.
@@ -41,40 +41,19 @@ fn rows(capture: &str, port: u16, filter: &str, fields: &[&str]) -> Vec<Vec<Stri
 
 /// Captures what `session` does on loopback port `port` into `capture`.
 fn capture_session(capture: &Path, port: u16, session: impl FnOnce()) {
-    let mut tshark = Command::new("tshark")
-        .args([
-            "-i",
-            "lo",
-            // A large capture buffer: loopback segments are up to 64 KiB.
-            "-B",
-            "64",
-            "-f",
-            &format!("tcp port {port}"),
-            "-w",
-            path_str(capture),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start tshark");
-    // tshark says "Capturing on" once the capture runs.
-    let stderr = tshark.stderr.take().unwrap();
-    let (ready, started) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if line.contains("Capturing on") {
-                let _ = ready.send(());
-            }
-        }
-    });
-    started
-        .recv_timeout(Duration::from_secs(20))
-        .expect("tshark starts capturing");
-    // Its capture child may still be opening the interface.
-    std::thread::sleep(Duration::from_secs(1));
+    let mut command = Command::new("tshark");
+    command.args([
+        "-i",
+        "lo",
+        // A large capture buffer: loopback segments are up to 64 KiB.
+        "-B",
+        "64",
+        "-f",
+        &format!("tcp port {port}"),
+        "-w",
+        path_str(capture),
+    ]);
+    let mut tshark = start_capture(command);
     session();
     std::thread::sleep(Duration::from_millis(500));
     // SAFETY: kill(2) on our own child's PID.
