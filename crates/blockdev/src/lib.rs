@@ -16,6 +16,7 @@ pub mod file;
 pub mod handle;
 pub mod info;
 pub mod memory;
+pub mod paths;
 pub mod queue;
 pub mod read_only;
 pub mod rmw;

@@ -274,26 +274,15 @@ impl IscsiClient {
         &self.sessions[index]
     }
 
-    /// The index of [`pick`](Self::pick)'s session.
+    /// The index of [`pick`](Self::pick)'s session: the least loaded live one.
     pub(crate) fn pick_index(&self) -> usize {
-        let count = self.sessions.len();
-        if count == 1 {
-            return 0;
-        }
-        let start = self.next.fetch_add(1, Ordering::Relaxed) % count;
-        let mut best: Option<(usize, usize)> = None;
-        for i in 0..count {
-            let index = (start + i) % count;
-            let session = &self.sessions[index];
-            if !session.alive() {
-                continue;
-            }
-            let load = session.in_flight();
-            if best.is_none_or(|(least, _)| load < least) {
-                best = Some((load, index));
-            }
-        }
-        best.map_or(start, |(_, index)| index)
+        let sessions = &self.sessions;
+        blockwire_blockdev::paths::least_loaded(
+            sessions.len(),
+            &self.next,
+            |i| sessions[i].alive(),
+            |i| sessions[i].in_flight(),
+        )
     }
 
     pub(crate) fn block_size(&self) -> u64 {

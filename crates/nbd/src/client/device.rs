@@ -1,7 +1,7 @@
 //! The initiator as a [`BlockDevice`]: an NBD export reached over one or more
 //! connections.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use blockwire_blockdev::{
@@ -183,31 +183,15 @@ impl NbdClient {
         &self.connections[self.pick_index()]
     }
 
-    /// The index of [`pick`](Self::pick)'s connection.
+    /// The index of [`pick`](Self::pick)'s connection: the least loaded live one.
     pub(crate) fn pick_index(&self) -> usize {
-        let count = self.connections.len();
-        let start = if count == 1 {
-            0
-        } else {
-            self.next.fetch_add(1, Ordering::Relaxed) % count
-        };
-        let mut best: Option<(usize, usize)> = None;
-        for i in 0..count {
-            let index = (start + i) % count;
-            let connection = &self.connections[index];
-            if !connection.alive() {
-                continue;
-            }
-            let load = connection.in_flight();
-            if best.is_none_or(|(least, _)| load < least) {
-                best = Some((load, index));
-                if load == 0 {
-                    break;
-                }
-            }
-        }
-        // With none alive, any of them reports why.
-        best.map_or(start, |(_, index)| index)
+        let connections = &self.connections;
+        blockwire_blockdev::paths::least_loaded(
+            connections.len(),
+            &self.next,
+            |i| connections[i].alive(),
+            |i| connections[i].in_flight(),
+        )
     }
 
     /// Connection `index`.
