@@ -607,3 +607,94 @@ fn connections_that_never_log_in_do_not_lock_other_hosts_out() {
         "{open} unfinished logins from one host kept open"
     );
 }
+
+/// Sends WRITE(10) of 8 blocks at LBA 16 (InitialR2T=Yes, so nothing unsolicited)
+/// and returns the R2T the target answers with.
+fn write_asking_for_r2t(initiator: &mut Initiator, itt: u32) -> blockwire_iscsi::pdu::R2t {
+    let command = initiator.command(itt, &write10(16, 8), 0, 4096);
+    initiator.send(Pdu::ScsiCommand(command), &[]);
+    match initiator.receive().expect("an R2T").pdu {
+        Pdu::R2t(r2t) => r2t,
+        other => panic!("expected an R2T, got {other:?}"),
+    }
+}
+
+/// The status of the next SCSI Response and its sense key / ASC / ASCQ.
+fn status_and_sense(initiator: &mut Initiator, itt: u32) -> (u8, (u8, u8, u8)) {
+    let received = initiator.receive().expect("a SCSI Response");
+    let Pdu::ScsiResponse(response) = received.pdu else {
+        panic!("expected a SCSI Response, got {:?}", received.pdu);
+    };
+    assert_eq!(response.initiator_task_tag, itt);
+    // SenseLength (2 bytes), then fixed-format sense: key at 2, ASC/ASCQ at 12/13.
+    let sense = &received.data[2..];
+    (response.status, (sense[2] & 0x0f, sense[12], sense[13]))
+}
+
+/// Reads 8 blocks at LBA 16: whether they are all zero (nothing was written).
+fn still_zero(initiator: &mut Initiator, itt: u32) -> bool {
+    let command = initiator.command(itt, &read10(16, 8), 4096, 0);
+    initiator.send(Pdu::ScsiCommand(command), &[]);
+    let received = initiator.receive().expect("Data-In");
+    assert!(matches!(received.pdu, Pdu::DataIn(ref d) if d.status == Some(0)));
+    received.data.iter().all(|&b| b == 0)
+}
+
+#[test]
+fn a_data_out_failing_its_digest_fails_only_its_command() {
+    let target = start();
+    let mut initiator = Initiator::connect(target.addr);
+    let response = initiator.login(&[
+        ("InitiatorName", INITIATOR),
+        ("TargetName", IQN),
+        ("DataDigest", "CRC32C"),
+        ("ImmediateData", "No"),
+        ("InitialR2T", "Yes"),
+    ]);
+    assert!(matches!(response.pdu, Pdu::LoginResponse(r) if r.status_class == 0));
+    initiator.data_digest = true;
+    let r2t = write_asking_for_r2t(&mut initiator, 9);
+    let out = DataOut {
+        final_bit: true,
+        initiator_task_tag: 9,
+        target_transfer_tag: r2t.target_transfer_tag,
+        exp_stat_sn: initiator.exp_stat_sn,
+        buffer_offset: 0,
+        ..DataOut::default()
+    };
+    let data = vec![0x5au8; 4096];
+    let mut wire = Pdu::DataOut(out).encode(4096).bhs.0.to_vec();
+    wire.extend_from_slice(&data);
+    wire.extend_from_slice(&digest_bytes(data_digest(&data) ^ 1));
+    initiator.stream.write_all(&wire).unwrap();
+    match initiator.receive().expect("a Reject").pdu {
+        Pdu::Reject(r) => assert_eq!(r.reason, RejectReason::DataDigestError),
+        other => panic!("expected a Reject, got {other:?}"),
+    }
+    // ABORTED COMMAND / PROTOCOL SERVICE CRC ERROR, and nothing was written.
+    assert_eq!(status_and_sense(&mut initiator, 9), (2, (0x0b, 0x47, 0x05)));
+    assert!(still_zero(&mut initiator, 10));
+    assert_eq!(initiator.test_unit_ready(11), 0);
+}
+
+#[test]
+fn a_data_out_out_of_sequence_fails_only_its_command() {
+    let target = start();
+    let mut initiator = Initiator::connect(target.addr);
+    initiator.login_normal();
+    let r2t = write_asking_for_r2t(&mut initiator, 9);
+    // DataSN 27 where 0 is due.
+    let out = DataOut {
+        final_bit: true,
+        initiator_task_tag: 9,
+        target_transfer_tag: r2t.target_transfer_tag,
+        exp_stat_sn: initiator.exp_stat_sn,
+        data_sn: 27,
+        ..DataOut::default()
+    };
+    initiator.send(Pdu::DataOut(out), &[0x5au8; 4096]);
+    // ABORTED COMMAND / DATA PHASE ERROR, and nothing was written.
+    assert_eq!(status_and_sense(&mut initiator, 9), (2, (0x0b, 0x4b, 0x00)));
+    assert!(still_zero(&mut initiator, 10));
+    assert_eq!(initiator.test_unit_ready(11), 0);
+}
