@@ -4,6 +4,7 @@
 //! DataSegmentLength is passed beside them.
 
 mod bhs;
+pub mod frame;
 mod initiator;
 mod target;
 pub mod text;

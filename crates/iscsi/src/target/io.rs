@@ -6,15 +6,14 @@
 //! the connection thread and the workers that finish commands; StatSN is assigned
 //! under its lock, in send order, as RFC 7143 §4.2.2.2 wants.
 
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, Read};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::pdu::{
-    data_digest, digest_bytes, digest_value, header_digest, padded, Bhs, BHS_LEN, DIGEST_LEN,
-};
+use crate::pdu::frame::{Batch, Digests};
+use crate::pdu::{digest_value, header_digest, padded, Bhs, BHS_LEN, DIGEST_LEN};
 
 /// What reading a header found.
 pub enum Incoming {
@@ -255,16 +254,12 @@ impl PduWriter {
     }
 
     /// Sends a PDU as encoded, without stamping sequence numbers (login responses,
-    /// whose numbers the login machine keeps).
+    /// whose numbers the login machine keeps; digests are not on yet).
     pub fn send_unstamped(&self, bhs: &Bhs, data: &[u8]) -> io::Result<()> {
         let mut state = self.lock();
-        let pad = padded(data.len()) - data.len();
-        let mut slices = [
-            IoSlice::new(&bhs.0),
-            IoSlice::new(data),
-            IoSlice::new(&[0u8; 3][..pad]),
-        ];
-        write_all_vectored(&mut state.stream, &mut slices)
+        let mut batch = Batch::new();
+        batch.push_parts(bhs, &[], data, Digests::default());
+        batch.send(&mut state.stream)
     }
 
     /// Sends one PDU.
@@ -275,14 +270,14 @@ impl PduWriter {
     /// Sends several PDUs back to back in as few system calls as the kernel allows,
     /// stamping sequence numbers in order.
     pub fn send_all(&self, pdus: &mut [Outgoing<'_>], window: &dyn Window) -> io::Result<()> {
-        let header_digest_on = self.header_digest.load(Ordering::Relaxed);
-        let data_digest_on = self.data_digest.load(Ordering::Relaxed);
+        let digests = Digests {
+            header: self.header_digest.load(Ordering::Relaxed),
+            data: self.data_digest.load(Ordering::Relaxed),
+        };
         let mut state = self.lock();
         let (exp_cmd_sn, max_cmd_sn) = window.window();
-        // Headers, digests and padding live in one scratch buffer; data is sent
-        // from where it is.
-        state.scratch.clear();
-        let mut layout = Vec::with_capacity(pdus.len());
+        // The writer keeps one scratch buffer for headers, digests and padding.
+        let mut batch = Batch::reusing(std::mem::take(&mut state.scratch));
         for pdu in pdus.iter_mut() {
             match pdu.stat_sn {
                 StatSn::Advance => {
@@ -294,57 +289,15 @@ impl PduWriter {
             }
             pdu.bhs.put_u32(28, exp_cmd_sn);
             pdu.bhs.put_u32(32, max_cmd_sn);
-            let head_start = state.scratch.len();
-            state.scratch.extend_from_slice(&pdu.bhs.0);
-            state.scratch.extend_from_slice(pdu.ahs);
-            if header_digest_on {
-                let digest = header_digest(&pdu.bhs, pdu.ahs);
-                state.scratch.extend_from_slice(&digest_bytes(digest));
-            }
-            let head_end = state.scratch.len();
-            let pad = padded(pdu.data.len()) - pdu.data.len();
-            state.scratch.extend_from_slice(&[0u8; 3][..pad]);
-            if data_digest_on && !pdu.data.is_empty() {
-                state
-                    .scratch
-                    .extend_from_slice(&digest_bytes(data_digest(pdu.data)));
-            }
-            layout.push((head_start, head_end, state.scratch.len()));
+            batch.push_parts(&pdu.bhs, pdu.ahs, pdu.data, digests);
         }
-        let WriterState {
-            stream, scratch, ..
-        } = &mut *state;
-        let mut slices = Vec::with_capacity(pdus.len() * 3);
-        for (pdu, &(head_start, head_end, tail_end)) in pdus.iter().zip(&layout) {
-            slices.push(IoSlice::new(&scratch[head_start..head_end]));
-            if !pdu.data.is_empty() {
-                slices.push(IoSlice::new(pdu.data));
-            }
-            if tail_end > head_end {
-                slices.push(IoSlice::new(&scratch[head_end..tail_end]));
-            }
-        }
-        write_all_vectored(stream, &mut slices)
+        let sent = batch.send(&mut state.stream);
+        state.scratch = batch.into_scratch();
+        sent
     }
 
     /// Closes both directions of the socket (wakes a blocked reader too).
     pub fn shutdown(&self) {
         let _ = self.lock().stream.shutdown(std::net::Shutdown::Both);
     }
-}
-
-/// Writes every slice, in order (writev may write part).
-fn write_all_vectored(stream: &mut TcpStream, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
-    // Linux accepts at most IOV_MAX (1024) slices per call.
-    const IOV_MAX: usize = 1024;
-    while !slices.is_empty() {
-        let take = slices.len().min(IOV_MAX);
-        match stream.write_vectored(&slices[..take]) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut slices, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
