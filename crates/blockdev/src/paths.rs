@@ -2,6 +2,12 @@
 //! of an NBD initiator, the sessions of an iSCSI initiator.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// How long an initiator keeps reconnecting after a connection to its target drops
+/// (and then replays what had no answer) unless told otherwise: long enough for a
+/// target's restart, short enough that a target gone for good is reported.
+pub const DEFAULT_RECONNECT: Duration = Duration::from_secs(30);
 
 /// The index of the least loaded live path among `count`. The search starts at a
 /// rotating index (`next`), so paths with equal loads take turns, and stops at the

@@ -12,7 +12,7 @@ use blockwire_bench::{BenchConfig, RunRequest, TargetCpu, Workload};
 use blockwire_blockdev::size::parse_size;
 use clap::Args;
 
-use crate::open::{open, parse_timeout, Remote, Target};
+use crate::open::{open, parse_reconnect, parse_timeout, reconnect_setting, Remote, Target};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -51,6 +51,11 @@ pub struct BenchArgs {
     #[arg(long, value_name = "SECS", value_parser = parse_timeout)]
     pub timeout: Option<Duration>,
 
+    /// Keep reconnecting this many seconds when an NBD or iSCSI connection drops
+    /// (a target restart), then send again what had no answer; 0 fails at once.
+    /// Default 30.
+    #[arg(long, value_name = "SECS", value_parser = parse_reconnect)]
+    pub reconnect: Option<Duration>,
     /// Bypass the page cache with O_DIRECT, and fail where the file system cannot.
     /// Without it (and without --buffered) direct I/O is still used where possible,
     /// and a file system without O_DIRECT is measured buffered, with a note.
@@ -208,6 +213,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let remote = Remote {
             connections: args.connections,
             timeout: args.timeout,
+            reconnect: reconnect_setting(args.reconnect),
         };
         Some(open(&Target::parse(&target)?, false, remote)?)
     } else {

@@ -9,7 +9,9 @@ use blockwire_blockdev::size::parse_size;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::open::{open, open_destination, parse_timeout, Remote, Target};
+use crate::open::{
+    open, open_destination, parse_reconnect, parse_timeout, reconnect_setting, Remote, Target,
+};
 
 #[derive(Args, Debug)]
 pub struct CopyArgs {
@@ -24,6 +26,11 @@ pub struct CopyArgs {
     /// (default: NBD waits, AoE gives up after 10).
     #[arg(long, value_name = "SECS", value_parser = parse_timeout)]
     pub timeout: Option<Duration>,
+    /// Keep reconnecting this many seconds when an NBD or iSCSI connection drops
+    /// (a target restart), then send again what had no answer; 0 fails at once.
+    /// Default 30.
+    #[arg(long, value_name = "SECS", value_parser = parse_reconnect)]
+    pub reconnect: Option<Duration>,
     /// Requests in flight.
     #[arg(long, default_value_t = 16)]
     pub requests: usize,
@@ -62,6 +69,7 @@ pub fn run(args: CopyArgs) -> Result<()> {
     let remote = Remote {
         connections: args.connections,
         timeout: args.timeout,
+        reconnect: reconnect_setting(args.reconnect),
     };
     let source = open(&source_target, true, remote)?;
     let (destination, destination_is_zero) =

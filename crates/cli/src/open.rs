@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use blockwire_aoe::initiator::{AoeClient, AoeOptions, AoeUri};
+use blockwire_blockdev::paths::DEFAULT_RECONNECT;
 use blockwire_blockdev::{Device, FileDevice, FileOptions};
 use blockwire_iscsi::initiator::{IscsiClient, IscsiOptions, IscsiUri};
 use blockwire_nbd::client::{ClientOptions, NbdClient, NbdUri};
@@ -66,6 +67,10 @@ pub struct Remote {
     /// How long a request may wait for an answer (NBD and iSCSI default: forever;
     /// AoE: 10 s).
     pub timeout: Option<Duration>,
+    /// How long NBD and iSCSI initiators keep reconnecting after a connection
+    /// drops, then replaying what had no answer; `None`: fail at once. (AoE
+    /// retransmits instead, for as long as `timeout`.)
+    pub reconnect: Option<Duration>,
 }
 
 impl Default for Remote {
@@ -73,8 +78,27 @@ impl Default for Remote {
         Remote {
             connections: 1,
             timeout: None,
+            reconnect: Some(DEFAULT_RECONNECT),
         }
     }
+}
+
+/// `--reconnect SECS` as the command line has it: `None` when not given (the
+/// default, 30 s), `Some(None)` for 0 (off).
+pub fn reconnect_setting(flag: Option<Duration>) -> Option<Duration> {
+    match flag {
+        None => Some(DEFAULT_RECONNECT),
+        Some(limit) if limit.is_zero() => None,
+        Some(limit) => Some(limit),
+    }
+}
+
+/// Parses `--reconnect SECS`: seconds (fractions allowed), 0 for off.
+pub fn parse_reconnect(text: &str) -> std::result::Result<Duration, String> {
+    if text.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    parse_timeout(text)
 }
 
 /// Parses `--timeout SECS` (fractions allowed, above zero).
@@ -96,6 +120,7 @@ pub fn open(target: &Target, read_only: bool, remote: Remote) -> Result<Device> 
             let options = ClientOptions {
                 connections: remote.connections,
                 request_timeout: remote.timeout,
+                reconnect: remote.reconnect,
                 ..ClientOptions::default()
             };
             let client = NbdClient::connect(uri, options).map_err(|e| anyhow!("{e}"))?;
@@ -114,10 +139,10 @@ pub fn open(target: &Target, read_only: bool, remote: Remote) -> Result<Device> 
             Ok(Device::new(Arc::new(client)))
         }
         Target::Iscsi(uri) => {
-            // Reconnecting after a dropped connection is on by default (30 s;
-            // the URI's ?reconnect=SECS changes it).
+            // The URI's ?reconnect=SECS, if any, overrides `remote.reconnect`.
             let options = IscsiOptions {
                 request_timeout: remote.timeout,
+                reconnect: remote.reconnect,
                 ..IscsiOptions::default()
             };
             let client = IscsiClient::connect(uri, options).map_err(|e| anyhow!("{e}"))?;
@@ -204,6 +229,17 @@ mod tests {
         ));
         assert!(Target::parse("iscsi://host").is_err());
         assert!(Target::parse("iscsi://host/iqn.x").is_err());
+    }
+
+    #[test]
+    fn reconnect_is_on_by_default_and_zero_turns_it_off() {
+        assert_eq!(reconnect_setting(None), Some(DEFAULT_RECONNECT));
+        let off = parse_reconnect("0").unwrap();
+        assert_eq!(reconnect_setting(Some(off)), None);
+        let five = parse_reconnect("5").unwrap();
+        assert_eq!(reconnect_setting(Some(five)), Some(Duration::from_secs(5)));
+        assert!(parse_reconnect("-1").is_err());
+        assert!(parse_reconnect("never").is_err());
     }
 
     #[test]

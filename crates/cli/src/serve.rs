@@ -3,6 +3,7 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use blockwire_aoe::target::{AoeTarget, TargetConfig};
@@ -15,7 +16,7 @@ use clap::Args;
 use crate::config::{
     AoeSection, Config, ExportSection, IscsiExport as IscsiExportConfig, XdpChoice,
 };
-use crate::open::{create_sparse, open, Remote, Target};
+use crate::open::{create_sparse, open, parse_reconnect, reconnect_setting, Remote, Target};
 use crate::serve_iscsi::{self, ChapSources, IscsiExport, IscsiPlan};
 use crate::serve_volume::Volumes;
 use crate::stop_signals;
@@ -81,6 +82,12 @@ pub struct ServeArgs {
     /// writeback to the kernel.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "16M")]
     pub write_behind: u64,
+
+    /// For a remote PATH (a gateway): keep reconnecting this many seconds when an
+    /// NBD or iSCSI connection drops, then send again what had no answer; 0 fails
+    /// at once. Default 30.
+    #[arg(long, value_name = "SECS", value_parser = parse_reconnect)]
+    pub reconnect: Option<Duration>,
 
     /// Threads for requests that may block (flush, FUA, cache misses).
     #[arg(long, default_value_t = 16)]
@@ -334,7 +341,11 @@ fn plain_export_from_args(args: &ServeArgs) -> Result<Export> {
                     path.display()
                 );
             }
-            let device = open(&target, args.read_only, Remote::default())?;
+            let remote = Remote {
+                reconnect: reconnect_setting(args.reconnect),
+                ..Remote::default()
+            };
+            let device = open(&target, args.read_only, remote)?;
             let device = if args.read_only {
                 device.read_only()
             } else {

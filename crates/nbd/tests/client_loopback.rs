@@ -88,6 +88,9 @@ fn connect(uri: &NbdUri, connections: usize, structured: bool) -> NbdClient {
     let options = ClientOptions {
         connections,
         structured,
+        // Most tests here check what a dropped connection does to its requests;
+        // reconnecting has tests of its own (reconnect.rs).
+        reconnect: None,
         ..ClientOptions::default()
     };
     NbdClient::connect(uri, options).unwrap_or_else(|e| panic!("connect {uri}: {e}"))

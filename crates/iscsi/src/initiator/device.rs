@@ -52,8 +52,7 @@ pub struct IscsiOptions {
     pub request_timeout: Option<Duration>,
 }
 
-/// How long an initiator keeps reconnecting by default (issue 18: 30 s).
-pub const DEFAULT_RECONNECT: Duration = Duration::from_secs(30);
+pub use blockwire_blockdev::paths::DEFAULT_RECONNECT;
 
 impl Default for IscsiOptions {
     fn default() -> Self {

@@ -93,6 +93,8 @@ pub(crate) struct Shared {
     control: Socket,
     pub table: Mutex<Table>,
     dead: AtomicBool,
+    /// The server broke the protocol: a reconnect would likely meet the same.
+    pub broken: AtomicBool,
     next_cookie: AtomicU64,
     /// "connection N to ADDRESS", for messages.
     pub name: String,
@@ -141,6 +143,8 @@ impl Shared {
 
 /// One negotiated connection.
 pub(crate) struct Connection {
+    /// Which of its client's connections this is.
+    index: usize,
     shared: Arc<Shared>,
     reader: Option<JoinHandle<()>>,
     in_flight: AtomicUsize,
@@ -165,12 +169,14 @@ impl Connection {
         // thread included — must not wait past the request timeout there.
         reader_socket.set_read_timeout(request_timeout)?;
         let control = socket.try_clone()?;
+        let read_side = ReadSide::new(reader_socket, socket.try_clone()?);
         let shared = Arc::new(Shared {
             writer: Mutex::new(socket),
-            read_side: ReadSide::new(reader_socket),
+            read_side,
             control,
             table: Mutex::new(Table::default()),
             dead: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
             next_cookie: AtomicU64::new(1),
             name: format!("connection {index} to {address}"),
         });
@@ -181,6 +187,7 @@ impl Connection {
                 move || reader::run(shared)
             })?;
         Ok(Connection {
+            index,
             shared,
             reader: Some(reader),
             in_flight: AtomicUsize::new(0),
@@ -188,6 +195,11 @@ impl Connection {
             structured: details.structured,
             context: details.base_allocation_id,
         })
+    }
+
+    /// Which of its client's connections this is.
+    pub fn index(&self) -> usize {
+        self.index
     }
 
     /// The read side, for a request queue that reads its replies itself.
@@ -201,14 +213,14 @@ impl Connection {
         reader::pump(&self.shared, wait_for_lock)
     }
 
+    /// Whether the connection ended because the server broke the protocol.
+    pub fn broke_protocol(&self) -> bool {
+        self.shared.broken.load(Ordering::Acquire)
+    }
+
     /// Whether the connection still takes requests.
     pub fn alive(&self) -> bool {
         !self.shared.dead.load(Ordering::Acquire)
-    }
-
-    /// How long a request may wait for its reply (`None`: forever).
-    pub fn request_timeout(&self) -> Option<Duration> {
-        self.request_timeout
     }
 
     /// Requests in flight, for spreading load across connections.
@@ -299,7 +311,6 @@ impl Connection {
         buf: IoBuf,
         queue: &Arc<QueueShared>,
         tag: u64,
-        index: usize,
         unsent: &mut Unsent,
     ) {
         let expect = Expect {
@@ -317,7 +328,7 @@ impl Connection {
         } else {
             (std::ptr::null(), 0)
         };
-        let slot = Arc::new(Slot::queued(expect, op, buf, queue.clone(), tag, index));
+        let slot = Arc::new(Slot::queued(expect, op, buf, queue.clone(), tag));
         match self.register(&slot, flags, &mut unsent.heads) {
             Ok(()) => {
                 unsent

@@ -2,6 +2,7 @@
 //! connections.
 
 use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use blockwire_blockdev::{
@@ -14,10 +15,12 @@ use super::details::{ExportDetails, MAX_EFFECT_LEN};
 use super::error::ClientError;
 use super::handshake::{self, Wanted};
 use super::queue::NbdQueue;
+use super::reconnect::{self, Recovery};
 use super::reply::Outcome;
 use super::socket::{address_of, Socket};
 use super::uri::NbdUri;
 use crate::wire::*;
+pub use blockwire_blockdev::paths::DEFAULT_RECONNECT;
 
 /// How an initiator connects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +39,10 @@ pub struct ClientOptions {
     /// every request on it fails with a timed-out error. `None` waits forever (a slow
     /// flush is not a dead server).
     pub request_timeout: Option<Duration>,
+    /// How long to keep reconnecting after a connection drops (the server closed
+    /// it, restarted, or said it was shutting down); the requests it had not
+    /// answered are then sent again. `None` fails them at once. See reconnect.rs.
+    pub reconnect: Option<Duration>,
 }
 
 impl Default for ClientOptions {
@@ -46,6 +53,7 @@ impl Default for ClientOptions {
             base_allocation: true,
             handshake_timeout: Duration::from_secs(30),
             request_timeout: None,
+            reconnect: Some(DEFAULT_RECONNECT),
         }
     }
 }
@@ -55,10 +63,15 @@ impl Default for ClientOptions {
 /// order.
 pub struct NbdClient {
     uri: NbdUri,
-    details: ExportDetails,
+    pub(crate) options: ClientOptions,
+    pub(crate) address: String,
+    pub(crate) details: ExportDetails,
     info: DeviceInfo,
-    connections: Vec<Connection>,
+    /// The connections in use; a reconnect puts a new one in place of a dropped one.
+    connections: Vec<RwLock<Arc<Connection>>>,
     next: AtomicUsize,
+    /// One reconnect at a time, and whether reconnecting has failed for good.
+    pub(crate) recovery: Mutex<Recovery>,
 }
 
 impl std::fmt::Debug for NbdClient {
@@ -72,7 +85,10 @@ impl std::fmt::Debug for NbdClient {
 }
 
 /// Connects one socket and negotiates the export.
-fn open(uri: &NbdUri, options: &ClientOptions) -> Result<(Socket, ExportDetails), ClientError> {
+pub(crate) fn open(
+    uri: &NbdUri,
+    options: &ClientOptions,
+) -> Result<(Socket, ExportDetails), ClientError> {
     let address = address_of(uri);
     let io = |source| ClientError::Io {
         address: address.clone(),
@@ -91,8 +107,9 @@ fn open(uri: &NbdUri, options: &ClientOptions) -> Result<(Socket, ExportDetails)
     Ok((socket, details))
 }
 
-/// What every connection of one device must agree on.
-fn differs(first: &ExportDetails, other: &ExportDetails) -> Option<String> {
+/// What every connection of one device must agree on (and a reconnected one with
+/// the connection it replaces).
+pub(crate) fn differs(first: &ExportDetails, other: &ExportDetails) -> Option<String> {
     if first.size != other.size {
         return Some(format!("size {} instead of {}", other.size, first.size));
     }
@@ -157,10 +174,16 @@ impl NbdClient {
         );
         Ok(NbdClient {
             uri: uri.clone(),
+            options,
+            address,
             info: details.device_info(),
             details,
-            connections,
+            connections: connections
+                .into_iter()
+                .map(|connection| RwLock::new(Arc::new(connection)))
+                .collect(),
             next: AtomicUsize::new(0),
+            recovery: Mutex::new(Recovery::default()),
         })
     }
 
@@ -179,24 +202,34 @@ impl NbdClient {
     }
 
     /// The least-loaded live connection; ties go round-robin.
-    fn pick(&self) -> &Connection {
-        &self.connections[self.pick_index()]
-    }
-
-    /// The index of [`pick`](Self::pick)'s connection: the least loaded live one.
-    pub(crate) fn pick_index(&self) -> usize {
-        let connections = &self.connections;
-        blockwire_blockdev::paths::least_loaded(
-            connections.len(),
+    pub(crate) fn pick(&self) -> Arc<Connection> {
+        let index = blockwire_blockdev::paths::least_loaded(
+            self.connections.len(),
             &self.next,
-            |i| connections[i].alive(),
-            |i| connections[i].in_flight(),
-        )
+            |i| self.connection(i).alive(),
+            |i| self.connection(i).in_flight(),
+        );
+        self.connection(index)
     }
 
-    /// Connection `index`.
-    pub(crate) fn connection(&self, index: usize) -> &Connection {
-        &self.connections[index]
+    /// Connection `index` as it is now.
+    pub(crate) fn connection(&self, index: usize) -> Arc<Connection> {
+        self.connections[index]
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Puts `connection` in place of connection `index` (a reconnect).
+    pub(crate) fn replace_connection(&self, index: usize, connection: Connection) {
+        let old = std::mem::replace(
+            &mut *self.connections[index]
+                .write()
+                .unwrap_or_else(|e| e.into_inner()),
+            Arc::new(connection),
+        );
+        // Whoever holds the old one last closes it (a request queue may have it).
+        drop(old);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -214,8 +247,29 @@ impl NbdClient {
             Error::new(ErrorKind::TooLarge, op, offset, len)
                 .with_detail("NBD requests are at most 4 GiB - 1")
         })?;
-        self.pick()
-            .request(op, command, flags, offset, wire_len, payload, read_into)
+        let mut read_into = read_into;
+        let mut replays = 0;
+        loop {
+            let connection = self.pick();
+            let result = connection.request(
+                op,
+                command,
+                flags,
+                offset,
+                wire_len,
+                payload,
+                read_into.as_deref_mut(),
+            );
+            match result {
+                // The request had no answer: once a new connection is in place of
+                // the dropped one, send it again.
+                Err(error) if reconnect::worth_it(&error) => {
+                    reconnect::recover(self, &connection, error, replays)?;
+                    replays += 1;
+                }
+                result => return result,
+            }
+        }
     }
 
     /// Runs a command without payload over `offset..offset+len` in pieces the

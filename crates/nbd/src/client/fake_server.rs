@@ -186,6 +186,12 @@ where
     }
 }
 
+/// Accepts and negotiates one more connection on the listener a script was given
+/// (an initiator that reconnects), offering `export`.
+pub fn accept_another(listener: &TcpListener, export: FakeExport) -> Peer {
+    negotiate(accept(listener), export)
+}
+
 fn accept(listener: &TcpListener) -> TcpStream {
     let deadline = Instant::now() + PATIENCE;
     loop {

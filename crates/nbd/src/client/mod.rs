@@ -40,6 +40,7 @@ mod queue;
 #[cfg(test)]
 mod queue_reading_tests;
 mod reader;
+mod reconnect;
 pub mod reply;
 mod slot;
 mod socket;
@@ -48,7 +49,7 @@ mod transmission_tests;
 pub mod uri;
 
 pub use details::{ExportDetails, FLAG_WORDS};
-pub use device::{allocation_type, ClientOptions, NbdClient};
+pub use device::{allocation_type, ClientOptions, NbdClient, DEFAULT_RECONNECT};
 pub use error::{error_name, reply_name, ClientError};
 pub use uri::{Endpoint, NbdUri, UriError, DEFAULT_PORT};
 

@@ -73,6 +73,10 @@ pub(crate) struct ReadSide {
     /// `None` once the connection has ended.
     reader: Mutex<Option<Reader>>,
     fd: RawFd,
+    /// Keeps `fd` open after the reader (with its socket) is gone, so the number
+    /// never names another connection's socket: a thread still waiting on it would
+    /// otherwise wait on, or read from, the wrong connection.
+    _fd_owner: Socket,
     ended: AtomicBool,
     /// Request queues reading this connection themselves.
     queues: Mutex<usize>,
@@ -80,9 +84,11 @@ pub(crate) struct ReadSide {
 }
 
 impl ReadSide {
-    pub fn new(socket: Socket) -> ReadSide {
+    /// The read half of `socket`; `fd_owner` is another handle on it.
+    pub fn new(socket: Socket, fd_owner: Socket) -> ReadSide {
         ReadSide {
-            fd: socket.as_raw_fd(),
+            fd: fd_owner.as_raw_fd(),
+            _fd_owner: fd_owner,
             reader: Mutex::new(Some(Reader {
                 input: BufReader::with_capacity(READ_BUFFER, socket),
                 active: HashMap::new(),
@@ -256,7 +262,10 @@ impl Reader {
                 "the server closed the connection in the middle of a reply".to_string()
             }
             End::Failed(e) => format!("connection failed: {e}"),
-            End::Violation(reason) => format!("protocol violation by the server: {reason}"),
+            End::Violation(reason) => {
+                shared.broken.store(true, Ordering::Release);
+                format!("protocol violation by the server: {reason}")
+            }
         };
         let reason = format!("{}: {reason}", shared.name);
         if shared.close(kind, reason.clone()) {

@@ -34,10 +34,10 @@ unsafe impl Send for ReadBuffer {}
 // SAFETY: as above; no two threads access the buffer at once.
 unsafe impl Sync for ReadBuffer {}
 
-/// Completions of one request queue's requests, with the index of the connection
-/// each ran on, as the read sides deliver them.
+/// Completions of one request queue's requests (tagged with the queue's own
+/// numbers for them), as the read sides deliver them.
 pub(crate) struct QueueShared {
-    pub done: Mutex<Vec<(usize, Completion)>>,
+    pub done: Mutex<Vec<Completion>>,
     /// The queue's thread is waiting on its sockets (set and read in sequentially
     /// consistent order around `done`): a completion another thread delivers must
     /// then wake it through `wake`.
@@ -93,7 +93,6 @@ enum Waiter {
     Queue {
         queue: Arc<QueueShared>,
         tag: u64,
-        connection: usize,
         buf: Mutex<Option<IoBuf>>,
     },
 }
@@ -132,7 +131,6 @@ impl Slot {
         mut buf: IoBuf,
         queue: Arc<QueueShared>,
         tag: u64,
-        connection: usize,
     ) -> Slot {
         let buffer = (op == Op::Read).then(|| ReadBuffer {
             ptr: buf.as_mut_ptr(),
@@ -145,7 +143,6 @@ impl Slot {
             waiter: Waiter::Queue {
                 queue,
                 tag,
-                connection,
                 buf: Mutex::new(Some(buf)),
             },
         }
@@ -178,12 +175,7 @@ impl Slot {
                     ready.notify_one();
                 }
             }
-            Waiter::Queue {
-                queue,
-                tag,
-                connection,
-                buf,
-            } => {
+            Waiter::Queue { queue, tag, buf } => {
                 let Some(buf) = lock(buf).take() else {
                     return;
                 };
@@ -192,7 +184,7 @@ impl Slot {
                     buf,
                     result: outcome.map(drop),
                 };
-                lock(&queue.done).push((*connection, completion));
+                lock(&queue.done).push(completion);
                 if queue.sleeping.load(Ordering::SeqCst) {
                     queue.wake_up();
                 }

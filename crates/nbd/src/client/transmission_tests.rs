@@ -53,6 +53,8 @@ pub(super) fn connect(uri: &super::NbdUri, connections: usize, structured: bool)
         base_allocation: false,
         handshake_timeout: REQUEST_TIMEOUT,
         request_timeout: Some(REQUEST_TIMEOUT),
+        // These tests check what a dropped connection does to its requests.
+        reconnect: None,
     };
     NbdClient::connect(uri, options).unwrap_or_else(|e| panic!("connect {uri}: {e}"))
 }
