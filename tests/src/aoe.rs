@@ -72,6 +72,21 @@ impl AoeLab {
         }
     }
 
+    /// Gives the target side's `eth{link}` a new MAC address (`02:..`, locally
+    /// administered), as a target restarted on other hardware would have.
+    pub fn set_target_mac(&self, link: usize, mac: &str) {
+        let status = self
+            .lab
+            .command_in(self.lab.target_ns(), "ip")
+            .args(["link", "set", "dev", &format!("eth{link}"), "address", mac])
+            .status()
+            .expect("run ip link set address");
+        assert!(
+            status.success(),
+            "ip link set eth{link} address {mac}: {status}"
+        );
+    }
+
     /// A raw client on the initiator side's eth0, aimed at the lab target.
     pub fn client(&self) -> RawClient {
         self.lab.run_in(self.lab.initiator_ns(), || {

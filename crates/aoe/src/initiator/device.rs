@@ -16,7 +16,7 @@ use super::engine::Engine;
 use super::errors::device_error;
 use super::queue::AoeQueue;
 use super::session::{
-    PathAddr, Plan, Session, SessionConfig, Stats, LBA28_LIMIT, LBA48_LIMIT, MAX_SLOTS,
+    PathAddr, Plan, Session, SessionConfig, Stats, LBA28_LIMIT, LBA48_LIMIT, MAX_WINDOW,
 };
 use super::uri::AoeUri;
 use crate::identify::Identity;
@@ -247,7 +247,7 @@ impl AoeClient {
         }
         .max(1);
         let window = match options.window {
-            Some(window) => usize::from(window).clamp(1, MAX_SLOTS),
+            Some(window) => usize::from(window).clamp(1, MAX_WINDOW),
             None => usize::from(buffer_count).clamp(1, DEFAULT_MAX_WINDOW),
         };
         let initial_rtt = answers.iter().map(|(_, f)| f.answered_in).min();
@@ -329,6 +329,9 @@ impl AoeClient {
         if identity.sectors == 0 {
             return Err(protocol("the target reports a capacity of 0 sectors"));
         }
+        // A target that answers again after an outage (a restart), or is found at
+        // another MAC, must still be this device.
+        self.engine.set_identity(identity.clone());
         let limit = if identity.lba48 {
             LBA48_LIMIT
         } else {

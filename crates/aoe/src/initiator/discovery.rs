@@ -99,16 +99,10 @@ pub fn discover_by_name<S: AsRef<str>>(
     discover(&interfaces, shelf, slot, wait)
 }
 
-/// The config query frame from `interface`.
-fn query_frame(interface: &Interface, shelf: u16, slot: u8, tag: u32) -> Vec<u8> {
-    let header = Header::request(
-        BROADCAST,
-        interface.mac,
-        shelf,
-        slot,
-        Command::QueryConfig,
-        tag,
-    );
+/// The config query frame (a broadcast) from our MAC `local`; pure, so the
+/// session builds its rediscovery queries with it too.
+pub(crate) fn query_frame(local: MacAddr, shelf: u16, slot: u8, tag: u32) -> Vec<u8> {
+    let header = Header::request(BROADCAST, local, shelf, slot, Command::QueryConfig, tag);
     let query = ConfigQuery {
         buffer_count: 0,
         firmware_version: 0,
@@ -211,7 +205,7 @@ fn listen(
     settle: bool,
 ) -> io::Result<Vec<Found>> {
     let interface = socket.interface();
-    let frame = query_frame(interface, shelf, slot, tag);
+    let frame = query_frame(interface.mac, shelf, slot, tag);
     let start = Instant::now();
     let deadline = start + wait;
     // Queries are re-sent while nothing answered, in case one was lost.
@@ -304,7 +298,7 @@ mod tests {
 
     #[test]
     fn the_query_is_a_broadcast_config_read() {
-        let frame = query_frame(&interface(), 0xffff, 0xff, 42);
+        let frame = query_frame(interface().mac, 0xffff, 0xff, 42);
         assert_eq!(frame.len(), 60);
         let (header, body) = Header::parse(&frame).unwrap();
         assert_eq!(header.dst, BROADCAST);
@@ -351,7 +345,7 @@ mod tests {
         // Addressed to another initiator.
         assert!(parse_answer(&answer(1, 2, [2; 6], b""), &iface, 1, 2, wait).is_none());
         // Our own query, a request.
-        let query = query_frame(&iface, 1, 2, 5);
+        let query = query_frame(iface.mac, 1, 2, 5);
         assert!(parse_answer(&query, &iface, 1, 2, wait).is_none());
         // Truncated.
         let frame = answer(1, 2, iface.mac, b"abc");

@@ -24,7 +24,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-use super::session::{encode_transmit_head, Fault, Handled, Outputs, Plan, Session, Stats};
+use super::discovery::format_mac;
+use super::session::{
+    encode_transmit_head, Event, Fault, Handled, Outputs, Plan, Purpose, Session, Stats,
+};
+use crate::identify::Identity;
 use crate::rawsock::{RawSocket, RecvBatch};
 
 /// How long a receiver waits for frames while frames are outstanding: the timer's
@@ -150,6 +154,8 @@ pub(crate) struct Engine {
     shutdown: AtomicBool,
     /// Frames are outstanding (receivers then wake often enough to run the timer).
     busy: AtomicBool,
+    /// `eSHELF.SLOT`, for messages.
+    name: String,
 }
 
 impl Engine {
@@ -159,7 +165,9 @@ impl Engine {
         sockets: Vec<RawSocket>,
         batch: usize,
     ) -> io::Result<(Arc<Engine>, Vec<JoinHandle<()>>)> {
+        let name = format!("e{}.{}", session.config().shelf, session.config().slot);
         let engine = Arc::new(Engine {
+            name,
             session: Mutex::new(session),
             sockets,
             shutdown: AtomicBool::new(false),
@@ -272,8 +280,67 @@ impl Engine {
         self.send(scratch);
     }
 
+    /// Sends the session's own frames (rediscovery queries, identity checks) and
+    /// reports its events.
+    fn send_control(&self, out: &mut Outputs<Handle>) {
+        for control in out.control.drain(..) {
+            let socket = &self.sockets[control.socket];
+            if let Err(err) = socket.send(&control.frame) {
+                // As for data frames: the session sends it again while it matters.
+                tracing::debug!(
+                    "sending an AoE {:?} frame on {}: {err}",
+                    control.purpose,
+                    socket.interface().name
+                );
+            } else if control.purpose == Purpose::Rediscover {
+                tracing::trace!(
+                    "AoE {}: config query on {}",
+                    self.name,
+                    socket.interface().name
+                );
+            }
+        }
+        for event in out.events.drain(..) {
+            match event {
+                Event::Rediscovering { socket, .. } => tracing::debug!(
+                    "AoE {}: no answer on {}; looking for the target again",
+                    self.name,
+                    self.sockets[socket].interface().name
+                ),
+                Event::Rediscovered {
+                    socket,
+                    previous,
+                    target,
+                    ..
+                } => {
+                    let interface = &self.sockets[socket].interface().name;
+                    if previous == target {
+                        tracing::info!(
+                            "AoE {}: the target answers again at {} on {interface}",
+                            self.name,
+                            format_mac(&target)
+                        );
+                    } else {
+                        tracing::warn!(
+                            "AoE {}: the target moved from {} to {} on {interface}",
+                            self.name,
+                            format_mac(&previous),
+                            format_mac(&target)
+                        );
+                    }
+                }
+                Event::Verified { socket, .. } => tracing::debug!(
+                    "AoE {}: the target answers again on {}",
+                    self.name,
+                    self.sockets[socket].interface().name
+                ),
+            }
+        }
+    }
+
     /// Encodes and sends held transmits, one batch per socket, and releases them.
     fn send(&self, scratch: &mut Scratch) {
+        self.send_control(&mut scratch.out);
         let Scratch {
             out,
             frames,
@@ -436,6 +503,11 @@ impl Engine {
     /// Switches the commands once IDENTIFY told what the target supports.
     pub fn set_addressing(&self, lba48: bool, flush_ext: bool) {
         self.lock().set_addressing(lba48, flush_ext);
+    }
+
+    /// What a target found again after an outage must match.
+    pub fn set_identity(&self, identity: Identity) {
+        self.lock().set_identity(identity);
     }
 }
 

@@ -55,6 +55,8 @@ pub fn fault_kind(fault: &Fault) -> ErrorKind {
         Fault::Malformed(_) => ErrorKind::Io,
         Fault::TimedOut { .. } => ErrorKind::TimedOut,
         Fault::Closed => ErrorKind::Disconnected,
+        // The device opened is gone; what answers in its place is not used.
+        Fault::Changed(_) => ErrorKind::Disconnected,
     }
 }
 
@@ -120,6 +122,9 @@ pub fn fault_detail(fault: &Fault, target: &str) -> String {
             )
         }
         Fault::Closed => format!("the initiator for {target} was closed"),
+        Fault::Changed(what) => {
+            format!("{target} is not the device opened any more: {what}; not using it")
+        }
     }
 }
 
@@ -185,6 +190,14 @@ mod tests {
         );
 
         assert_eq!(fault_kind(&Fault::Closed), ErrorKind::Disconnected);
+        let changed =
+            Fault::Changed("the target now answering at 02:00:00:00:00:bb has 8 sectors".into());
+        assert_eq!(fault_kind(&changed), ErrorKind::Disconnected);
+        let text = fault_detail(&changed, "e1.2");
+        assert!(
+            text.contains("e1.2 is not the device opened") && text.contains("has 8 sectors"),
+            "{text}"
+        );
         assert_eq!(fault_kind(&Fault::Malformed("x".into())), ErrorKind::Io);
         let idnf = Fault::Ata {
             status: 0x41,

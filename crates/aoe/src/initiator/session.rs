@@ -16,6 +16,11 @@
 //!    with [`Fault::TimedOut`].
 //!
 //! Finished requests come out in [`Outputs::finished`], once each, with their result.
+//! Frames of the session's own come out in [`Outputs::control`]: when a path's target
+//! stops answering (a restart, a new MAC), config queries to find it again and an
+//! IDENTIFY DEVICE to check that what answers is still the device opened (see
+//! [`Purpose`]). The driver sends them as they are; their answers go to
+//! `handle_frame` like any other.
 //!
 //! Tags: the low [`SLOT_BITS`] bits are the index of the window slot a frame occupies,
 //! the high bits a per-slot generation that advances with every transmission. An
@@ -28,15 +33,23 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
+use super::discovery::{format_mac, query_frame};
 use super::rtt::{RttEstimator, RTO_MAX, RTO_MIN};
+use crate::identify::Identity;
 use crate::wire::{
-    ata, AtaArgs, Command, Header, MacAddr, ATA_HEADER_LEN, MIN_FRAME_LEN, SECTOR_SIZE,
+    ata, AtaArgs, Command, ConfigQuery, Header, MacAddr, ATA_HEADER_LEN, BROADCAST, MIN_FRAME_LEN,
+    SECTOR_SIZE,
 };
 
 /// Tag bits that index the window slot.
 pub const SLOT_BITS: u32 = 10;
-/// The largest window the tag layout allows.
+/// Slots the tag layout allows.
 pub const MAX_SLOTS: usize = 1 << SLOT_BITS;
+/// The slot whose tags the session keeps for its own frames (identity checks);
+/// requests use the others.
+pub const CONTROL_SLOT: usize = MAX_SLOTS - 1;
+/// The largest window: every slot but [`CONTROL_SLOT`].
+pub const MAX_WINDOW: usize = MAX_SLOTS - 1;
 const SLOT_MASK: u32 = (1 << SLOT_BITS) - 1;
 const GEN_BITS: u32 = 32 - SLOT_BITS;
 const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
@@ -207,7 +220,7 @@ pub struct SessionConfig {
     pub slot: u8,
     /// At least one.
     pub paths: Vec<PathAddr>,
-    /// Frames outstanding at once, 1 to [`MAX_SLOTS`].
+    /// Frames outstanding at once, 1 to [`MAX_WINDOW`].
     pub window: usize,
     /// Sectors per frame, at least 1.
     pub sectors_per_frame: u8,
@@ -257,6 +270,10 @@ pub enum Fault {
     },
     /// The session was closed.
     Closed,
+    /// What answers for the target now is not the device opened (another size or
+    /// serial number, or it cannot take our frames): every request fails, now and
+    /// later, rather than reading or writing the wrong device.
+    Changed(String),
 }
 
 /// A request that finished, with its result.
@@ -266,11 +283,54 @@ pub struct Finished<R> {
     pub result: Result<(), Fault>,
 }
 
-/// What the session produced in one call: frames to send and finished requests.
+/// Why the session sends a frame of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// A Query Config Information broadcast for our shelf.slot on the path's
+    /// interface: its target stopped answering, and may come back under another MAC
+    /// (a restart on other hardware, a changed address).
+    Rediscover,
+    /// IDENTIFY DEVICE to a target found again (or answering again after an
+    /// outage), to check it is still the device opened.
+    Verify,
+}
+
+/// A frame of the session's own, no request's: send `frame` as it is on `socket`.
+#[derive(Debug, Clone)]
+pub struct Control {
+    pub path: usize,
+    pub socket: usize,
+    pub purpose: Purpose,
+    pub frame: Vec<u8>,
+}
+
+/// What a driver may want to tell its user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// The path's target stopped answering: rediscovery starts.
+    Rediscovering { path: usize, socket: usize },
+    /// The target was found again on the path, at `target` (`previous` before; the
+    /// same when it came back at its old MAC) and passed the identity check; the
+    /// path's frames go there now.
+    Rediscovered {
+        path: usize,
+        socket: usize,
+        previous: MacAddr,
+        target: MacAddr,
+    },
+    /// The target answered again at its MAC after an outage and passed the identity
+    /// check.
+    Verified { path: usize, socket: usize },
+}
+
+/// What the session produced in one call: frames to send, finished requests, frames
+/// of its own and events.
 #[derive(Debug)]
 pub struct Outputs<R> {
     pub transmits: Vec<Transmit<R>>,
     pub finished: Vec<Finished<R>>,
+    pub control: Vec<Control>,
+    pub events: Vec<Event>,
 }
 
 impl<R> Default for Outputs<R> {
@@ -278,18 +338,25 @@ impl<R> Default for Outputs<R> {
         Outputs {
             transmits: Vec::new(),
             finished: Vec::new(),
+            control: Vec::new(),
+            events: Vec::new(),
         }
     }
 }
 
 impl<R> Outputs<R> {
     pub fn is_empty(&self) -> bool {
-        self.transmits.is_empty() && self.finished.is_empty()
+        self.transmits.is_empty()
+            && self.finished.is_empty()
+            && self.control.is_empty()
+            && self.events.is_empty()
     }
 
     pub fn clear(&mut self) {
         self.transmits.clear();
         self.finished.clear();
+        self.control.clear();
+        self.events.clear();
     }
 }
 
@@ -300,7 +367,8 @@ pub enum Ignore {
     NotAoe,
     /// A request (the R flag is clear), e.g. another initiator's.
     NotResponse,
-    /// An answer to another command (a late config query answer).
+    /// An answer to another command: a config answer no path is looking for (a
+    /// late answer to the discovery that opened the device, another target's).
     OtherCommand,
     /// The tag names no outstanding transmission: a duplicate or late answer.
     UnknownTag,
@@ -322,6 +390,9 @@ pub enum Handled<R> {
         offset: usize,
         data: Range<usize>,
     },
+    /// An answer to one of the session's own frames (a config query or an identity
+    /// check).
+    Control,
 }
 
 /// Counters for diagnostics and tests.
@@ -341,6 +412,10 @@ pub struct Stats {
     pub ignored: u64,
     /// Requests failed by a timeout.
     pub timeouts: u64,
+    /// Config queries broadcast to find a target that stopped answering.
+    pub rediscoveries: u64,
+    /// Identity checks passed by a target found again (at a new MAC or its old one).
+    pub recoveries: u64,
 }
 
 struct RequestState<R> {
@@ -380,6 +455,29 @@ struct PathState {
     /// The order of the latest transmission answered on it: targets answer a path's
     /// frames in order, so frames sent after that one are queued, not lost.
     newest_answered_seq: u64,
+    /// When the last config query for its target went out, while the path is
+    /// rediscovering (after [`REDISCOVER_AFTER`] timeouts in a row).
+    rediscovering: Option<Instant>,
+    /// Its target was found again at its MAC and sent one probe: once that is
+    /// answered, the frames sent before it are lost (targets answer a path's frames
+    /// in order) and go again at once, not when their hold runs out.
+    release_held: bool,
+}
+
+/// An IDENTIFY DEVICE sent to `mac` on `path`, to check it is the device opened.
+#[derive(Debug, Clone, Copy)]
+struct Check {
+    path: usize,
+    mac: MacAddr,
+    /// Whether the path's frames wait for it: a target found by rediscovery is only
+    /// used once it passed. Otherwise the path's target answered again by itself and
+    /// is checked as it goes on.
+    gate: bool,
+    started: Instant,
+    sent_at: Instant,
+    /// Generations of the control slot its transmissions had.
+    first_generation: u32,
+    last_generation: u32,
 }
 
 /// What a late answer to a completed, retransmitted frame needs.
@@ -434,13 +532,23 @@ pub struct Session<R> {
     /// Transmissions so far (their order).
     seq: u64,
     closed: bool,
+    /// Set when the target turned out not to be the device opened: every request
+    /// fails with it.
+    broken: Option<Fault>,
+    /// What IDENTIFY DEVICE said when the device was opened, to check a target
+    /// found again against.
+    expected: Option<Identity>,
+    /// Identity checks under way.
+    checks: Vec<Check>,
+    /// Generation of the control slot's latest transmission.
+    control_generation: u32,
     stats: Stats,
 }
 
 impl<R: Clone> Session<R> {
     pub fn new(config: SessionConfig) -> Session<R> {
         assert!(!config.paths.is_empty(), "a session needs a path");
-        let window = config.window.clamp(1, MAX_SLOTS);
+        let window = config.window.clamp(1, MAX_WINDOW);
         let slots = vec![
             Slot {
                 generation: config.tag_seed & GEN_MASK,
@@ -479,6 +587,10 @@ impl<R: Clone> Session<R> {
             next_deadline: None,
             seq: 0,
             closed: false,
+            broken: None,
+            expected: None,
+            checks: Vec::new(),
+            control_generation: config.tag_seed & GEN_MASK,
             stats: Stats::default(),
         }
     }
@@ -526,12 +638,26 @@ impl<R: Clone> Session<R> {
         self.config.flush_ext = flush_ext;
     }
 
-    /// Queues a request. A closed session finishes it at once with [`Fault::Closed`].
+    /// What a target found again must match: what IDENTIFY DEVICE said when the
+    /// device was opened (capacity and serial number are compared). Without it,
+    /// any answer passes.
+    pub fn set_identity(&mut self, identity: Identity) {
+        self.expected = Some(identity);
+    }
+
+    /// The target's MAC on each path (they change when it is rediscovered).
+    pub fn paths(&self) -> &[PathAddr] {
+        &self.config.paths
+    }
+
+    /// Queues a request. A closed session finishes it at once with [`Fault::Closed`],
+    /// one whose target changed with [`Fault::Changed`].
     pub fn submit(&mut self, request: R, plan: Plan, out: &mut Outputs<R>) {
-        if self.closed {
+        if self.closed || self.broken.is_some() {
+            let fault = self.broken.clone().unwrap_or(Fault::Closed);
             out.finished.push(Finished {
                 request,
-                result: Err(Fault::Closed),
+                result: Err(fault),
             });
             return;
         }
@@ -760,10 +886,16 @@ impl<R: Clone> Session<R> {
         if !header.response {
             return Handled::Ignored(Ignore::NotResponse);
         }
+        if header.command == Command::QueryConfig as u8 {
+            return self.handle_config(now, socket, &header, body, out);
+        }
         if header.command != Command::Ata as u8 {
             return Handled::Ignored(Ignore::OtherCommand);
         }
         let (generation, slot) = split_tag(header.tag);
+        if slot == CONTROL_SLOT {
+            return self.handle_check(now, socket, &header, body, generation, out);
+        }
         let Some(entry) = self.slots.get(slot) else {
             return Handled::Ignored(Ignore::UnknownTag);
         };
@@ -800,6 +932,14 @@ impl<R: Clone> Session<R> {
         self.stats.answers += 1;
         self.path_state[path].failures = 0;
         self.path_state[path].last_answer = Some(now);
+        if self.path_state[path].rediscovering.take().is_some() {
+            // Back after an outage at the same MAC: perhaps a restarted target, perhaps
+            // on another file. It is used already (its answers are here); check it
+            // at once, and fail everything if it is not the device opened.
+            let target = self.config.paths[path].target;
+            self.checks.retain(|c| c.path != path);
+            self.start_check(now, path, target, false, out);
+        }
         self.waiting_since = Some(now);
         let key = inflight.request;
         if header.error != 0 {
@@ -869,6 +1009,9 @@ impl<R: Clone> Session<R> {
                 .sample(now.saturating_duration_since(inflight.sent_at));
             let state = &mut self.path_state[path];
             state.newest_answered_seq = state.newest_answered_seq.max(inflight.sent_seq);
+            if std::mem::take(&mut state.release_held) {
+                self.release_held(now, path, inflight.sent_seq);
+            }
         }
         self.cwnd = (self.cwnd + 1.0 / self.cwnd).min(self.slots.len() as f64);
         self.slots[slot].retransmitted =
@@ -1079,6 +1222,344 @@ impl<R: Clone> Session<R> {
                 self.fail(key, fault, out);
             }
         }
+        self.rediscover(now, out);
+        self.run_checks(now, out);
+    }
+
+    /// Broadcasts a config query for our shelf.slot on each path that has gone
+    /// [`REDISCOVER_AFTER`] timeouts without an answer, again every
+    /// [`REDISCOVER_INTERVAL`] while it stays so and frames are outstanding. The
+    /// data frames keep being probed meanwhile: a target back at its old MAC takes
+    /// them as they come.
+    fn rediscover(&mut self, now: Instant, out: &mut Outputs<R>) {
+        if self.in_flight == 0 {
+            return;
+        }
+        for path in 0..self.config.paths.len() {
+            let state = self.path_state[path];
+            if state.failures < REDISCOVER_AFTER {
+                continue;
+            }
+            let addr = self.config.paths[path];
+            if state
+                .rediscovering
+                .is_none_or(|at| now >= at + REDISCOVER_INTERVAL)
+            {
+                if state.rediscovering.is_none() {
+                    out.events.push(Event::Rediscovering {
+                        path,
+                        socket: addr.socket,
+                    });
+                }
+                self.path_state[path].rediscovering = Some(now);
+                self.stats.rediscoveries += 1;
+                // The tag does not matter: answers are matched by command and address.
+                let tag = tag(self.control_generation, CONTROL_SLOT);
+                out.control.push(Control {
+                    path,
+                    socket: addr.socket,
+                    purpose: Purpose::Rediscover,
+                    frame: query_frame(addr.local, self.config.shelf, self.config.slot, tag),
+                });
+            }
+            let last = self.path_state[path].rediscovering.unwrap_or(now);
+            self.note_deadline(last + REDISCOVER_INTERVAL);
+        }
+    }
+
+    /// A config answer: on a path that lost its target, a target answering for our
+    /// shelf.slot is checked (IDENTIFY DEVICE) and, if it is the device opened, the
+    /// path's frames go to it.
+    fn handle_config(
+        &mut self,
+        now: Instant,
+        socket: usize,
+        header: &Header,
+        body: &[u8],
+        out: &mut Outputs<R>,
+    ) -> Handled<R> {
+        // Unless a path is looking for its target, config answers are late answers
+        // to the discovery that opened the device, or another target's.
+        let unused = Handled::Ignored(Ignore::OtherCommand);
+        if header.error != 0 || header.shelf != self.config.shelf || header.slot != self.config.slot
+        {
+            return unused;
+        }
+        let Ok(answer) = ConfigQuery::parse(body) else {
+            return unused;
+        };
+        let paths = &self.config.paths;
+        let reaches =
+            |p: &PathAddr| p.socket == socket && (header.dst == p.local || header.dst == BROADCAST);
+        // A MAC another path already uses is that path's (a target with several
+        // ports on one segment); any other may be the one this path lost.
+        let candidate = (0..paths.len()).find(|&p| {
+            reaches(&paths[p])
+                && self.path_state[p].rediscovering.is_some()
+                && !paths
+                    .iter()
+                    .enumerate()
+                    .any(|(other, q)| other != p && q.socket == socket && q.target == header.src)
+                && !self
+                    .checks
+                    .iter()
+                    .any(|c| c.path == p && c.gate && c.mac == header.src)
+        });
+        let Some(path) = candidate else {
+            return unused;
+        };
+        if answer.sector_count != 0 && answer.sector_count < self.config.sectors_per_frame {
+            let fault = Fault::Changed(format!(
+                "the target answering at {} takes at most {} sectors per frame, fewer than the {} in use",
+                format_mac(&header.src),
+                answer.sector_count,
+                self.config.sectors_per_frame
+            ));
+            self.break_session(fault, out);
+            return Handled::Control;
+        }
+        self.start_check(now, path, header.src, true, out);
+        Handled::Control
+    }
+
+    /// Starts an identity check of `mac` on `path` and sends its first IDENTIFY.
+    fn start_check(
+        &mut self,
+        now: Instant,
+        path: usize,
+        mac: MacAddr,
+        gate: bool,
+        out: &mut Outputs<R>,
+    ) {
+        if self.expected.is_none() && !gate {
+            // Nothing to compare with yet (the device is being opened).
+            return;
+        }
+        self.checks.push(Check {
+            path,
+            mac,
+            gate,
+            started: now,
+            sent_at: now,
+            first_generation: 0,
+            last_generation: 0,
+        });
+        let index = self.checks.len() - 1;
+        self.send_check(now, index, true, out);
+    }
+
+    /// Sends (again) the IDENTIFY of check `index`, with a new tag of the control slot.
+    fn send_check(&mut self, now: Instant, index: usize, first: bool, out: &mut Outputs<R>) {
+        self.control_generation = (self.control_generation + 1) & GEN_MASK;
+        let generation = self.control_generation;
+        let check = &mut self.checks[index];
+        if first {
+            check.first_generation = generation;
+        }
+        check.last_generation = generation;
+        check.sent_at = now;
+        let addr = self.config.paths[check.path];
+        let header = Header::request(
+            check.mac,
+            addr.local,
+            self.config.shelf,
+            self.config.slot,
+            Command::Ata,
+            tag(generation, CONTROL_SLOT),
+        );
+        let args = ata_args(Kind::Identify, Plan::identify().frame(1, 0), false, false);
+        let mut frame = Vec::new();
+        header.encode(&mut frame);
+        args.encode(&mut frame);
+        frame.resize(frame.len().max(MIN_FRAME_LEN), 0);
+        out.control.push(Control {
+            path: check.path,
+            socket: addr.socket,
+            purpose: Purpose::Verify,
+            frame,
+        });
+        self.note_deadline(now + CHECK_INTERVAL);
+    }
+
+    /// Re-sends unanswered identity checks every [`CHECK_INTERVAL`]; gives up on one
+    /// unanswered for the whole timeout (a gated path then goes on rediscovering).
+    fn run_checks(&mut self, now: Instant, out: &mut Outputs<R>) {
+        let mut index = 0;
+        while index < self.checks.len() {
+            let check = self.checks[index];
+            if now.saturating_duration_since(check.started) >= self.config.timeout {
+                self.checks.remove(index);
+                continue;
+            }
+            if now >= check.sent_at + CHECK_INTERVAL {
+                self.send_check(now, index, false, out);
+            } else {
+                self.note_deadline(check.sent_at + CHECK_INTERVAL);
+            }
+            index += 1;
+        }
+    }
+
+    /// An answer to an identity check (a tag of the control slot).
+    fn handle_check(
+        &mut self,
+        now: Instant,
+        socket: usize,
+        header: &Header,
+        body: &[u8],
+        generation: u32,
+        out: &mut Outputs<R>,
+    ) -> Handled<R> {
+        let paths = &self.config.paths;
+        let Some(index) = self.checks.iter().position(|c| {
+            let addr = paths[c.path];
+            addr.socket == socket
+                && addr.local == header.dst
+                && c.mac == header.src
+                && generation_distance(c.first_generation, generation)
+                    <= generation_distance(c.first_generation, c.last_generation)
+        }) else {
+            return Handled::Ignored(Ignore::UnknownTag);
+        };
+        if header.shelf != self.config.shelf || header.slot != self.config.slot {
+            return Handled::Ignored(Ignore::WrongTarget);
+        }
+        let check = self.checks.remove(index);
+        let problem = if header.error != 0 {
+            Some(format!(
+                "answers IDENTIFY DEVICE with AoE error {}",
+                header.error
+            ))
+        } else {
+            match AtaArgs::parse(body) {
+                Err(_) => Some("sends a truncated IDENTIFY DEVICE answer".to_string()),
+                Ok((args, _)) if args.cmd_status & (ata::STATUS_ERR | STATUS_DF) != 0 => {
+                    Some(format!(
+                        "fails IDENTIFY DEVICE (status {:#04x}, error {:#04x})",
+                        args.cmd_status, args.err_feature
+                    ))
+                }
+                Ok((_, data)) if data.len() < SECTOR_SIZE => {
+                    Some("sends a truncated IDENTIFY DEVICE block".to_string())
+                }
+                Ok((_, data)) => self.identity_differs(&data[..SECTOR_SIZE]),
+            }
+        };
+        if let Some(problem) = problem {
+            let fault = Fault::Changed(format!(
+                "the target now answering at {} {problem}",
+                format_mac(&check.mac)
+            ));
+            self.break_session(fault, out);
+            return Handled::Control;
+        }
+        // The device opened: the path is alive, at that MAC.
+        let path = check.path;
+        self.stats.recoveries += 1;
+        self.checks.retain(|c| c.path != path);
+        let state = &mut self.path_state[path];
+        state.failures = 0;
+        state.last_answer = Some(now);
+        state.rediscovering = None;
+        if self.in_flight > 0 {
+            self.waiting_since = Some(now);
+        }
+        let socket = self.config.paths[path].socket;
+        if check.gate {
+            let previous = std::mem::replace(&mut self.config.paths[path].target, check.mac);
+            out.events.push(Event::Rediscovered {
+                path,
+                socket,
+                previous,
+                target: check.mac,
+            });
+            // Frames sent to another MAC were lost, all of them; at the same MAC the
+            // target may only have stalled, and one probe now (the rest follow once
+            // it is answered) spares it a window of duplicates.
+            let same = previous == check.mac;
+            self.path_state[path].release_held = same;
+            self.resend_path(now, path, same, out);
+        } else {
+            out.events.push(Event::Verified { path, socket });
+        }
+        Handled::Control
+    }
+
+    /// Why an IDENTIFY DEVICE block shows another device than the one opened, if it
+    /// does.
+    fn identity_differs(&self, block: &[u8]) -> Option<String> {
+        if !Identity::checksum_ok(block) {
+            return Some("sends an IDENTIFY DEVICE block that fails its checksum".into());
+        }
+        let found = Identity::parse(block)?;
+        let expected = self.expected.as_ref()?;
+        if found.sectors != expected.sectors {
+            return Some(format!(
+                "has {} sectors ({} bytes), not the {} ({} bytes) opened",
+                found.sectors,
+                found.sectors * SECTOR_SIZE as u64,
+                expected.sectors,
+                expected.sectors * SECTOR_SIZE as u64
+            ));
+        }
+        if found.serial != expected.serial {
+            return Some(format!(
+                "has serial number {:?}, not the {:?} opened",
+                found.serial, expected.serial
+            ));
+        }
+        None
+    }
+
+    /// Sends the outstanding frames of `path` (or only its oldest) again now, to its
+    /// target found again: they waited for it.
+    fn resend_path(&mut self, now: Instant, path: usize, only_oldest: bool, out: &mut Outputs<R>) {
+        let timeout = self.config.timeout;
+        let live =
+            |f: &InFlight| f.path == path && now.saturating_duration_since(f.first_sent) < timeout;
+        let oldest = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, s)| s.frame.filter(live).map(|f| (f.first_seq, slot)))
+            .min()
+            .map(|(_, slot)| slot);
+        for slot in 0..self.slots.len() {
+            let Some(mut frame) = self.slots[slot].frame.filter(live) else {
+                continue;
+            };
+            if only_oldest && Some(slot) != oldest {
+                continue;
+            }
+            frame.retries += 1;
+            frame.reordered = false;
+            frame.sent_at = now;
+            frame.sent_seq = self.next_seq();
+            frame.deadline = now + self.rtt.backoff(0);
+            self.slots[slot].generation = (self.slots[slot].generation + 1) & GEN_MASK;
+            self.slots[slot].frame = Some(frame);
+            out.transmits.push(self.transmit(slot, true));
+            self.note_deadline(frame.deadline);
+        }
+    }
+
+    /// Makes the frames of `path` sent before transmission `seq` due now.
+    fn release_held(&mut self, now: Instant, path: usize, seq: u64) {
+        for slot in 0..self.slots.len() {
+            if let Some(frame) = self.slots[slot].frame.as_mut() {
+                if frame.path == path && frame.sent_seq < seq {
+                    frame.deadline = now;
+                    self.note_deadline(now);
+                }
+            }
+        }
+    }
+
+    /// The target is not the device opened: fail everything, now and later.
+    fn break_session(&mut self, fault: Fault, out: &mut Outputs<R>) {
+        self.broken = Some(fault.clone());
+        self.checks.clear();
+        self.fail_all(fault, out);
     }
 
     /// Sends the frame in `slot` again: a new tag, the next path (writes: the same
@@ -1136,6 +1617,7 @@ impl<R: Clone> Session<R> {
     /// Fails every request with [`Fault::Closed`] and refuses new ones.
     pub fn close(&mut self, out: &mut Outputs<R>) {
         self.closed = true;
+        self.checks.clear();
         self.fail_all(Fault::Closed, out);
     }
 }
@@ -1149,6 +1631,13 @@ const REORDER_DECAY: u32 = 4096;
 const PATH_FAILURES: u32 = 3;
 /// How often a new frame goes to an avoided path, to see whether it recovered.
 const PROBE_INTERVAL: Duration = Duration::from_millis(100);
+/// Timeouts in a row after which a path looks for its target again (config queries):
+/// as many as make it avoided, a few milliseconds of silence on a LAN.
+pub const REDISCOVER_AFTER: u32 = PATH_FAILURES;
+/// How often the config query is broadcast while the target stays lost.
+pub const REDISCOVER_INTERVAL: Duration = Duration::from_millis(250);
+/// How often an unanswered identity check is sent again.
+const CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Appends the frame of `transmit` to `out`: header, ATA arguments, the bytes
 /// `source[transmit.data]` (writes), zero padding to the Ethernet minimum. Returns

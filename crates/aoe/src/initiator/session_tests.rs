@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::wire::{Body, ConfigQuery, ATA_HEADER_LEN};
+use crate::wire::{Body, ATA_HEADER_LEN};
 
 const INITIATOR: MacAddr = [0x02, 0, 0, 0, 0, 0x01];
 const INITIATOR_2: MacAddr = [0x02, 0, 0, 0, 0, 0x02];
@@ -45,6 +45,8 @@ struct FakeTarget {
     flushes: usize,
     /// Answer with this AoE error instead.
     aoe_error: Option<u8>,
+    /// What IDENTIFY DEVICE answers.
+    identity: Identity,
 }
 
 impl FakeTarget {
@@ -56,7 +58,36 @@ impl FakeTarget {
             disk,
             flushes: 0,
             aoe_error: None,
+            identity: Identity {
+                sectors: sectors as u64,
+                lba48: true,
+                model: "fake target".into(),
+                serial: "e1.2".into(),
+                firmware: "1".into(),
+            },
         }
+    }
+
+    /// The answer to a config query, sent from `mac`.
+    fn config_answer(&self, query: &[u8], mac: MacAddr) -> Vec<u8> {
+        let (header, body) = Header::parse(query).unwrap();
+        assert!(!header.response);
+        assert_eq!(header.command, Command::QueryConfig as u8);
+        assert!(ConfigQuery::parse(body).is_ok());
+        let mut reply = header.response_to(mac);
+        reply.shelf = 1;
+        reply.slot = 2;
+        let config = ConfigQuery {
+            buffer_count: 16,
+            firmware_version: 1,
+            sector_count: 2,
+            aoe_version: 1,
+            command: 0,
+            config: b"",
+        };
+        let mut out = Vec::new();
+        encode_frame(&reply, &Body::QueryConfig(config), &mut out);
+        out
     }
 
     /// The answer to a request frame, sent from `mac`.
@@ -103,7 +134,7 @@ impl FakeTarget {
                 args.cmd_status = ata::STATUS_DRDY;
             }
             ata::IDENTIFY_DEVICE => {
-                payload.extend_from_slice(&[0x5a; SECTOR_SIZE]);
+                payload.extend_from_slice(&self.identity.encode());
                 args.cmd_status = ata::STATUS_DRDY;
             }
             _ => {
@@ -125,6 +156,9 @@ struct Harness {
     buffers: HashMap<usize, Vec<u8>>,
     results: HashMap<usize, Result<(), Fault>>,
     out: Outputs<usize>,
+    /// The session's own frames and events, as they came out.
+    control: Vec<Control>,
+    events: Vec<Event>,
     now: Instant,
     next_id: usize,
 }
@@ -136,6 +170,8 @@ impl Harness {
             buffers: HashMap::new(),
             results: HashMap::new(),
             out: Outputs::default(),
+            control: Vec::new(),
+            events: Vec::new(),
             now: Instant::now(),
             next_id: 0,
         }
@@ -179,6 +215,8 @@ impl Harness {
     }
 
     fn collect(&mut self) {
+        self.control.append(&mut self.out.control);
+        self.events.append(&mut self.out.events);
         for finished in self.out.finished.drain(..) {
             let old = self.results.insert(finished.request, finished.result);
             assert!(old.is_none(), "request {} finished twice", finished.request);
@@ -1109,4 +1147,316 @@ fn a_lost_write_frame_is_resent_on_its_own_path_a_read_on_the_other() {
             again[0].0
         );
     }
+}
+
+/// Data frames, config queries and identity checks go to `dst`.
+fn dst_of(frame: &[u8]) -> MacAddr {
+    Header::parse(frame).unwrap().0.dst
+}
+
+/// A session with a write and a read of four one-sector frames each in flight to a
+/// target that then stops answering for `silence` (killed); returns their ids.
+fn outage(h: &mut Harness, target: &FakeTarget, silence: Duration) -> (usize, usize) {
+    h.session.set_identity(target.identity.clone());
+    let data: Vec<u8> = (0..4 * SECTOR_SIZE).map(|i| (i % 239) as u8).collect();
+    let write = h.submit(Plan::write(0, 4), data);
+    let read = h.read(8, 4);
+    let frames = h.transmit();
+    assert_eq!(frames.len(), 8);
+    let end = h.now + silence;
+    while h.now < end {
+        for (_, frame) in h.advance(MS) {
+            assert_eq!(dst_of(&frame), TARGET, "probes go where the target was");
+        }
+    }
+    assert!(h.results.is_empty(), "{:?}", h.results);
+    (write, read)
+}
+
+/// Answers everything the session sends on a perfect link from `mac` until idle:
+/// data frames, identity checks and config queries.
+fn serve_from(h: &mut Harness, target: &mut FakeTarget, mac: MacAddr) {
+    let mut frames = h.transmit();
+    loop {
+        let control: Vec<Control> = std::mem::take(&mut h.control);
+        if frames.is_empty() && control.is_empty() {
+            break;
+        }
+        for control in control {
+            let answer = match control.purpose {
+                Purpose::Rediscover => target.config_answer(&control.frame, mac),
+                Purpose::Verify if dst_of(&control.frame) == mac => {
+                    target.answer(&control.frame, mac)
+                }
+                Purpose::Verify => continue,
+            };
+            h.now += 10 * US;
+            h.receive(control.socket, &answer);
+        }
+        for (socket, frame) in std::mem::take(&mut frames) {
+            if dst_of(&frame) != mac {
+                continue;
+            }
+            let answer = target.answer(&frame, mac);
+            h.now += 10 * US;
+            h.receive(socket, &answer);
+        }
+        frames = h.transmit();
+    }
+}
+
+#[test]
+fn a_target_back_under_a_new_mac_is_found_checked_and_sent_the_frames() {
+    let mut target = FakeTarget::new(64);
+    let mut h = Harness::new(config(8, 1));
+    let start = h.now;
+    let (write, read) = outage(&mut h, &target, Duration::from_secs(3));
+
+    // After a few unanswered probes, config queries for e1.2, broadcast on the
+    // path's interface every 250 ms, while the data probes go on.
+    let queries: Vec<&Control> = h.control.iter().collect();
+    assert!(
+        (11..=13).contains(&queries.len()),
+        "{} queries",
+        queries.len()
+    );
+    for query in &queries {
+        assert_eq!(query.purpose, Purpose::Rediscover);
+        assert_eq!((query.path, query.socket), (0, 0));
+        let (header, body) = Header::parse(&query.frame).unwrap();
+        assert_eq!((header.dst, header.src), (BROADCAST, INITIATOR));
+        assert_eq!((header.shelf, header.slot), (1, 2));
+        assert_eq!(header.command, Command::QueryConfig as u8);
+        assert!(!header.response);
+        assert_eq!(ConfigQuery::parse(body).unwrap().command, 0);
+    }
+    assert_eq!(h.events, vec![Event::Rediscovering { path: 0, socket: 0 }]);
+    assert!(h.session.stats().probes >= 3);
+    assert_eq!(h.session.stats().rediscoveries, queries.len() as u64);
+
+    // Back, under another MAC: it answers the next query. Before any data goes to
+    // it, an IDENTIFY checks that it is the device opened.
+    let query = h.control.pop().unwrap();
+    h.control.clear();
+    let answer = target.config_answer(&query.frame, TARGET_2);
+    assert_eq!(h.receive(0, &answer), Handled::Control);
+    assert!(h.take_frames().is_empty(), "no data before the check");
+    let check = h.control.pop().expect("an identity check");
+    assert_eq!(check.purpose, Purpose::Verify);
+    let (header, body) = Header::parse(&check.frame).unwrap();
+    assert_eq!((header.dst, header.src), (TARGET_2, INITIATOR));
+    assert_eq!(split_tag(header.tag).1, CONTROL_SLOT);
+    assert_eq!(
+        AtaArgs::parse(body).unwrap().0.cmd_status,
+        ata::IDENTIFY_DEVICE
+    );
+    // An answer from the old MAC, or to a tag never sent, is not the check's.
+    let late = target.answer(&check.frame, TARGET);
+    assert_eq!(h.receive(0, &late), Handled::Ignored(Ignore::UnknownTag));
+    let passed = target.answer(&check.frame, TARGET_2);
+    assert_eq!(h.receive(0, &passed), Handled::Control);
+    assert_eq!(
+        h.events.last(),
+        Some(&Event::Rediscovered {
+            path: 0,
+            socket: 0,
+            previous: TARGET,
+            target: TARGET_2
+        })
+    );
+    assert_eq!(h.session.paths()[0].target, TARGET_2);
+
+    // Every outstanding frame goes to the new MAC at once, and completes.
+    let resent = h.take_frames();
+    assert_eq!(resent.len(), 8);
+    assert!(resent.iter().all(|(_, f)| dst_of(f) == TARGET_2));
+    for (socket, frame) in resent {
+        let answer = target.answer(&frame, TARGET_2);
+        h.receive(socket, &answer);
+    }
+    assert_eq!(h.results[&write], Ok(()));
+    assert_eq!(h.results[&read], Ok(()));
+    assert!(h.now < start + Duration::from_secs(10));
+    let expected: Vec<u8> = (0..4 * SECTOR_SIZE).map(|i| (i % 239) as u8).collect();
+    assert_eq!(&target.disk[..4 * SECTOR_SIZE], &expected[..]);
+    assert_eq!(
+        h.buffers[&read],
+        target.disk[8 * SECTOR_SIZE..12 * SECTOR_SIZE]
+    );
+    assert_eq!(h.session.stats().recoveries, 1);
+
+    // From now on: no more queries, frames to the new MAC.
+    let next = h.read(20, 3);
+    serve_from(&mut h, &mut target, TARGET_2);
+    assert_eq!(h.results[&next], Ok(()));
+    let settled = h.now;
+    while h.now < settled + Duration::from_secs(1) {
+        assert!(h.advance(10 * MS).is_empty());
+    }
+    assert!(h.control.is_empty());
+}
+
+#[test]
+fn a_target_back_at_its_mac_is_checked_and_probed_at_once() {
+    let mut target = FakeTarget::new(64);
+    let mut h = Harness::new(config(8, 1));
+    let (write, read) = outage(&mut h, &target, Duration::from_secs(3));
+    let query = h.control.pop().unwrap();
+    h.control.clear();
+    // It answers the query at its old MAC: checked, then one frame (the oldest)
+    // goes out at once rather than at the next probe up to a second later, and the
+    // rest once that one is answered. A target that only stalled gets no window of
+    // duplicates.
+    let answer = target.config_answer(&query.frame, TARGET);
+    assert_eq!(h.receive(0, &answer), Handled::Control);
+    let check = h.control.pop().expect("an identity check");
+    assert_eq!(dst_of(&check.frame), TARGET);
+    let passed = target.answer(&check.frame, TARGET);
+    assert_eq!(h.receive(0, &passed), Handled::Control);
+    assert!(matches!(
+        h.events.last(),
+        Some(Event::Rediscovered { previous, target, .. }) if previous == target
+    ));
+    let probe = h.take_frames();
+    assert_eq!(probe.len(), 1);
+    assert_eq!(lba_of(&probe[0].1), 0);
+    let answer = target.answer(&probe[0].1, TARGET);
+    h.receive(0, &answer);
+    let rest = h.advance_until_sent();
+    assert_eq!(rest.len(), 7);
+    for (socket, frame) in rest {
+        let answer = target.answer(&frame, TARGET);
+        h.receive(socket, &answer);
+    }
+    assert_eq!(h.results[&write], Ok(()));
+    assert_eq!(h.results[&read], Ok(()));
+}
+
+#[test]
+fn a_target_back_with_another_size_is_not_used() {
+    let mut target = FakeTarget::new(64);
+    let mut h = Harness::new(config(8, 1));
+    let (write, read) = outage(&mut h, &target, Duration::from_secs(2));
+    // Restarted on a smaller file, at a new MAC.
+    target.identity.sectors = 32;
+    let query = h.control.pop().unwrap();
+    let answer = target.config_answer(&query.frame, TARGET_2);
+    h.receive(0, &answer);
+    let check = h.control.pop().unwrap();
+    let answer = target.answer(&check.frame, TARGET_2);
+    h.receive(0, &answer);
+    assert!(h.take_frames().is_empty(), "nothing is sent to it");
+    for id in [write, read] {
+        match &h.results[&id] {
+            Err(Fault::Changed(why)) => {
+                assert!(why.contains("02:00:00:00:00:bb"), "{why}");
+                assert!(why.contains("32 sectors") && why.contains("64"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(h.session.in_flight(), 0);
+    assert_eq!(h.session.paths()[0].target, TARGET);
+    // And stays so: later requests fail at once.
+    let late = h.read(0, 1);
+    assert!(matches!(h.results[&late], Err(Fault::Changed(_))));
+    assert!(h.transmit().is_empty());
+}
+
+#[test]
+fn a_target_back_at_its_mac_on_another_device_fails_what_follows() {
+    // It takes the probes before anything can tell: the first answer after the
+    // outage starts a check, and when it shows another serial number (another
+    // shelf.slot's device) everything in flight and everything later fails.
+    let mut target = FakeTarget::new(64);
+    let mut h = Harness::new(config(8, 1));
+    let (write, read) = outage(&mut h, &target, Duration::from_secs(2));
+    target.identity.serial = "e1.3".into();
+    h.control.clear();
+    let probe = h.advance_until_sent();
+    assert_eq!(probe.len(), 1);
+    let answer = target.answer(&probe[0].1, TARGET);
+    h.receive(0, &answer);
+    let check = h.control.pop().expect("a check after the outage");
+    assert_eq!(check.purpose, Purpose::Verify);
+    assert_eq!(dst_of(&check.frame), TARGET);
+    let answer = target.answer(&check.frame, TARGET);
+    h.receive(0, &answer);
+    let failed = [write, read]
+        .iter()
+        .filter(|id| matches!(&h.results[id], Err(Fault::Changed(why)) if why.contains("\"e1.3\"")))
+        .count();
+    assert!(failed >= 1, "{:?}", h.results);
+    let late = h.read(0, 1);
+    assert!(matches!(h.results[&late], Err(Fault::Changed(_))));
+}
+
+#[test]
+fn a_target_that_stays_away_times_out_as_before_and_queries_stop() {
+    let target = FakeTarget::new(64);
+    let mut h = Harness::new(config(8, 1));
+    let start = h.now;
+    let (write, read) = outage(&mut h, &target, Duration::from_millis(9_990));
+    h.advance(20 * MS);
+    for id in [write, read] {
+        assert!(matches!(
+            h.results[&id],
+            Err(Fault::TimedOut { silent: true, .. })
+        ));
+    }
+    assert!(h.now < start + Duration::from_millis(10_020));
+    h.control.clear();
+    assert!(h.session.next_timeout().is_none());
+    for _ in 0..10 {
+        h.advance(100 * MS);
+    }
+    assert!(h.control.is_empty());
+}
+
+#[test]
+fn only_a_path_that_lost_its_target_takes_another_mac() {
+    // Two paths on one interface (a target with two ports on the segment): the
+    // dead one does not take the MAC of the live one, and while both answer,
+    // config answers change nothing.
+    let mut cfg = config(8, 1);
+    cfg.paths = vec![path(0, INITIATOR, TARGET), path(0, INITIATOR, TARGET_2)];
+    let mut h = Harness::new(cfg);
+    let mut target = FakeTarget::new(64);
+    h.session.set_identity(target.identity.clone());
+    let query = query_frame(INITIATOR, 1, 2, 9);
+    let answer = target.config_answer(&query, [2, 0, 0, 0, 0, 0xcc]);
+    assert_eq!(
+        h.receive(0, &answer),
+        Handled::Ignored(Ignore::OtherCommand)
+    );
+    // Path 0 dies; path 1 carries on.
+    for round in 0..20 {
+        let id = h.read(round, 2);
+        let mut frames = h.transmit();
+        while !h.results.contains_key(&id) {
+            for (socket, frame) in std::mem::take(&mut frames) {
+                if dst_of(&frame) == TARGET_2 {
+                    let answer = target.answer(&frame, TARGET_2);
+                    h.receive(socket, &answer);
+                }
+            }
+            let wait = h.session.next_timeout().unwrap() - h.now;
+            frames = h.advance(wait);
+        }
+        assert_eq!(h.results[&id], Ok(()));
+        // Keep a frame outstanding on path 0 so it goes on rediscovering.
+        h.now += 300 * MS;
+    }
+    let query = h
+        .control
+        .iter()
+        .rev()
+        .find(|c| c.purpose == Purpose::Rediscover);
+    let query = query.expect("the dead path rediscovers").frame.clone();
+    assert!(h.control.iter().all(|c| c.path == 0));
+    h.control.clear();
+    let answer = target.config_answer(&query, TARGET_2);
+    h.receive(0, &answer);
+    assert!(h.control.is_empty(), "path 1's MAC is not path 0's to take");
+    assert_eq!(h.session.paths()[0].target, TARGET);
 }
