@@ -223,6 +223,14 @@ impl Served {
         self.child.id() as i32
     }
 
+    /// SIGKILL, no goodbye (a crash: clients see their connections drop mid-stream);
+    /// reaped on return.
+    pub fn kill_hard(mut self) {
+        // SAFETY: kill(2) on our own child's PID.
+        unsafe { libc::kill(self.pid(), libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+
     /// Sends SIGTERM and waits; returns the exit status code (None if killed).
     pub fn terminate(mut self) -> Option<i32> {
         // SAFETY: kill(2) on our own child's PID.

@@ -214,14 +214,6 @@ fn serve_on(image: &std::path::Path, port: u16) -> Served {
     Served::spawn_ready(command, "restarted")
 }
 
-/// SIGKILL, no goodbye: the initiator sees the connection drop mid-stream.
-fn kill_hard(served: Served) {
-    // SAFETY: kill(2) on our own child's PID.
-    unsafe { libc::kill(served.pid(), libc::SIGKILL) };
-    // Drop reaps it.
-    drop(served);
-}
-
 #[test]
 fn writes_ride_out_a_target_killed_and_restarted_twice() {
     let dir = tempfile::tempdir().unwrap();
@@ -258,7 +250,7 @@ fn writes_ride_out_a_target_killed_and_restarted_twice() {
     let mut served = served;
     for _ in 0..2 {
         thread::sleep(Duration::from_millis(300));
-        kill_hard(served);
+        served.kill_hard();
         thread::sleep(Duration::from_millis(300));
         served = serve_on(&image, port);
     }
@@ -290,7 +282,7 @@ fn a_different_unit_behind_the_same_address_is_not_replayed_onto() {
     let iqn = served.iqn().to_string();
     let device = connect(&format!("{}?reconnect=5", served.iscsi_url()));
     device.write(&[1u8; 4096], 0, WriteFlags::NONE).unwrap();
-    kill_hard(served);
+    served.kill_hard();
     // The same target name, a different size: the identity check refuses it.
     let mut command = Command::new(blockwire_bin());
     command
@@ -326,7 +318,7 @@ fn a_copy_with_verify_rides_out_two_target_restarts() {
     let copy = thread::spawn(move || run_bounded(command, Duration::from_secs(300)));
     for _ in 0..2 {
         thread::sleep(Duration::from_millis(400));
-        kill_hard(served);
+        served.kill_hard();
         thread::sleep(Duration::from_millis(300));
         served = serve_on(&image, port);
     }

@@ -24,14 +24,6 @@ fn serve_on(image: &std::path::Path, port: u16) -> Served {
     Served::spawn_ready(command, name)
 }
 
-/// SIGKILL, no goodbye: the initiator sees its connections drop mid-stream.
-fn kill_hard(served: Served) {
-    // SAFETY: kill(2) on our own child's PID.
-    unsafe { libc::kill(served.pid(), libc::SIGKILL) };
-    // Drop reaps it.
-    drop(served);
-}
-
 /// Starts `blockwire copy SOURCE URI --verify` with small requests (so that it runs
 /// long enough to be interrupted) and `extra` arguments.
 fn copy_in_background(
@@ -68,7 +60,7 @@ fn a_copy_with_verify_rides_out_two_target_restarts() {
     for _ in 0..2 {
         thread::sleep(Duration::from_millis(400));
         assert!(!copy.is_finished(), "the copy ended before the kill");
-        kill_hard(served);
+        served.kill_hard();
         thread::sleep(Duration::from_millis(500));
         served = serve_on(&image, port);
     }
@@ -91,7 +83,7 @@ fn with_reconnect_off_a_killed_target_fails_the_copy() {
     let copy = copy_in_background(&source, &served.uri(), &["--reconnect", "0"]);
     thread::sleep(Duration::from_millis(400));
     assert!(!copy.is_finished(), "the copy ended before the kill");
-    kill_hard(served);
+    served.kill_hard();
     // Back at once: it would be found, were the copy looking.
     let served = serve_on(&image, port);
     let output = copy.join().unwrap();
