@@ -10,57 +10,16 @@ import sys
 import tempfile
 import time
 
-TARGET_NS = f"bwproto-t{os.getpid()}"
-INITIATOR_NS = f"bwproto-i{os.getpid()}"
-TARGET_IP, INITIATOR_IP = "10.78.0.1", "10.78.0.2"
+from shaped_link import PIN_INITIATOR, PIN_TARGET, TARGET_IP, ShapedLink, in_ns, sh
+
 NBD_PORT, ISCSI_PORT, NETSERVE_PORT = 10809, 3260, 10810
 SHELF, SLOT = 1, 1
-CPUS = os.cpu_count() or 1
-# Target and initiator each get a CPU of their own, as on two hosts.
-PIN_TARGET = ["taskset", "-c", "0"] if CPUS >= 2 else []
-PIN_INITIATOR = ["taskset", "-c", f"1-{CPUS - 1}"] if CPUS >= 2 else []
 
 
-def sh(*args, check=True, **kwargs):
-    return subprocess.run(list(args), check=check, **kwargs)
-
-
-def in_ns(ns, *args):
-    return ["ip", "netns", "exec", ns, *args]
-
-
-class Link:
-    """Two namespaces joined by one veth pair (eth0 on both), removed on exit."""
-
-    def __init__(self, mtu, rate_mbit):
-        self.mtu, self.rate_mbit = mtu, rate_mbit
-
-    def __enter__(self):
-        for ns in (TARGET_NS, INITIATOR_NS):
-            sh("ip", "netns", "add", ns)
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-        sh("ip", "-n", TARGET_NS, "link", "add", "eth0", "type", "veth",
-           "peer", "name", "eth0", "netns", INITIATOR_NS)
-        for ns, ip in ((TARGET_NS, TARGET_IP), (INITIATOR_NS, INITIATOR_IP)):
-            sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
-            sh("ip", "-n", ns, "link", "set", "eth0", "mtu", str(self.mtu), "up")
-            if self.rate_mbit:
-                # Both directions: each side shapes what it sends.
-                burst = max(self.mtu * 10, self.rate_mbit * 1000 // 8 // 100)
-                sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root",
-                   "tbf", "rate", f"{self.rate_mbit}mbit", "burst", str(burst),
-                   "latency", "50ms")
-        return self
-
-    def __exit__(self, *exc):
-        for ns in (TARGET_NS, INITIATOR_NS):
-            sh("ip", "netns", "del", ns, check=False, stderr=subprocess.DEVNULL)
-
-
-def serve(blockwire, image):
+def serve(link, blockwire, image):
     """Starts the target and waits until every protocol is up; returns the process
     and the iSCSI URL it announced."""
-    cmd = in_ns(TARGET_NS, *PIN_TARGET, blockwire, "serve", image, "--name", "disk",
+    cmd = in_ns(link.target, *PIN_TARGET, blockwire, "serve", image, "--name", "disk",
                 "--listen", f"{TARGET_IP}:{NBD_PORT}",
                 "--aoe", "eth0", "--shelf", str(SHELF), "--slot", str(SLOT),
                 "--iscsi", f"{TARGET_IP}:{ISCSI_PORT}",
@@ -83,9 +42,9 @@ def serve(blockwire, image):
     return proc, iscsi
 
 
-def bench(blockwire, uri, label, workloads, target_pid, args, out):
+def bench(link, blockwire, uri, label, workloads, target_pid, args, out):
     # `ip netns exec` and taskset exec the target: its PID is blockwire's.
-    cmd = in_ns(INITIATOR_NS, *PIN_INITIATOR, blockwire, "bench", uri,
+    cmd = in_ns(link.initiator, *PIN_INITIATOR, blockwire, "bench", uri,
                 "--workload", workloads, "--size", args.size, "--time", str(args.time),
                 "--netserve-port", str(NETSERVE_PORT), "--target-pid", str(target_pid),
                 "--label", label, "--json", out)
@@ -114,13 +73,14 @@ def main():
     args = parser.parse_args()
     out = args.out or tempfile.mkdtemp(prefix="bw-protocols-")
     os.makedirs(out, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=args.dir) as work, Link(args.mtu, args.rate):
+    with tempfile.TemporaryDirectory(dir=args.dir) as work, \
+            ShapedLink("bwproto", args.mtu, args.rate) as link:
         image = os.path.join(work, "disk.img")
         # Written through once, so no protocol pays for allocating the file.
         size_mib = parse_mib(args.size)
         sh("dd", "if=/dev/zero", f"of={image}", "bs=1M", f"count={size_mib}",
            "conv=fsync", "status=none")
-        proc, iscsi = serve(args.blockwire, image)
+        proc, iscsi = serve(link, args.blockwire, image)
         try:
             # The link's TCP baseline is measured once, with the NBD run (the bench
             # finds the target host in an nbd:// URI; an aoe:// URI names none).
@@ -139,7 +99,7 @@ def main():
                     if kind == "sequential" and label == "NBD":
                         workloads = "network,sequential"
                     report = os.path.join(out, f"{label.lower()}-{kind}.json")
-                    bench(args.blockwire, uri, label, workloads, proc.pid, args, report)
+                    bench(link, args.blockwire, uri, label, workloads, proc.pid, args, report)
                     reports[kind].append(report)
         finally:
             proc.terminate()

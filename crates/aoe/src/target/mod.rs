@@ -12,6 +12,7 @@ mod access;
 mod ata;
 mod harness;
 mod receiver;
+mod spin;
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -11,6 +11,7 @@ use blockwire_blockdev::{IoBuf, WriteFlags};
 
 use super::access::{Admission, ConfigAnswer};
 use super::ata::{ata_error, classify, response_args, AtaAction, AtaLimits};
+use super::spin::SpinPolicy;
 use super::{FrameSink, Port, Shared, FIRMWARE_VERSION};
 use crate::rawsock::{RawSocket, RecvBatch};
 use crate::wire::{
@@ -22,8 +23,6 @@ use crate::wire::{
 const BATCH: usize = 16;
 /// How often an idle receive thread looks at the stop flag.
 const POLL: Duration = Duration::from_millis(100);
-/// How long a receive thread keeps polling without sleeping after the last frame.
-const SPIN: Duration = Duration::from_micros(50);
 /// Largest device I/O a run of consecutive frames grows to.
 const MAX_RUN: usize = 1 << 20;
 /// A run that goes to a worker may span batches, but holds at most this share of
@@ -200,16 +199,18 @@ pub(super) fn run(
     let mut batch = RecvBatch::new(BATCH, mtu + ETHERNET_HEADER_LEN + 4);
     let mut out = Outbox::default();
     let mut last_frame = Instant::now();
+    // Whether to poll the ring or sleep on it (spin.rs), and since when this thread
+    // has been waiting for its next batch.
+    let mut spin = SpinPolicy::new(last_frame);
+    let mut waiting_since = last_frame;
     // A worker's run still growing when its batch ended: more consecutive frames are
     // likely already in the ring, and one larger device I/O costs the disk (and, in
     // a VM, the hypervisor) one request instead of several.
     let mut held: Option<Run<'static>> = None;
     while !shared.stop.load(Ordering::Relaxed) {
-        // While frames flow, poll without sleeping for a moment before blocking: a
-        // sleeping receiver makes the sender pay a wake-up (an inter-processor
-        // interrupt, dear in a VM) — the profile put a third of this target's CPU in
-        // waking the initiator's receiver; polling spares the initiator the same.
-        let wait = if last_frame.elapsed() < SPIN {
+        // A held run must not wait for a sleep to end: poll while it is held (HOLD
+        // below bounds that).
+        let wait = if held.is_some() || spin.poll(Instant::now()) {
             Duration::ZERO
         } else {
             POLL
@@ -240,12 +241,14 @@ pub(super) fn run(
             continue;
         }
         last_frame = Instant::now();
+        spin.received(waiting_since, last_frame);
         // Frames larger than the MTU were cut short: nothing sane to answer.
         let frames = (0..received)
             .filter(|&i| !batch.is_truncated(i))
             .map(|i| batch.frame(i));
         held = Receiver::resuming(shared, port, pool, held.take()).batch_holding(frames, &mut out);
         out.send(port.sink.as_ref());
+        waiting_since = Instant::now();
     }
     start_held(held, shared, port, pool, &mut out);
 }
