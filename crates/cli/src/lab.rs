@@ -164,10 +164,7 @@ fn options(args: &LabArgs) -> Result<LabOptions> {
         queue_depth: args.queue_depth,
         random_depths: args.random_depths.clone(),
         backing: args.backing,
-        cell_timeout: Duration::from_secs(
-            args.cell_timeout
-                .unwrap_or(120 + args.size / 2_000_000),
-        ),
+        cell_timeout: Duration::from_secs(args.cell_timeout.unwrap_or(120 + args.size / 2_000_000)),
     })
 }
 
@@ -177,6 +174,7 @@ pub fn run(args: LabArgs) -> Result<()> {
         .matrix
         .validate()
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+    blockwire_lab::run::preflight()?;
     // Before anything is built: Ctrl-C or SIGTERM then tears down what exists.
     blockwire_lab::cleanup::install_signal_handler().context("cannot install signal handlers")?;
     if let Some(seed) = args.seed {
@@ -262,7 +260,14 @@ mod tests {
         assert_eq!(matrix.disk.rate_mb_per_s, Some(210.0));
 
         let args = parse(&[
-            "--channels", "2", "--rate", "200m", "--disk-rate", "50", "--baseline", "--striped",
+            "--channels",
+            "2",
+            "--rate",
+            "200m",
+            "--disk-rate",
+            "50",
+            "--baseline",
+            "--striped",
             "both",
         ]);
         let matrix = matrix(&args);
@@ -289,8 +294,8 @@ mod tests {
                         let text = serve_config(&cell, 256 << 20, 256 << 10, backing, dir.path());
                         let path = dir.path().join("cell.toml");
                         std::fs::write(&path, &text).unwrap();
-                        let config = Config::load(&path)
-                            .unwrap_or_else(|e| panic!("{e:#}\n{text}"));
+                        let config =
+                            Config::load(&path).unwrap_or_else(|e| panic!("{e:#}\n{text}"));
                         assert_eq!(config.exports.len() as u32, cell.exports());
                     }
                 }
@@ -307,8 +312,8 @@ mod tests {
             for plan in matrix.expand().beds {
                 for cell in plan.cells {
                     let uri = blockwire_lab::target::initiator_uri(&cell, 64 << 10);
-                    let target = crate::open::Target::parse(&uri)
-                        .unwrap_or_else(|e| panic!("{uri}: {e:#}"));
+                    let target =
+                        crate::open::Target::parse(&uri).unwrap_or_else(|e| panic!("{uri}: {e:#}"));
                     assert!(target.is_remote(), "{uri}");
                 }
             }
