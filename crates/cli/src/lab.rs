@@ -253,11 +253,11 @@ mod tests {
     #[test]
     fn flags_replace_the_presets_dimensions() {
         let args = parse(&["--seed", "003", "--mtu", "9000", "--protocols", "aoe"]);
-        let matrix = matrix(&args);
-        assert_eq!(matrix.mtus, [9000]);
-        assert_eq!(matrix.protocols, [Protocol::Aoe]);
-        assert_eq!(matrix.channels, [1, 4], "kept from the preset");
-        assert_eq!(matrix.disk.rate_mb_per_s, Some(210.0));
+        let seed = matrix(&args);
+        assert_eq!(seed.mtus, [9000]);
+        assert_eq!(seed.protocols, [Protocol::Aoe]);
+        assert_eq!(seed.channels, [1, 4], "kept from the preset");
+        assert_eq!(seed.disk.rate_mb_per_s, Some(210.0));
 
         let args = parse(&[
             "--channels",
@@ -270,12 +270,12 @@ mod tests {
             "--striped",
             "both",
         ]);
-        let matrix = matrix(&args);
-        assert_eq!(matrix.rates, [Rate(Some(200))]);
-        assert_eq!(matrix.channels, [2]);
-        assert_eq!(matrix.disk.rate_mb_per_s, Some(50.0));
-        assert!(matrix.baseline);
-        assert_eq!(matrix.layouts, Layouts::Both);
+        let custom = matrix(&args);
+        assert_eq!(custom.rates, [Rate(Some(200))]);
+        assert_eq!(custom.channels, [2]);
+        assert_eq!(custom.disk.rate_mb_per_s, Some(50.0));
+        assert!(custom.baseline);
+        assert_eq!(custom.layouts, Layouts::Both);
         assert!(Cli::try_parse_from(["lab", "--protocols", "fc"]).is_err());
         assert!(Cli::try_parse_from(["lab", "--seed", "002"]).is_err());
     }

@@ -342,7 +342,7 @@ impl Matrix {
         if let Some(n) = self.channels.iter().find(|&&n| n == 0 || n > MAX_CHANNELS) {
             return Err(format!("{n} channels: give 1 to {MAX_CHANNELS}"));
         }
-        if let Some(rate) = self.disk.rate_mb_per_s.filter(|r| !(*r > 0.0)) {
+        if let Some(rate) = self.disk.rate_mb_per_s.filter(|r| r.is_nan() || *r <= 0.0) {
             return Err(format!("disk rate {rate} MB/s must be above 0"));
         }
         Ok(())

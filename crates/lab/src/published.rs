@@ -48,9 +48,20 @@ impl Seed {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Figure {
-    Exact { mb_per_s: f64 },
-    UpTo { mb_per_s: f64 },
-    Range { low: f64, high: f64 },
+    Exact {
+        mb_per_s: f64,
+    },
+    UpTo {
+        mb_per_s: f64,
+    },
+    Range {
+        low: f64,
+        high: f64,
+    },
+    /// Operations per second (seed 003's random seeks), not MB/s.
+    PerSecond {
+        ops: f64,
+    },
 }
 
 impl Figure {
@@ -59,6 +70,7 @@ impl Figure {
         match self {
             Figure::Exact { mb_per_s } | Figure::UpTo { mb_per_s } => mb_per_s,
             Figure::Range { low, high } => (low + high) / 2.0,
+            Figure::PerSecond { ops } => ops,
         }
     }
 
@@ -67,6 +79,7 @@ impl Figure {
             Figure::Exact { mb_per_s } => format!("{mb_per_s}"),
             Figure::UpTo { mb_per_s } => format!("≤{mb_per_s}"),
             Figure::Range { low, high } => format!("{low}-{high}"),
+            Figure::PerSecond { ops } => format!("{ops}/s"),
         }
     }
 }
@@ -218,14 +231,14 @@ fn seed_003(key: &CellKey<'_>) -> Option<Published> {
         }),
         // Random seeks per second, not MB/s: reported in the seeks column.
         (Protocol::Iscsi, 1500, "seeks") => Some(Published {
-            mb_per_s: Figure::Exact { mb_per_s: 405.2 },
+            mb_per_s: Figure::PerSecond { ops: 405.2 },
             cpu_pct: None,
             mb_per_s_per_cpu_pct: None,
             efficiency: None,
             source: "seed 003, §4.1 (random seeks per second)",
         }),
         (Protocol::Iscsi, 9000, "seeks") => Some(Published {
-            mb_per_s: Figure::Exact { mb_per_s: 436.2 },
+            mb_per_s: Figure::PerSecond { ops: 436.2 },
             cpu_pct: None,
             mb_per_s_per_cpu_pct: None,
             efficiency: None,
@@ -291,6 +304,8 @@ mod tests {
         assert!((283.0 / SEED_003_MAX_MB_PER_S - 0.70).abs() < 0.01);
         let p = lookup(Seed::S003, &key(Protocol::Aoe, 1500, 1, 4, "write")).unwrap();
         assert_eq!(p.mb_per_s.text(), "6-10");
+        let seeks = lookup(Seed::S003, &key(Protocol::Iscsi, 1500, 1, 4, "seeks")).unwrap();
+        assert_eq!(seeks.mb_per_s.text(), "405.2/s");
         assert!(lookup(Seed::S003, &key(Protocol::Aoe, 9000, 1, 1, "write")).is_none());
         assert!(lookup(Seed::S003, &key(Protocol::Nbd, 9000, 1, 4, "write")).is_none());
     }
