@@ -62,6 +62,12 @@ pub struct LabArgs {
     #[arg(long)]
     pub baseline: bool,
 
+    /// Move AoE frames through AF_XDP on both sides (`serve --aoe-xdp`,
+    /// `aoe://...?xdp`) in cells whose MTU allows it (up to 3822) on unshaped links
+    /// (--rate none, --baseline): tc cannot shape AF_XDP's frames.
+    #[arg(long)]
+    pub aoe_xdp: bool,
+
     /// Data set per cell (split over a stripe's exports).
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "256M")]
     pub size: u64,
@@ -140,6 +146,7 @@ fn matrix(args: &LabArgs) -> Matrix {
         };
     }
     matrix.baseline = args.baseline;
+    matrix.aoe_xdp = args.aoe_xdp;
     matrix
 }
 

@@ -28,6 +28,7 @@ pub fn matrix(seed: Seed) -> Matrix {
                 latency_ms: None,
             },
             baseline: false,
+            aoe_xdp: false,
         },
         Seed::S000 => Matrix {
             protocols: vec![Protocol::Aoe, Protocol::Nbd],
@@ -41,6 +42,7 @@ pub fn matrix(seed: Seed) -> Matrix {
                 latency_ms: None,
             },
             baseline: false,
+            aoe_xdp: false,
         },
     }
 }

@@ -102,6 +102,9 @@ pub struct CellResult {
     pub disk_mb_per_s: Option<f64>,
     /// Served from memory with no throttle and no shaping: the host's own figure.
     pub baseline: bool,
+    /// AoE frames went through AF_XDP on both sides.
+    #[serde(default)]
+    pub aoe_xdp: bool,
     /// sequential, bonnie, random
     pub workload: String,
     /// The bench's operation: read, write, rewrite, randread, seeks, ...
@@ -195,6 +198,7 @@ impl CellResult {
             rate_mbit: spec.bed.rate.mbit(),
             disk_mb_per_s: spec.disk.rate_mb_per_s,
             baseline: spec.baseline,
+            aoe_xdp: spec.aoe_xdp,
             workload: phase.workload.clone(),
             op: phase.op.clone(),
             block_size: phase.block_size,
@@ -220,6 +224,7 @@ impl CellResult {
             && self.striped == other.striped
             && self.rate_mbit == other.rate_mbit
             && self.baseline == other.baseline
+            && self.aoe_xdp == other.aoe_xdp
             && self.workload == other.workload
     }
 }
@@ -281,6 +286,7 @@ mod tests {
                 latency_ms: None,
             },
             baseline: false,
+            aoe_xdp: false,
         }
     }
 

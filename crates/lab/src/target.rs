@@ -103,9 +103,14 @@ pub fn serve_config(
                         .map(|c| format!("\"{}\"", interface(c)))
                         .collect()
                 };
+                let xdp = if spec.aoe_xdp {
+                    ", xdp = \"generic\""
+                } else {
+                    ""
+                };
                 let _ = writeln!(
                     out,
-                    "aoe = {{ interfaces = [{}], shelf = {AOE_SHELF}, slot = {k} }}",
+                    "aoe = {{ interfaces = [{}], shelf = {AOE_SHELF}, slot = {k}{xdp} }}",
                     interfaces.join(", ")
                 );
             }
@@ -129,6 +134,7 @@ pub fn serve_config(
 /// channel for AoE's one-export layout).
 fn member_uri(spec: &CellSpec, k: u32) -> String {
     let name = export_name(k);
+    let xdp = if spec.aoe_xdp { "?xdp" } else { "" };
     match spec.protocol {
         Protocol::Nbd => format!("nbd://{}:{NBD_PORT}/{name}", target_addr(k)),
         Protocol::Iscsi => format!(
@@ -136,11 +142,11 @@ fn member_uri(spec: &CellSpec, k: u32) -> String {
             target_addr(k)
         ),
         Protocol::Aoe if spec.striped || spec.bed.channels == 1 => {
-            format!("aoe://{}/e{AOE_SHELF}.{k}", interface(k))
+            format!("aoe://{}/e{AOE_SHELF}.{k}{xdp}", interface(k))
         }
         Protocol::Aoe => {
             let interfaces: Vec<String> = (0..spec.bed.channels).map(interface).collect();
-            format!("aoe://{}/e{AOE_SHELF}.{k}", interfaces.join(","))
+            format!("aoe://{}/e{AOE_SHELF}.{k}{xdp}", interfaces.join(","))
         }
     }
 }
@@ -174,6 +180,7 @@ mod tests {
                 latency_ms: None,
             },
             baseline: false,
+            aoe_xdp: false,
         }
     }
 
@@ -194,6 +201,17 @@ mod tests {
         // One AoE export over every channel.
         let uri = initiator_uri(&spec(Protocol::Aoe, 3, false), 64 << 10);
         assert_eq!(uri, "aoe://eth0,eth1,eth2/e1.0");
+        // Through AF_XDP on the initiator too.
+        let xdp = CellSpec {
+            aoe_xdp: true,
+            ..spec(Protocol::Aoe, 2, true)
+        };
+        assert_eq!(
+            initiator_uri(&xdp, 64 << 10),
+            "stripe:64K:aoe://eth0/e1.0?xdp,aoe://eth1/e1.1?xdp"
+        );
+        let text = serve_config(&xdp, 64 << 20, 64 << 10, Backing::Memory, Path::new("/t"));
+        assert!(text.contains("slot = 1, xdp = \"generic\" }"), "{text}");
     }
 
     #[test]

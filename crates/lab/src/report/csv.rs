@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use crate::results::{CellResult, LabReport};
 
-pub const HEADER: &str = "protocol,mtu,channels,striped,rate_mbit,disk_mb_per_s,baseline,\
+pub const HEADER: &str = "protocol,mtu,channels,striped,rate_mbit,disk_mb_per_s,baseline,aoe_xdp,\
 workload,op,block_size,queue_depth,mb_per_s,iops,network_mb_per_s,max_mb_per_s,efficiency,\
 initiator_cpu_pct,target_cpu_pct,mb_per_s_per_cpu_pct,published_mb_per_s,published_source";
 
@@ -35,6 +35,7 @@ fn line(r: &CellResult) -> String {
         opt(r.rate_mbit),
         opt(r.disk_mb_per_s),
         r.baseline.to_string(),
+        r.aoe_xdp.to_string(),
         field(&r.workload),
         field(&r.op),
         r.block_size.to_string(),
@@ -79,7 +80,7 @@ mod tests {
             let unquoted = line.split('"').step_by(2).collect::<String>();
             assert_eq!(unquoted.split(',').count(), columns, "{line}");
         }
-        assert!(lines[1].starts_with("aoe,9000,4,true,1000,210,false,sequential,write,"));
+        assert!(lines[1].starts_with("aoe,9000,4,true,1000,210,false,false,sequential,write,"));
         assert!(lines[1].contains("\"seed 003"), "{}", lines[1]);
     }
 }

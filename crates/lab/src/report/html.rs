@@ -8,8 +8,7 @@ use std::path::Path;
 use blockwire_bench::report::svg::{escape, grouped_bars, line_chart, Series};
 use blockwire_bench::report::{maybe, number};
 
-use super::{layout, link, pct, published_text, table};
-use crate::matrix::Protocol;
+use super::{layout, link, pct, protocol, published_text, table};
 use crate::published::Seed;
 use crate::results::{CellResult, LabReport};
 
@@ -42,22 +41,24 @@ fn mtu_charts(report: &LabReport) -> Vec<String> {
                         && r.efficiency.is_some()
                 })
                 .collect();
-            let mut series = Vec::new();
-            for protocol in Protocol::ALL {
-                let mut points: Vec<(f64, f64)> = rows
-                    .iter()
-                    .filter(|r| r.protocol == protocol)
-                    .map(|r| (f64::from(r.mtu), r.mb_per_s))
-                    .collect();
-                if points.is_empty() {
-                    continue;
+            let mut names: Vec<String> = Vec::new();
+            for r in &rows {
+                if !names.contains(&protocol(r)) {
+                    names.push(protocol(r));
                 }
-                points.sort_by(|a, b| a.0.total_cmp(&b.0));
-                series.push(Series {
-                    name: protocol.to_string(),
-                    points,
-                });
             }
+            let series: Vec<Series> = names
+                .into_iter()
+                .map(|name| {
+                    let mut points: Vec<(f64, f64)> = rows
+                        .iter()
+                        .filter(|r| protocol(r) == name)
+                        .map(|r| (f64::from(r.mtu), r.mb_per_s))
+                        .collect();
+                    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    Series { name, points }
+                })
+                .collect();
             let sample = rows[0];
             let title = format!(
                 "{op}: MB/s by MTU, {}, {}{}",
@@ -152,7 +153,7 @@ fn matrix_table(out: &mut String, report: &LabReport) {
     out.push_str("</tr>");
     for r in &report.cells {
         let cells = [
-            r.protocol.to_string(),
+            protocol(r),
             r.mtu.to_string(),
             link(r) + if r.baseline { " (host)" } else { "" },
             layout(r),

@@ -13,6 +13,15 @@ pub fn pct(fraction: f64) -> String {
     format!("{:.0}%", fraction * 100.0)
 }
 
+/// The protocol of a row, "aoe (xdp)" when AoE went through AF_XDP.
+pub fn protocol(r: &CellResult) -> String {
+    if r.aoe_xdp {
+        format!("{} (xdp)", r.protocol)
+    } else {
+        r.protocol.to_string()
+    }
+}
+
 /// The link of a row: "1 Gbit", "200 Mbit", "unlimited".
 pub fn link(r: &CellResult) -> String {
     crate::matrix::Rate(r.rate_mbit).to_string()
@@ -86,6 +95,7 @@ pub(crate) mod sample {
                     latency_ms: None,
                 },
                 baseline: false,
+                aoe_xdp: false,
             };
             let network = NetworkBaseline {
                 send_mb_per_s: 119.0 * f64::from(channels),

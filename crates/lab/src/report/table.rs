@@ -6,7 +6,7 @@ use std::fmt::Write;
 
 use blockwire_bench::report::{maybe, number, TextTable};
 
-use super::{layout, link, pct, published_text};
+use super::{layout, link, pct, protocol, published_text};
 use crate::matrix::Protocol;
 use crate::published::{self, Seed, SEED_003_MAX_MB_PER_S};
 use crate::results::{CellResult, LabReport, NetworkBaseline};
@@ -80,7 +80,7 @@ pub fn matrix(report: &LabReport) -> String {
 
 fn row_cells(r: &CellResult) -> Vec<String> {
     vec![
-        r.protocol.to_string(),
+        protocol(r),
         r.mtu.to_string(),
         link(r),
         layout(r),
