@@ -287,7 +287,7 @@ fn seed_000(report: &LabReport) -> String {
             let ours = |op: &str| find(op).map_or("-".into(), |r| number(r.mb_per_s));
             let paper = |op: &str| find(op).map_or("-".into(), published_text);
             table.row(vec![
-                rate.map_or("unlimited".into(), |m| format!("{} Mbit", m)),
+                crate::matrix::Rate(rate).to_string(),
                 mtu.to_string(),
                 ours("read"),
                 ours("write"),
