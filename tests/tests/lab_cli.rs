@@ -272,3 +272,62 @@ fn without_cap_net_admin_it_says_so_in_one_line() {
     let left = leftovers(pid);
     assert!(left.is_empty(), "{left:#?}");
 }
+
+#[test]
+fn file_backed_exports_and_one_aoe_export_over_both_channels() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("lab.json");
+    // Striped and one export over both channels, one after the other on the same
+    // bed: each cell's files are its own (a cell must not find the last one's).
+    let child = lab_command(&[
+        "--protocols",
+        "aoe",
+        "--channels",
+        "2",
+        "--striped",
+        "both",
+        "--backing",
+        "file",
+        "--rate",
+        "200m",
+        "--mtu",
+        "9000",
+        "--size",
+        "32M",
+        "--disk-rate",
+        "20",
+    ])
+    .arg("--json")
+    .arg(&json)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let pid = child.id();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        text(&output.stdout),
+        text(&output.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(report["notes"].as_array().unwrap().is_empty(), "{report:#}");
+    let cells = report["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 4, "{report:#}");
+    for cell in cells {
+        let striped = cell["striped"].as_bool().unwrap();
+        // Two 20 MB/s disks striped, or one alone: the disks are the maximum.
+        let disks = if striped { 40.0 } else { 20.0 };
+        assert_eq!(cell["max_mb_per_s"].as_f64().unwrap(), disks, "{cell:#}");
+        let mb = cell["mb_per_s"].as_f64().unwrap();
+        assert!(mb > 0.0 && mb <= disks * 1.1, "{cell:#}");
+        let efficiency = cell["efficiency"].as_f64().unwrap();
+        assert!(efficiency > 0.5 && efficiency <= 1.1, "{cell:#}");
+    }
+    let left = leftovers(pid);
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}

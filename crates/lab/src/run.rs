@@ -184,6 +184,23 @@ impl Drop for WorkDir {
     }
 }
 
+/// A cell's directory under the work directory, removed when the cell ends (the
+/// work directory's removal covers a signal).
+struct CellDir(PathBuf);
+
+impl CellDir {
+    fn new(path: PathBuf) -> std::io::Result<CellDir> {
+        std::fs::create_dir(&path)?;
+        Ok(CellDir(path))
+    }
+}
+
+impl Drop for CellDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A child process registered for teardown; stopped (and unregistered) on drop.
 struct Guarded {
     child: Child,
@@ -246,9 +263,8 @@ fn start_target(
     spec: &CellSpec,
     options: &LabOptions,
     dir: &Path,
-    index: usize,
 ) -> std::io::Result<Guarded> {
-    let config = dir.join(format!("cell-{index}.toml"));
+    let config = dir.join("serve.toml");
     std::fs::write(
         &config,
         target::serve_config(spec, options.size, options.chunk, options.backing, dir),
@@ -261,7 +277,7 @@ fn start_target(
         .arg("--netserve")
         .arg(format!("0.0.0.0:{}", target::NETSERVE_PORT))
         .stdout(Stdio::piped());
-    let mut target = Guarded::spawn(command, dir.join(format!("cell-{index}-target.log")))?;
+    let mut target = Guarded::spawn(command, dir.join("target.log"))?;
     let stdout = target.child.stdout.take().expect("stdout is piped");
     let (ready_tx, ready_rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -384,7 +400,9 @@ fn run_cell(
     index: usize,
     events: &mut dyn FnMut(Event<'_>),
 ) -> std::io::Result<Vec<CellResult>> {
-    let target = start_target(bed, spec, options, dir, index)?;
+    // The cell's own directory: its file-backed exports start empty and go with it.
+    let cell_dir = CellDir::new(dir.join(format!("cell-{index}")))?;
+    let target = start_target(bed, spec, options, &cell_dir.0)?;
     let network = measure_network(bed, options.time.max(Duration::from_secs(1)))?;
     events(Event::Network { baseline: &network });
     let json = dir.join(format!("cell-{index}.json"));

@@ -18,7 +18,10 @@ pub fn progress_line(index: usize, total: usize, label: &str, rows: &[CellResult
         .filter(|r| r.efficiency.is_some() || rows.len() <= 4)
         .map(|r| match r.efficiency {
             Some(eff) => format!("{} {} MB/s ({})", r.op, number(r.mb_per_s), pct(eff)),
-            None => format!("{} {} MB/s", r.op, number(r.mb_per_s)),
+            None if r.op.starts_with("rand") => {
+                format!("{} QD{} {} IOPS", r.op, r.queue_depth, number(r.iops))
+            }
+            None => format!("{} {} IOPS", r.op, number(r.iops)),
         })
         .collect();
     format!("[{index}/{total}] {label}: {}", figures.join(", "))
@@ -34,13 +37,14 @@ pub fn network_line(baseline: &NetworkBaseline) -> String {
 }
 
 /// The matrix table's columns.
-const HEADERS: [&str; 15] = [
+const HEADERS: [&str; 16] = [
     "protocol",
     "MTU",
     "link",
     "layout",
     "workload",
     "op",
+    "QD",
     "MB/s",
     "IOPS",
     "net",
@@ -86,6 +90,7 @@ fn row_cells(r: &CellResult) -> Vec<String> {
         layout(r),
         r.workload.clone(),
         r.op.clone(),
+        r.queue_depth.to_string(),
         number(r.mb_per_s),
         if r.efficiency.is_none() {
             number(r.iops)
