@@ -8,6 +8,7 @@ mod info;
 mod info_aoe;
 mod info_iscsi;
 mod info_stripe;
+mod lab;
 mod netserve;
 mod open;
 mod open_stripe;
@@ -46,6 +47,10 @@ enum Command {
     Copy(copy::CopyArgs),
     /// Serve an in-memory device over NBD on loopback and measure it both ways.
     Demo(demo::DemoArgs),
+    /// Build the seeds' test beds on this host (network namespaces, veth channels,
+    /// MTU, rate limits) and measure the protocol × MTU × rate × channels matrix.
+    /// Needs root.
+    Lab(lab::LabArgs),
     /// Answer the bench's network test (TCP throughput both ways) on a target host.
     Netserve(netserve::NetserveArgs),
 }
@@ -78,6 +83,7 @@ fn main() -> ExitCode {
         Command::Copy(args) => copy::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Netserve(args) => netserve::run(args),
+        Command::Lab(args) => lab::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

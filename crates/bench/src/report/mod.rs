@@ -5,7 +5,7 @@ pub mod compare;
 pub mod csv;
 pub mod html;
 pub mod json;
-mod svg;
+pub mod svg;
 pub mod table;
 
 use crate::results::{PhaseResult, RunReport};
@@ -73,7 +73,7 @@ pub fn network_summary(report: &RunReport) -> Option<String> {
 
 /// A plain text table: a header row, a rule, rows; the first `left` columns are
 /// left-aligned, the rest right-aligned (numbers).
-pub(crate) struct TextTable {
+pub struct TextTable {
     headers: Vec<String>,
     rows: Vec<Vec<String>>,
     left: usize,
@@ -129,7 +129,7 @@ impl TextTable {
 }
 
 /// A number with a precision that suits its size: 0.123, 12.3, 1234.
-pub(crate) fn number(value: f64) -> String {
+pub fn number(value: f64) -> String {
     if value == 0.0 {
         "0".into()
     } else if value.abs() < 1.0 {
@@ -142,7 +142,7 @@ pub(crate) fn number(value: f64) -> String {
 }
 
 /// An optional number, or "-".
-pub(crate) fn maybe(value: Option<f64>) -> String {
+pub fn maybe(value: Option<f64>) -> String {
     value.map_or_else(|| "-".into(), number)
 }
 

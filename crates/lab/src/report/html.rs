@@ -1,0 +1,264 @@
+//! `--html`: one self-contained page: the facts of the run, charts (MB/s by MTU per
+//! protocol, as seed 000 tabulates; efficiency bars against the maximum, as seed
+//! 003's tables), the seed's tables beside ours, and the whole matrix.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use blockwire_bench::report::svg::{escape, grouped_bars, line_chart, Series};
+use blockwire_bench::report::{maybe, number};
+
+use super::{layout, link, pct, protocol, published_text, table};
+use crate::published::Seed;
+use crate::results::{CellResult, LabReport};
+
+const STYLE: &str = "body{font-family:sans-serif;margin:2em;max-width:1100px}\
+table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}\
+td:nth-child(-n+6),th{text-align:left}th{background:#f3f3f3}pre{background:#f8f8f8;padding:1em;overflow-x:auto}\
+figure{margin:1em 0}svg text{font-family:sans-serif;font-size:12px}";
+
+/// MB/s by MTU, one line per protocol: one chart per operation, link and layout.
+fn mtu_charts(report: &LabReport) -> Vec<String> {
+    let mut groups: Vec<(String, Option<u64>, u32, bool, bool)> = Vec::new();
+    for r in report.cells.iter().filter(|r| r.efficiency.is_some()) {
+        let key = (r.op.clone(), r.rate_mbit, r.channels, r.striped, r.baseline);
+        if !groups.contains(&key) {
+            groups.push(key);
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(op, rate, channels, striped, baseline)| {
+            let rows: Vec<&CellResult> = report
+                .cells
+                .iter()
+                .filter(|r| {
+                    r.op == op
+                        && r.rate_mbit == rate
+                        && r.channels == channels
+                        && r.striped == striped
+                        && r.baseline == baseline
+                        && r.efficiency.is_some()
+                })
+                .collect();
+            let mut names: Vec<String> = Vec::new();
+            for r in &rows {
+                if !names.contains(&protocol(r)) {
+                    names.push(protocol(r));
+                }
+            }
+            let series: Vec<Series> = names
+                .into_iter()
+                .map(|name| {
+                    let mut points: Vec<(f64, f64)> = rows
+                        .iter()
+                        .filter(|r| protocol(r) == name)
+                        .map(|r| (f64::from(r.mtu), r.mb_per_s))
+                        .collect();
+                    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    Series { name, points }
+                })
+                .collect();
+            let sample = rows[0];
+            let title = format!(
+                "{op}: MB/s by MTU, {}, {}{}",
+                link(sample),
+                layout(sample),
+                if baseline { ", host baseline" } else { "" }
+            );
+            line_chart(&title, "MTU (bytes)", "MB/s", &series, |x| {
+                format!("{x:.0}")
+            })
+        })
+        .collect()
+}
+
+/// Efficiency against the maximum, one group per cell, one bar per operation (and
+/// the seed's published efficiency beside, where it gave one).
+fn efficiency_chart(report: &LabReport) -> Option<String> {
+    let rows: Vec<&CellResult> = report
+        .cells
+        .iter()
+        .filter(|r| r.efficiency.is_some())
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    let mut ops: Vec<String> = Vec::new();
+    for r in &rows {
+        if !ops.contains(&r.op) {
+            ops.push(r.op.clone());
+        }
+    }
+    let with_paper = rows
+        .iter()
+        .any(|r| r.published.as_ref().is_some_and(|p| p.efficiency.is_some()));
+    let mut series = ops.clone();
+    if with_paper {
+        series.push("paper".into());
+    }
+    let mut groups: Vec<(String, Vec<f64>)> = Vec::new();
+    for r in &rows {
+        let label = format!(
+            "{} {} {} {}{}",
+            r.protocol,
+            r.mtu,
+            link(r),
+            layout(r),
+            if r.baseline { " host" } else { "" }
+        );
+        let index = match groups.iter().position(|g| g.0 == label) {
+            Some(index) => index,
+            None => {
+                groups.push((label, vec![0.0; series.len()]));
+                groups.len() - 1
+            }
+        };
+        let op = ops.iter().position(|o| *o == r.op).unwrap_or(0);
+        groups[index].1[op] = r.efficiency.unwrap_or(0.0) * 100.0;
+        if let Some(paper) = r.published.as_ref().and_then(|p| p.efficiency) {
+            let last = series.len() - 1;
+            groups[index].1[last] = paper * 100.0;
+        }
+    }
+    Some(grouped_bars(
+        "Efficiency: MB/s against the maximum (slower of channels and disks)",
+        "% of max",
+        &groups,
+        &series,
+        false,
+    ))
+}
+
+fn matrix_table(out: &mut String, report: &LabReport) {
+    out.push_str("<table><tr>");
+    for header in [
+        "protocol",
+        "MTU",
+        "link",
+        "layout",
+        "workload",
+        "op",
+        "QD",
+        "MB/s",
+        "IOPS",
+        "net MB/s",
+        "max MB/s",
+        "eff",
+        "initiator CPU%",
+        "target CPU%",
+        "MB/s per CPU%",
+        "paper MB/s",
+    ] {
+        let _ = write!(out, "<th>{header}</th>");
+    }
+    out.push_str("</tr>");
+    for r in &report.cells {
+        let cells = [
+            protocol(r),
+            r.mtu.to_string(),
+            link(r) + if r.baseline { " (host)" } else { "" },
+            layout(r),
+            r.workload.clone(),
+            r.op.clone(),
+            r.queue_depth.to_string(),
+            number(r.mb_per_s),
+            number(r.iops),
+            maybe(r.network_mb_per_s),
+            maybe(r.max_mb_per_s),
+            r.efficiency.map_or("-".into(), pct),
+            number(r.initiator_cpu_pct),
+            maybe(r.target_cpu_pct),
+            maybe(r.mb_per_s_per_cpu_pct),
+            published_text(r),
+        ];
+        out.push_str("<tr>");
+        for cell in cells {
+            let _ = write!(out, "<td>{}</td>", escape(&cell));
+        }
+        out.push_str("</tr>");
+    }
+    out.push_str("</table>");
+}
+
+/// The whole page.
+pub fn page(report: &LabReport) -> String {
+    let seed = report.seed.as_deref().and_then(|s| Seed::parse(s).ok());
+    let title = match seed {
+        Some(seed) => format!("blockwire lab: seed {} rebuilt", seed.name()),
+        None => "blockwire lab".to_string(),
+    };
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title><style>{STYLE}</style></head><body><h1>{t}</h1>",
+        t = escape(&title)
+    );
+    let _ = write!(
+        out,
+        "<p>{} cells on {} ({} CPUs, kernel {}); data set {} MiB per cell, {} s per timed phase, stripe chunk {} KiB.</p>",
+        report.cells.len(),
+        escape(&report.machine.hostname),
+        report.machine.cpus,
+        escape(&report.machine.kernel),
+        report.size >> 20,
+        report.phase_seconds,
+        report.chunk >> 10,
+    );
+    let mut charts = mtu_charts(report);
+    charts.extend(efficiency_chart(report));
+    if !charts.is_empty() {
+        out.push_str("<h2>Charts</h2>");
+        for chart in charts {
+            let _ = write!(out, "<figure>{chart}</figure>");
+        }
+    }
+    if let Some(seed) = seed {
+        let _ = write!(
+            out,
+            "<h2>The seed's tables beside ours</h2><pre>{}</pre>",
+            escape(&table::seed_tables(report, seed))
+        );
+    } else {
+        let scaling = table::scaling(report);
+        if !scaling.is_empty() {
+            let _ = write!(out, "<h2>Striping</h2><pre>{}</pre>", escape(&scaling));
+        }
+    }
+    out.push_str("<h2>Matrix</h2>");
+    matrix_table(&mut out, report);
+    if !report.notes.is_empty() {
+        out.push_str("<h2>Notes</h2><ul>");
+        for note in &report.notes {
+            let _ = write!(out, "<li>{}</li>", escape(note));
+        }
+        out.push_str("</ul>");
+    }
+    out.push_str("<p>MB = 10<sup>6</sup> bytes. net: the channels' measured aggregate (our netserve, all channels at once) in the operation's direction; max: the slower of that and the throttled disks; eff = MB/s / max. CPU% is user + system time, 100 = one core; the initiator is the bench process, the target the serve process.</p></body></html>\n");
+    out
+}
+
+pub fn write(report: &LabReport, path: &Path) -> std::io::Result<()> {
+    std::fs::write(path, page(report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::sample::report;
+
+    #[test]
+    fn the_page_holds_charts_tables_and_the_seed_beside_ours() {
+        let page = page(&report());
+        assert!(page.starts_with("<!DOCTYPE html>"));
+        assert!(page.trim_end().ends_with("</html>"));
+        // MB/s by MTU for each op and layout, and the efficiency bars.
+        assert_eq!(page.matches("<svg").count(), 5, "{page}");
+        assert!(page.contains("write: MB/s by MTU, 1 Gbit, 4 ch striped"));
+        assert!(page.contains("Efficiency"));
+        assert!(page.contains("Table 2: CPU usage efficiency at MTU 9000"));
+        assert!(page.contains("≤283"), "the paper's AoE peak");
+        // Self-contained: no scripts, no links out.
+        assert!(!page.contains("<script") && !page.contains("src=") && !page.contains("href="));
+    }
+}

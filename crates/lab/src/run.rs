@@ -1,0 +1,438 @@
+//! Running the matrix: for each bed, build it; for each cell, start our target in
+//! the target namespace, measure the channels (our netserve, both ways, every
+//! channel at once), run `blockwire bench` through our initiator in the initiator
+//! namespace, stop the target, and turn the bench's phases into rows.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use blockwire_bench::netperf::{self, ClientConfig, Direction};
+
+use crate::bed::{self, Bed};
+use crate::cleanup;
+use crate::matrix::{CellSpec, LabWorkload, Matrix};
+use crate::published::Seed;
+use crate::results::{CellResult, LabReport, NetworkBaseline};
+use crate::target::{self, Backing};
+
+/// Why a run stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "needs root (CAP_NET_ADMIN) to build network namespaces and veth links; run it as root"
+    )]
+    NotPermitted,
+    #[error("{0} is not installed (the lab builds its bed with iproute2's ip and tc)")]
+    MissingTool(&'static str),
+    #[error("invalid matrix: {0}")]
+    Matrix(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Everything a run needs.
+#[derive(Debug, Clone)]
+pub struct LabOptions {
+    /// The `blockwire` binary to run as target and initiator.
+    pub binary: PathBuf,
+    pub matrix: Matrix,
+    /// The preset, whose published figures go beside ours.
+    pub seed: Option<Seed>,
+    /// Data set per cell in bytes.
+    pub size: u64,
+    /// Seconds per timed phase: each network direction, each random-I/O point,
+    /// bonnie's seeks.
+    pub time: Duration,
+    /// Stripe chunk in bytes.
+    pub chunk: u64,
+    /// Requests in flight for the sequential workload (the bench's default when None).
+    pub queue_depth: Option<u32>,
+    /// Queue depths of the random workload (the bench's default when empty).
+    pub random_depths: Vec<u32>,
+    pub backing: Backing,
+    /// Longest a cell's bench may take before it is stopped and the cell fails.
+    pub cell_timeout: Duration,
+}
+
+/// What the caller hears while the run goes on.
+pub enum Event<'a> {
+    /// Something to tell the user (skipped combinations, a failed cell).
+    Note(&'a str),
+    /// A bed was built.
+    Bed { bed: &'a Bed },
+    /// A cell starts: `index` of `total` (1-based).
+    CellStart {
+        index: usize,
+        total: usize,
+        spec: &'a CellSpec,
+    },
+    /// A cell's network baseline is in.
+    Network { baseline: &'a NetworkBaseline },
+    /// A cell is done, with its rows.
+    CellDone {
+        index: usize,
+        total: usize,
+        rows: &'a [CellResult],
+    },
+}
+
+/// Checks this process may build beds and has the tools.
+pub fn preflight() -> Result<(), Error> {
+    if !bed::have_net_admin() {
+        return Err(Error::NotPermitted);
+    }
+    for tool in ["ip", "tc"] {
+        let found = std::process::Command::new(tool)
+            .arg("-V")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok();
+        if !found {
+            return Err(Error::MissingTool(tool));
+        }
+    }
+    Ok(())
+}
+
+/// Runs the whole matrix. Installs nothing itself: the caller installs
+/// [`cleanup::install_signal_handler`] first so Ctrl-C tears the bed down.
+pub fn run(options: &LabOptions, events: &mut dyn FnMut(Event<'_>)) -> Result<LabReport, Error> {
+    options.matrix.validate().map_err(Error::Matrix)?;
+    preflight()?;
+    let expansion = options.matrix.expand();
+    let mut notes = expansion.skipped.clone();
+    for note in &expansion.skipped {
+        events(Event::Note(note));
+    }
+    let work = WorkDir::new()?;
+    let total = expansion.cell_count();
+    let mut index = 0;
+    let mut cells = Vec::new();
+    for plan in &expansion.beds {
+        let bed = match Bed::build(plan.bed) {
+            Ok(bed) => bed,
+            Err(e) => {
+                let note = format!("bed {}: cannot build: {e}", plan.bed);
+                events(Event::Note(&note));
+                notes.push(note);
+                index += plan.cells.len();
+                continue;
+            }
+        };
+        events(Event::Bed { bed: &bed });
+        for spec in &plan.cells {
+            index += 1;
+            events(Event::CellStart { index, total, spec });
+            match run_cell(&bed, spec, options, work.path(), index, events) {
+                Ok(rows) => {
+                    events(Event::CellDone {
+                        index,
+                        total,
+                        rows: &rows,
+                    });
+                    cells.extend(rows);
+                }
+                Err(why) => {
+                    let note = format!("{}: failed: {why}", spec.label());
+                    events(Event::Note(&note));
+                    notes.push(note);
+                }
+            }
+        }
+    }
+    Ok(LabReport {
+        seed: options.seed.map(|s| s.name().to_string()),
+        size: options.size,
+        phase_seconds: options.time.as_secs_f64(),
+        chunk: options.chunk,
+        machine: blockwire_bench::machine::this_machine(),
+        cells,
+        notes,
+    })
+}
+
+/// The run's scratch directory (configs, logs, bench JSON, file-backed exports),
+/// removed on drop and by the signal handler.
+struct WorkDir(Option<tempfile::TempDir>);
+
+impl WorkDir {
+    fn new() -> std::io::Result<WorkDir> {
+        let mut registry = cleanup::lock();
+        let dir = tempfile::Builder::new()
+            .prefix(&bed::namespace_prefix())
+            .tempdir()?;
+        registry.add_dir(dir.path().to_path_buf());
+        Ok(WorkDir(Some(dir)))
+    }
+
+    fn path(&self) -> &Path {
+        self.0.as_ref().map(|d| d.path()).unwrap_or(Path::new("/"))
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            cleanup::lock().remove_dir(dir.path());
+            let _ = dir.close();
+        }
+    }
+}
+
+/// A cell's directory under the work directory, removed when the cell ends (the
+/// work directory's removal covers a signal).
+struct CellDir(PathBuf);
+
+impl CellDir {
+    fn new(path: PathBuf) -> std::io::Result<CellDir> {
+        std::fs::create_dir(&path)?;
+        Ok(CellDir(path))
+    }
+}
+
+impl Drop for CellDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A child process registered for teardown; stopped (and unregistered) on drop.
+struct Guarded {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Guarded {
+    fn spawn(mut command: std::process::Command, log: PathBuf) -> std::io::Result<Guarded> {
+        let file = std::fs::File::create(&log)?;
+        command.stdin(Stdio::null()).stderr(file);
+        let mut registry = cleanup::lock();
+        let child = command.spawn()?;
+        registry.add_child(child.id());
+        Ok(Guarded { child, log })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The last lines of its log, for an error message.
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        lines[lines.len().saturating_sub(4)..].join(" | ")
+    }
+
+    /// Waits for it to end, up to `limit`; `None` when it is still running.
+    fn wait_for(&mut self, limit: Duration) -> std::io::Result<Option<std::process::ExitStatus>> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                cleanup::lock().remove_child(self.child.id());
+                return Ok(Some(status));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        let pid = self.child.id();
+        let mut registry = cleanup::lock();
+        if let Ok(None) = self.child.try_wait() {
+            cleanup::stop_process(pid, Duration::from_secs(5));
+        }
+        registry.remove_child(pid);
+    }
+}
+
+/// The line `blockwire serve` prints once every listener is up.
+const READY: &str = "press Ctrl-C to stop";
+
+fn start_target(
+    bed: &Bed,
+    spec: &CellSpec,
+    options: &LabOptions,
+    dir: &Path,
+) -> std::io::Result<Guarded> {
+    let config = dir.join("serve.toml");
+    std::fs::write(
+        &config,
+        target::serve_config(spec, options.size, options.chunk, options.backing, dir),
+    )?;
+    let mut command = Bed::command_in(bed.target_ns(), &options.binary);
+    command
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .arg("--netserve")
+        .arg(format!("0.0.0.0:{}", target::NETSERVE_PORT))
+        .stdout(Stdio::piped());
+    let mut target = Guarded::spawn(command, dir.join("target.log"))?;
+    let stdout = target.child.stdout.take().expect("stdout is piped");
+    let (ready_tx, ready_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        // Reads to the end, so the target never blocks on a full pipe.
+        let mut told = false;
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if !told && line.contains(READY) {
+                let _ = ready_tx.send(());
+                told = true;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if ready_rx.recv_timeout(Duration::from_millis(50)).is_ok() {
+            return Ok(target);
+        }
+        if let Some(status) = target.child.try_wait()? {
+            return Err(std::io::Error::other(format!(
+                "the target exited ({status}) before it was up: {}",
+                target.log_tail()
+            )));
+        }
+        if Instant::now() >= deadline {
+            return Err(std::io::Error::other(format!(
+                "the target was not up within 20 s: {}",
+                target.log_tail()
+            )));
+        }
+    }
+}
+
+/// Measures each direction on all of the bed's channels at once (a barrier starts
+/// them together) and sums them, as seed 003 ran concurrent netperfs (§3.3).
+pub fn measure_network(bed: &Bed, time: Duration) -> std::io::Result<NetworkBaseline> {
+    let channels = bed.spec.channels;
+    let config = ClientConfig {
+        duration: time,
+        connect_timeout: Duration::from_secs(3),
+        ..ClientConfig::default()
+    };
+    let mut sums = [0.0f64; 2];
+    for (slot, direction) in [Direction::ClientSends, Direction::ClientReceives]
+        .into_iter()
+        .enumerate()
+    {
+        let barrier = Arc::new(Barrier::new(channels as usize));
+        let results = bed.in_initiator(|| {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..channels)
+                    .map(|k| {
+                        let barrier = Arc::clone(&barrier);
+                        let config = config.clone();
+                        // Threads started here inherit the initiator namespace.
+                        scope.spawn(move || {
+                            barrier.wait();
+                            netperf::measure(
+                                &bed::target_addr(k),
+                                target::NETSERVE_PORT,
+                                direction,
+                                &config,
+                            )
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("a netperf thread panicked"))
+                    .collect::<Vec<_>>()
+            })
+        })?;
+        for (k, result) in results.into_iter().enumerate() {
+            let measured = result
+                .map_err(|e| std::io::Error::other(format!("network test on channel {k}: {e}")))?;
+            sums[slot] += measured.mb_per_s();
+        }
+    }
+    Ok(NetworkBaseline {
+        send_mb_per_s: sums[0],
+        receive_mb_per_s: sums[1],
+    })
+}
+
+fn bench_command(
+    bed: &Bed,
+    spec: &CellSpec,
+    options: &LabOptions,
+    target_pid: u32,
+    json: &Path,
+) -> std::process::Command {
+    let mut command = Bed::command_in(bed.initiator_ns(), &options.binary);
+    command
+        .arg("bench")
+        .arg(target::initiator_uri(spec, options.chunk))
+        .args(["--workload", spec.workload.name()])
+        .args(["--size", &options.size.to_string()])
+        .args(["--time", &format!("{}", options.time.as_secs_f64())])
+        .args(["--target-pid", &target_pid.to_string()])
+        .args(["--label", &spec.label()])
+        // The exports are the lab's own, fresh for this cell.
+        .arg("--force")
+        .arg("--json")
+        .arg(json)
+        .stdout(Stdio::null());
+    if let Some(depth) = options.queue_depth {
+        command.args(["--queue-depth", &depth.to_string()]);
+    }
+    if spec.workload == LabWorkload::Random && !options.random_depths.is_empty() {
+        let depths: Vec<String> = options.random_depths.iter().map(u32::to_string).collect();
+        command.args(["--random-depths", &depths.join(",")]);
+    }
+    command
+}
+
+fn run_cell(
+    bed: &Bed,
+    spec: &CellSpec,
+    options: &LabOptions,
+    dir: &Path,
+    index: usize,
+    events: &mut dyn FnMut(Event<'_>),
+) -> std::io::Result<Vec<CellResult>> {
+    // The cell's own directory: its file-backed exports start empty and go with it.
+    let cell_dir = CellDir::new(dir.join(format!("cell-{index}")))?;
+    let target = start_target(bed, spec, options, &cell_dir.0)?;
+    let network = measure_network(bed, options.time.max(Duration::from_secs(1)))?;
+    events(Event::Network { baseline: &network });
+    let json = dir.join(format!("cell-{index}.json"));
+    let command = bench_command(bed, spec, options, target.pid(), &json);
+    let mut bench = Guarded::spawn(command, dir.join(format!("cell-{index}-bench.log")))?;
+    let status = bench.wait_for(options.cell_timeout)?;
+    match status {
+        None => {
+            return Err(std::io::Error::other(format!(
+                "the bench did not finish within {} s: {}",
+                options.cell_timeout.as_secs(),
+                bench.log_tail()
+            )))
+        }
+        Some(status) if !status.success() => {
+            return Err(std::io::Error::other(format!(
+                "the bench failed ({status}): {}",
+                bench.log_tail()
+            )))
+        }
+        Some(_) => {}
+    }
+    drop(bench);
+    drop(target);
+    let report = blockwire_bench::report::json::read(&json)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    Ok(report
+        .results
+        .iter()
+        .filter(|phase| phase.workload != "network")
+        .map(|phase| CellResult::from_phase(spec, phase, Some(&network), options.seed))
+        .collect())
+}
