@@ -12,7 +12,7 @@ peers=(
   qemu-img:qemu-utils qemu-io:qemu-utils qemu-nbd:qemu-utils
   fio:fio nbdkit:nbdkit nbd-server:nbd-server iperf3:iperf3
   bon_csv2txt:bonnie++ mkfs.ext4:e2fsprogs
-  ip:iproute2 vblade:vblade aoe-sancheck:aoetools aoeping:aoetools tshark:tshark
+  ip:iproute2 tc:iproute2 vblade:vblade aoe-sancheck:aoetools aoeping:aoetools tshark:tshark
   iscsi-test-cu:libiscsi-bin iscsi-ls:libiscsi-bin iscsi-inq:libiscsi-bin
   iscsi-readcapacity16:libiscsi-bin iscsi-swp:libiscsi-bin iscsi-perf:libiscsi-bin
   tgtd:tgt tgtadm:tgt stdbuf:coreutils
