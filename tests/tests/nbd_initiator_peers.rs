@@ -194,9 +194,15 @@ fn nbdkit_killed_fails_requests_with_disconnected() {
     require!("nbdkit");
     let port = free_port();
     let mut peer = memory_peer(port, "64M");
-    let device = Device::new(Arc::new(
-        peer.connect(&NbdUri::tcp("127.0.0.1", port, ""), options(2)),
-    ));
+    let device = Device::new(Arc::new(peer.connect(
+        &NbdUri::tcp("127.0.0.1", port, ""),
+        // What a dropped connection does to its requests when nothing
+        // reconnects (reconnecting: crates/nbd/tests/client_reconnect.rs).
+        ClientOptions {
+            reconnect: None,
+            ..options(2)
+        },
+    )));
     let mut buf = vec![0u8; 64 * 1024];
     device.read(&mut buf, 0).unwrap();
     // Readers keep requests in flight while the server dies under them.
