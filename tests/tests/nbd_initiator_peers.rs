@@ -114,6 +114,15 @@ fn options(connections: usize) -> ClientOptions {
     }
 }
 
+/// For tests of what a dropped connection does to its requests when nothing
+/// reconnects (reconnecting has its own: crates/nbd/tests/client_reconnect.rs).
+fn without_reconnect(connections: usize) -> ClientOptions {
+    ClientOptions {
+        reconnect: None,
+        ..options(connections)
+    }
+}
+
 /// Connects with 1 and with 4 connections and runs the whole conformance suite
 /// each time; checks the connection count follows the peer's multi-conn flag.
 fn conformance_with(peer: &mut Peer, uri: &NbdUri) {
@@ -194,15 +203,9 @@ fn nbdkit_killed_fails_requests_with_disconnected() {
     require!("nbdkit");
     let port = free_port();
     let mut peer = memory_peer(port, "64M");
-    let device = Device::new(Arc::new(peer.connect(
-        &NbdUri::tcp("127.0.0.1", port, ""),
-        // What a dropped connection does to its requests when nothing
-        // reconnects (reconnecting: crates/nbd/tests/client_reconnect.rs).
-        ClientOptions {
-            reconnect: None,
-            ..options(2)
-        },
-    )));
+    let device = Device::new(Arc::new(
+        peer.connect(&NbdUri::tcp("127.0.0.1", port, ""), without_reconnect(2)),
+    ));
     let mut buf = vec![0u8; 64 * 1024];
     device.read(&mut buf, 0).unwrap();
     // Readers keep requests in flight while the server dies under them.
@@ -482,7 +485,7 @@ fn request_queue_hands_back_everything_when_the_server_dies() {
     let port = free_port();
     let mut peer = memory_peer(port, "64M");
     let device = Device::new(Arc::new(
-        peer.connect(&NbdUri::tcp("127.0.0.1", port, ""), options(2)),
+        peer.connect(&NbdUri::tcp("127.0.0.1", port, ""), without_reconnect(2)),
     ));
     let mut queue = device.queue().unwrap();
     let mut done = Vec::new();
