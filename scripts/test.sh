@@ -57,7 +57,7 @@ cargo build --workspace --release
 echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --workspace --release 2>&1 | tee "$log"
+cargo test --workspace --release --no-fail-fast 2>&1 | tee "$log"
 # One closing line for the whole run (cargo prints one per test binary).
 awk '/^test result:/ { passed += $4; failed += $6; ignored += $8 }
      END { printf "tests: %d passed, %d failed, %d skipped\n", passed, failed, ignored }' "$log"
