@@ -25,6 +25,7 @@ pub mod stripe;
 pub mod throttle;
 pub mod workers;
 pub mod write_behind;
+pub mod write_log;
 
 pub use buffer::IoBuf;
 pub use device::{BlockDevice, Extent, ExtentState, WriteFlags, ZeroFlags};
@@ -38,3 +39,4 @@ pub use read_only::ReadOnly;
 pub use rmw::ReadModifyWrite;
 pub use stripe::{Stripe, StripeError};
 pub use throttle::{Throttle, ThrottleConfig};
+pub use write_log::{Loss, WriteLog};

@@ -1,0 +1,226 @@
+use std::sync::{Arc, Mutex};
+
+use super::*;
+use crate::{conformance, MemoryDevice};
+
+const SIZE: u64 = 1 << 20;
+
+fn logged() -> (WriteLog, Device) {
+    let memory = Device::from_device(MemoryDevice::new(SIZE));
+    (WriteLog::new(memory.clone()), memory)
+}
+
+fn image(device: &Device) -> Vec<u8> {
+    let mut out = vec![0u8; SIZE as usize];
+    device.read(&mut out, 0).unwrap();
+    out
+}
+
+fn with(mut base: Vec<u8>, offset: usize, data: &[u8]) -> Vec<u8> {
+    base[offset..offset + data.len()].copy_from_slice(data);
+    base
+}
+
+#[test]
+fn passes_the_conformance_suite() {
+    let memory = Device::from_device(MemoryDevice::new(16 << 20));
+    conformance::run_all(&Device::from_device(WriteLog::new(memory)));
+}
+
+#[test]
+fn a_flushed_write_must_survive_power_loss_and_a_later_one_may() {
+    let (log, memory) = logged();
+    let zero = vec![0u8; SIZE as usize];
+    log.write_at(&[1; 4096], 0, WriteFlags::NONE).unwrap();
+    let before_flush = log.position();
+    log.flush().unwrap();
+    log.write_at(&[2; 4096], 0, WriteFlags::NONE).unwrap();
+    let at = log.position();
+    // Either write may be there; nothing older than the flushed one.
+    assert!(log
+        .check(&zero, &image(&memory), at, Loss::Power, 8)
+        .is_empty());
+    let first = with(zero.clone(), 0, &[1; 4096]);
+    assert!(log.check(&zero, &first, at, Loss::Power, 8).is_empty());
+    let lost = log.check(&zero, &zero, at, Loss::Power, 8);
+    assert_eq!(lost.len(), 8);
+    assert_eq!((lost[0].offset, lost[0].found, lost[0].expected), (0, 0, 1));
+    // Before the flush completed, losing it was allowed.
+    assert!(log
+        .check(&zero, &zero, before_flush, Loss::Power, 8)
+        .is_empty());
+}
+
+#[test]
+fn a_fua_write_is_durable_without_a_flush() {
+    let (log, _) = logged();
+    let zero = vec![0u8; SIZE as usize];
+    log.write_at(&[7; 512], 4096, WriteFlags::FUA).unwrap();
+    log.write_at(&[8; 512], 8192, WriteFlags::NONE).unwrap();
+    let at = log.position();
+    let violations = log.check(&zero, &zero, at, Loss::Power, 1000);
+    assert_eq!(violations.len(), 512, "only the FUA write is owed");
+    assert!(violations.iter().all(|v| (4096..4608).contains(&v.offset)));
+}
+
+#[test]
+fn a_killed_process_owes_every_completed_write() {
+    let (log, _) = logged();
+    let zero = vec![0u8; SIZE as usize];
+    log.write_at(&[3; 512], 0, WriteFlags::NONE).unwrap();
+    let at = log.position();
+    assert!(log.check(&zero, &zero, at, Loss::Power, 8).is_empty());
+    assert_eq!(log.check(&zero, &zero, at, Loss::Process, 1000).len(), 512);
+}
+
+#[test]
+fn trims_allow_anything_and_zeroing_allows_zeroes() {
+    let (log, _) = logged();
+    let zero = vec![0u8; SIZE as usize];
+    log.write_at(&[5; 8192], 0, WriteFlags::FUA).unwrap();
+    log.trim(0, 4096, WriteFlags::FUA).unwrap();
+    log.write_zeroes(4096, 4096, ZeroFlags::default()).unwrap();
+    log.flush().unwrap();
+    let at = log.position();
+    let garbage = with(zero.clone(), 0, &[0xee; 4096]);
+    assert!(log.check(&zero, &garbage, at, Loss::Power, 8).is_empty());
+    let stale = with(garbage.clone(), 4096, &[5; 4096]);
+    assert_eq!(log.check(&zero, &stale, at, Loss::Power, 8).len(), 8);
+}
+
+#[test]
+fn a_flush_covers_only_what_had_completed_when_it_was_issued() {
+    let zero = vec![0u8; 4096];
+    let write = |id, byte| Record::Issued {
+        id,
+        offset: 0,
+        change: Change::Write(vec![byte; 4096].into()),
+        fua: false,
+    };
+    // The write completes while the flush is in flight: not covered.
+    let records = vec![
+        write(0, 1),
+        Record::Completed { id: 0 },
+        write(1, 2),
+        Record::Completed { id: 1 },
+        Record::Flushed { covers: 2 },
+    ];
+    let first = vec![1u8; 4096];
+    assert!(check_log(&records, &zero, &first, Loss::Power, 8).is_empty());
+    assert_eq!(check_log(&records, &zero, &zero, Loss::Power, 8).len(), 8);
+}
+
+#[test]
+fn writes_in_flight_together_may_land_in_either_order() {
+    let zero = vec![0u8; 512];
+    let records = vec![
+        Record::Issued {
+            id: 0,
+            offset: 0,
+            change: Change::Write(vec![1; 512].into()),
+            fua: false,
+        },
+        Record::Issued {
+            id: 1,
+            offset: 0,
+            change: Change::Write(vec![2; 512].into()),
+            fua: true,
+        },
+        Record::Completed { id: 1 },
+        Record::Completed { id: 0 },
+    ];
+    let ones = vec![1u8; 512];
+    let twos = vec![2u8; 512];
+    assert!(check_log(&records, &zero, &ones, Loss::Power, 8).is_empty());
+    assert!(check_log(&records, &zero, &twos, Loss::Power, 8).is_empty());
+    assert_eq!(check_log(&records, &zero, &zero, Loss::Power, 8).len(), 8);
+}
+
+/// A disk with a volatile write cache: writes land in the cache, a flush (or FUA)
+/// copies them to the medium, and a power loss keeps only the medium. `lies` makes
+/// its flush return without copying: the ordering bug the log must catch.
+struct CachedDisk {
+    cache: Mutex<Vec<u8>>,
+    medium: Mutex<Vec<u8>>,
+    lies: bool,
+}
+
+impl CachedDisk {
+    fn new(lies: bool) -> CachedDisk {
+        CachedDisk {
+            cache: Mutex::new(vec![0; SIZE as usize]),
+            medium: Mutex::new(vec![0; SIZE as usize]),
+            lies,
+        }
+    }
+
+    fn persist(&self) {
+        let cache = self.cache.lock().unwrap().clone();
+        *self.medium.lock().unwrap() = cache;
+    }
+}
+
+impl BlockDevice for CachedDisk {
+    fn info(&self) -> DeviceInfo {
+        let mut info = *Device::from_device(MemoryDevice::new(SIZE)).info();
+        info.capabilities.flush = crate::Support::Native;
+        info.capabilities.fua = crate::Support::Native;
+        info
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let cache = self.cache.lock().unwrap();
+        buf.copy_from_slice(&cache[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        self.cache.lock().unwrap()[offset as usize..offset as usize + buf.len()]
+            .copy_from_slice(buf);
+        if flags.fua && !self.lies {
+            self.persist();
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<()> {
+        if !self.lies {
+            self.persist();
+        }
+        Ok(())
+    }
+}
+
+/// Random writes with a flush every few, then a power loss: the medium must hold
+/// what the log says is owed.
+fn power_loss_violations(lies: bool) -> usize {
+    let disk = Arc::new(CachedDisk::new(lies));
+    let log = WriteLog::new(Device::new(disk.clone()));
+    let zero = vec![0u8; SIZE as usize];
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    for i in 0..200u64 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let block = state % (SIZE / 4096);
+        let flags = if i % 7 == 0 {
+            WriteFlags::FUA
+        } else {
+            WriteFlags::NONE
+        };
+        log.write_at(&[(i % 251) as u8 + 1; 4096], block * 4096, flags)
+            .unwrap();
+        if i % 10 == 9 {
+            log.flush().unwrap();
+        }
+    }
+    let medium = disk.medium.lock().unwrap().clone();
+    log.check(&zero, &medium, log.position(), Loss::Power, usize::MAX)
+        .len()
+}
+
+#[test]
+fn an_honest_cache_passes_and_a_flush_that_lies_is_caught() {
+    assert_eq!(power_loss_violations(false), 0);
+    assert!(power_loss_violations(true) > 0);
+}
