@@ -147,6 +147,32 @@ impl WriteLog {
         Ok(())
     }
 
+    /// Whether a write of `data` at `offset` has completed and is durable by now:
+    /// written with FUA, or covered by a completed flush.
+    pub fn is_durable(&self, offset: u64, data: &[u8]) -> bool {
+        let records = self.records();
+        let Some((id, fua)) = records.iter().rev().find_map(|record| match record {
+            Record::Issued {
+                id,
+                offset: at,
+                change: Change::Write(written),
+                fua,
+            } if *at == offset && &written[..] == data => Some((*id, *fua)),
+            _ => None,
+        }) else {
+            return false;
+        };
+        let Some(completed) = records
+            .iter()
+            .position(|record| *record == Record::Completed { id })
+        else {
+            return false;
+        };
+        fua || records
+            .iter()
+            .any(|record| matches!(record, Record::Flushed { covers } if completed < *covers))
+    }
+
     /// Checks `image` (the device as read after a crash at log position `at`, which
     /// held `initial` before the first change) against what the log allows under
     /// `loss`. Returns every byte no allowed state explains (at most `limit`).

@@ -1,7 +1,7 @@
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::*;
-use crate::{conformance, MemoryDevice};
+use crate::{conformance, MemoryDevice, VolatileCache};
 
 const SIZE: u64 = 1 << 20;
 
@@ -136,65 +136,14 @@ fn writes_in_flight_together_may_land_in_either_order() {
     assert_eq!(check_log(&records, &zero, &zero, Loss::Power, 8).len(), 8);
 }
 
-/// A disk with a volatile write cache: writes land in the cache, a flush (or FUA)
-/// copies them to the medium, and a power loss keeps only the medium. `lies` makes
-/// its flush return without copying: the ordering bug the log must catch.
-struct CachedDisk {
-    cache: Mutex<Vec<u8>>,
-    medium: Mutex<Vec<u8>>,
-    lies: bool,
-}
-
-impl CachedDisk {
-    fn new(lies: bool) -> CachedDisk {
-        CachedDisk {
-            cache: Mutex::new(vec![0; SIZE as usize]),
-            medium: Mutex::new(vec![0; SIZE as usize]),
-            lies,
-        }
-    }
-
-    fn persist(&self) {
-        let cache = self.cache.lock().unwrap().clone();
-        *self.medium.lock().unwrap() = cache;
-    }
-}
-
-impl BlockDevice for CachedDisk {
-    fn info(&self) -> DeviceInfo {
-        let mut info = *Device::from_device(MemoryDevice::new(SIZE)).info();
-        info.capabilities.flush = crate::Support::Native;
-        info.capabilities.fua = crate::Support::Native;
-        info
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        let cache = self.cache.lock().unwrap();
-        buf.copy_from_slice(&cache[offset as usize..offset as usize + buf.len()]);
-        Ok(())
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-        self.cache.lock().unwrap()[offset as usize..offset as usize + buf.len()]
-            .copy_from_slice(buf);
-        if flags.fua && !self.lies {
-            self.persist();
-        }
-        Ok(())
-    }
-
-    fn flush(&self) -> Result<()> {
-        if !self.lies {
-            self.persist();
-        }
-        Ok(())
-    }
-}
-
 /// Random writes with a flush every few, then a power loss: the medium must hold
 /// what the log says is owed.
 fn power_loss_violations(lies: bool) -> usize {
-    let disk = Arc::new(CachedDisk::new(lies));
+    let disk = Arc::new(if lies {
+        VolatileCache::lying(SIZE)
+    } else {
+        VolatileCache::new(SIZE)
+    });
     let log = WriteLog::new(Device::new(disk.clone()));
     let zero = vec![0u8; SIZE as usize];
     let mut state = 0x2545_f491_4f6c_dd1du64;
@@ -214,7 +163,7 @@ fn power_loss_violations(lies: bool) -> usize {
             log.flush().unwrap();
         }
     }
-    let medium = disk.medium.lock().unwrap().clone();
+    let medium = disk.medium();
     log.check(&zero, &medium, log.position(), Loss::Power, usize::MAX)
         .len()
 }

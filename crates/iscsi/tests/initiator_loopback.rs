@@ -47,7 +47,15 @@ impl Drop for Running {
 }
 
 fn start(block_size: u32, chap: Option<ChapConfig>) -> Running {
-    let memory = Device::from_device(MemoryDevice::new(SIZE));
+    start_on(
+        Device::from_device(MemoryDevice::new(SIZE)),
+        block_size,
+        chap,
+    )
+}
+
+/// Our target serving `memory` as LUN 0.
+fn start_on(memory: Device, block_size: u32, chap: Option<ChapConfig>) -> Running {
     let unit = LogicalUnit::new(
         memory.clone(),
         LunConfig {
@@ -258,4 +266,21 @@ fn our_target_answers_idle_pings() {
     // Many intervals of silence: each ping is answered, the connection stays.
     thread::sleep(Duration::from_millis(500));
     device.write(&[3u8; 512], 0, WriteFlags::NONE).unwrap();
+}
+
+#[test]
+fn fua_writes_and_flushes_are_acknowledged_only_once_durable() {
+    use blockwire_blockdev::durability::{acknowledgements, Trial};
+    use blockwire_blockdev::{VolatileCache, WriteLog};
+    let disk = Arc::new(VolatileCache::new(SIZE));
+    let log = Arc::new(WriteLog::new(Device::new(disk.clone())));
+    let target = start_on(Device::new(log.clone()), 512, None);
+    let client = open(&target.uri());
+    // The initiator sends FUA and SYNCHRONIZE CACHE: the target runs them on the
+    // device before it answers.
+    assert!(client.info().capabilities.fua.is_native());
+    let medium = |offset, len| disk.medium_range(offset, len);
+    let (fua, flushes) = acknowledgements(&client, &log, &medium, Trial::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((fua, flushes), (52, 32));
 }

@@ -576,3 +576,29 @@ fn blocking_callers_and_busy_queues_share_connections() {
     }
     assert_same_as_memory(&device, &memory, 0, 12 << 20);
 }
+
+#[test]
+fn fua_writes_and_flushes_are_acknowledged_only_once_durable() {
+    use blockwire_blockdev::durability::{acknowledgements, Trial};
+    use blockwire_blockdev::{VolatileCache, WriteLog};
+    let disk = Arc::new(VolatileCache::new(SIZE));
+    let log = Arc::new(WriteLog::new(Device::new(disk.clone())));
+    let mut exports = ExportSet::new();
+    exports
+        .add(Export::new(
+            "disk",
+            "volatile cache",
+            Device::new(log.clone()),
+        ))
+        .unwrap();
+    let target = Target::start(exports, None);
+    for connections in [1, 4] {
+        let client = Device::new(Arc::new(connect(&target.uri("disk"), connections, true)));
+        assert!(client.info().capabilities.fua.is_native());
+        let medium = |offset, len| disk.medium_range(offset, len);
+        let trial = Trial::default();
+        let (fua, flushes) = acknowledgements(&client, &log, &medium, trial)
+            .unwrap_or_else(|e| panic!("{connections} connection(s): {e}"));
+        assert_eq!((fua, flushes), (52, 32));
+    }
+}
