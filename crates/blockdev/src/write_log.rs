@@ -20,6 +20,7 @@
 //! those possibilities, sector by sector; tests use it to prove that a target never
 //! acknowledges a flush or a FUA write before the device has done it.
 
+use std::collections::HashMap;
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -209,6 +210,9 @@ pub fn check_log(
     limit: usize,
 ) -> Vec<Violation> {
     let mut changes: Vec<Seen<'_>> = Vec::new();
+    // Ids need not follow the log's order (a client numbering writes on several
+    // threads logs them as they go).
+    let mut index_of: HashMap<usize, usize> = HashMap::new();
     // Completed-change counts at each position, for the flushes' coverage.
     let mut flushes: Vec<(usize, usize)> = Vec::new();
     for (position, record) in records.iter().enumerate() {
@@ -219,7 +223,7 @@ pub fn check_log(
                 change,
                 fua,
             } => {
-                debug_assert_eq!(*id, changes.len());
+                index_of.insert(*id, changes.len());
                 changes.push(Seen {
                     offset: *offset,
                     change,
@@ -228,7 +232,11 @@ pub fn check_log(
                     completed: None,
                 });
             }
-            Record::Completed { id } => changes[*id].completed = Some(position),
+            Record::Completed { id } => {
+                if let Some(&index) = index_of.get(id) {
+                    changes[index].completed = Some(position);
+                }
+            }
             Record::Flushed { covers } => flushes.push((*covers, position)),
         }
     }
