@@ -96,7 +96,7 @@ pub fn run_trial(
                     state ^= state >> 7;
                     state ^= state << 17;
                     let offset = (state % trial.blocks) * trial.block as u64;
-                    let fua = n % trial.fua_every == 0;
+                    let fua = n.is_multiple_of(trial.fua_every);
                     let id = {
                         let mut next = next_id.lock().unwrap();
                         let id = *next;
@@ -120,7 +120,7 @@ pub fn run_trial(
                     }
                     log.lock().unwrap().push(Record::Completed { id });
                     *acknowledged.lock().unwrap() += 1;
-                    if n % trial.flush_every == 0 {
+                    if n.is_multiple_of(trial.flush_every) {
                         let covers = log.lock().unwrap().len();
                         if device.flush().is_err() {
                             return;
@@ -180,7 +180,7 @@ mod tests {
 
         fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> DevResult<()> {
             let n = self.writes.fetch_add(1, Ordering::Relaxed) + 1;
-            if self.drop_every.is_some_and(|every| n % every == 0) {
+            if self.drop_every.is_some_and(|every| n.is_multiple_of(every)) {
                 return Ok(());
             }
             self.memory.write(buf, offset, flags)
