@@ -51,7 +51,13 @@ impl Peer {
         loop {
             match NbdClient::connect(uri, options) {
                 Ok(client) => return client,
-                Err(ClientError::Connect { .. }) if Instant::now() < deadline => {
+                // Refused, or reset or closed in the handshake: a peer still
+                // starting up (nbdkit accepts before its plugin is ready).
+                Err(
+                    ClientError::Connect { .. }
+                    | ClientError::Io { .. }
+                    | ClientError::Closed { .. },
+                ) if Instant::now() < deadline => {
                     // A daemonizing peer's first process exits 0 by design.
                     if let Ok(Some(status)) = self.child.try_wait() {
                         assert!(status.success(), "{} exited with {status}", self.name);
