@@ -1217,3 +1217,68 @@ fn sigterm_with_requests_in_flight_keeps_every_acknowledged_write() {
         }
     }
 }
+
+/// A TCP connection to 127.0.0.1:`port` from `source` (another loopback address, so
+/// the server sees another client).
+fn connect_from(source: [u8; 4], port: u16) -> TcpStream {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a descriptor this function owns until it is
+    // handed to the TcpStream; the addresses are live locals of the right size.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let mut local: libc::sockaddr_in = std::mem::zeroed();
+        local.sin_family = libc::AF_INET as libc::sa_family_t;
+        local.sin_addr.s_addr = u32::from_ne_bytes(source);
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let bound = libc::bind(fd, (&local as *const libc::sockaddr_in).cast(), len);
+        assert_eq!(bound, 0, "bind: {}", std::io::Error::last_os_error());
+        let mut remote = local;
+        remote.sin_addr.s_addr = u32::from_ne_bytes([127, 0, 0, 1]);
+        remote.sin_port = port.to_be();
+        let connected = libc::connect(fd, (&remote as *const libc::sockaddr_in).cast(), len);
+        assert_eq!(connected, 0, "connect: {}", std::io::Error::last_os_error());
+        TcpStream::from_raw_fd(fd)
+    }
+}
+
+/// Shared/FINDINGS.md, 2026-11-25: 500 connections from one address that never
+/// finish the handshake locked every other client out. Now that address gets 16
+/// handshakes; the rest are closed at once, and everyone else is served.
+#[test]
+fn half_open_connections_from_one_address_do_not_lock_the_others_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("half-open.img");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let served = Served::start(&[path.to_str().unwrap(), "--name", EXPORT], EXPORT);
+    let port = served.port;
+    let idle: Vec<TcpStream> = (0..500)
+        .map(|_| connect_from([127, 0, 0, 2], port))
+        .collect();
+    // Those past the limit are closed: each reads its end at once, without a greeting.
+    let mut greeted = 0;
+    for mut stream in idle.iter() {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut byte = [0u8; 1];
+        if let Ok(1) = stream.read(&mut byte) {
+            greeted += 1;
+        }
+    }
+    assert_eq!(greeted, 16, "handshakes held for one address");
+    // A client from another address is served in full, meanwhile.
+    let started = Instant::now();
+    let mut client = handshake(port, NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES);
+    send_option(&mut client, &ClientOption::ExportName(EXPORT.into()));
+    let mut export = [0u8; 10];
+    client
+        .read_exact(&mut export)
+        .expect("export size and flags");
+    assert_eq!(u64::from_be_bytes(export[..8].try_into().unwrap()), 1 << 20);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(idle);
+}

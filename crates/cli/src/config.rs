@@ -90,6 +90,9 @@ pub struct ServerSection {
     pub socket: Vec<PathBuf>,
     pub workers: Option<usize>,
     pub max_connections: Option<usize>,
+    /// Connections from one client address still in the handshake beyond this are
+    /// closed at once (default 16).
+    pub max_handshakes_per_address: Option<usize>,
     /// The export an empty name selects (default: the first).
     pub default_export: Option<String>,
 }

@@ -459,6 +459,12 @@ fn plan_from_file(path: &Path, workers: usize) -> Result<Plan> {
     if let Some(max) = file.server.max_connections {
         config.max_connections = max;
     }
+    if let Some(max) = file.server.max_handshakes_per_address {
+        if max == 0 {
+            bail!("[server] max_handshakes_per_address must be at least 1");
+        }
+        config.max_handshakes_per_address = max;
+    }
     Ok(Plan {
         nbd: Some((exports, config, file.server.socket.clone())),
         aoe,

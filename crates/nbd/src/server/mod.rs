@@ -14,7 +14,7 @@ mod writer;
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{Shutdown, SocketAddr, TcpListener};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -51,6 +51,10 @@ pub struct ServerConfig {
     pub workers: usize,
     /// Connections beyond this are closed at once.
     pub max_connections: usize,
+    /// Connections from one address still in the handshake beyond this are closed
+    /// at once: one address that opens many and never finishes them must not lock
+    /// everybody else out.
+    pub max_handshakes_per_address: usize,
     /// A client must finish the handshake within this time.
     pub handshake_timeout: Duration,
 }
@@ -62,6 +66,7 @@ impl Default for ServerConfig {
             unix: Vec::new(),
             workers: 16,
             max_connections: 256,
+            max_handshakes_per_address: 16,
             handshake_timeout: Duration::from_secs(30),
         }
     }
@@ -108,6 +113,39 @@ struct Shared {
     /// Open connections: a clone of each socket, to shut them down.
     connections: Mutex<HashMap<u64, Stream>>,
     connections_changed: Condvar,
+    /// Connections in the handshake, by the client's address.
+    handshaking: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl Shared {
+    /// Counts a connection from `stream`'s address into the handshake, unless that
+    /// address already has `limit` there. Unix sockets are not limited.
+    fn start_handshake(&self, stream: &Stream, limit: usize) -> bool {
+        let Some(address) = stream.peer_ip() else {
+            return true;
+        };
+        let mut handshaking = self.handshaking.lock().unwrap_or_else(|e| e.into_inner());
+        let count = handshaking.entry(address).or_default();
+        if *count >= limit {
+            return false;
+        }
+        *count += 1;
+        true
+    }
+
+    /// A connection from `address` has left the handshake.
+    fn end_handshake(&self, address: Option<IpAddr>) {
+        let Some(address) = address else {
+            return;
+        };
+        let mut handshaking = self.handshaking.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = handshaking.get_mut(&address) {
+            *count -= 1;
+            if *count == 0 {
+                handshaking.remove(&address);
+            }
+        }
+    }
 }
 
 /// Asks a running server to stop. Cheap to clone; safe from a signal thread.
@@ -336,6 +374,7 @@ impl AcceptContext {
                 }
             };
             let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+            let peer_ip = stream.peer_ip();
             {
                 let mut connections = self
                     .shared
@@ -344,6 +383,17 @@ impl AcceptContext {
                     .unwrap_or_else(|e| e.into_inner());
                 if connections.len() >= self.config.max_connections {
                     tracing::warn!(peer = %stream.peer(), "too many connections ({}); closing", connections.len());
+                    continue;
+                }
+                if !self
+                    .shared
+                    .start_handshake(&stream, self.config.max_handshakes_per_address)
+                {
+                    tracing::warn!(
+                        peer = %stream.peer(),
+                        "too many unfinished handshakes from this address ({}); closing",
+                        self.config.max_handshakes_per_address
+                    );
                     continue;
                 }
                 match stream.try_clone() {
@@ -360,7 +410,9 @@ impl AcceptContext {
             let spawned = thread::Builder::new()
                 .name(format!("nbd-conn-{id}"))
                 .spawn(move || {
-                    serve_connection(stream, exports, &pool, timeout);
+                    let address = stream.peer_ip();
+                    let handshake_done = || shared.end_handshake(address);
+                    serve_connection_reporting(stream, exports, &pool, timeout, handshake_done);
                     let mut connections =
                         shared.connections.lock().unwrap_or_else(|e| e.into_inner());
                     connections.remove(&id);
@@ -368,6 +420,7 @@ impl AcceptContext {
                 });
             if let Err(e) = spawned {
                 tracing::error!("cannot start a connection thread: {e}");
+                self.shared.end_handshake(peer_ip);
                 let mut connections = self
                     .shared
                     .connections
@@ -382,15 +435,29 @@ impl AcceptContext {
 
 /// Serves one connection from handshake to close.
 pub fn serve_connection(
-    mut stream: Stream,
+    stream: Stream,
     exports: Arc<ExportSet>,
     pool: &WorkerPool,
     handshake_timeout: Duration,
 ) {
+    serve_connection_reporting(stream, exports, pool, handshake_timeout, || {});
+}
+
+/// [`serve_connection`], calling `handshake_done` once the handshake has ended, in
+/// transmission or not.
+fn serve_connection_reporting(
+    mut stream: Stream,
+    exports: Arc<ExportSet>,
+    pool: &WorkerPool,
+    handshake_timeout: Duration,
+    handshake_done: impl FnOnce(),
+) {
     let peer = stream.peer();
     tracing::debug!(%peer, "connected");
     let _ = stream.set_read_timeout(Some(handshake_timeout));
-    let mut session = match negotiate(&mut stream, exports, &peer) {
+    let negotiated = negotiate(&mut stream, exports, &peer);
+    handshake_done();
+    let mut session = match negotiated {
         Ok(Some(session)) => session,
         Ok(None) => return,
         Err(e) => {

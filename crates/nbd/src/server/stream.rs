@@ -76,6 +76,14 @@ impl Stream {
         }
     }
 
+    /// The client's IP address (`None` for a Unix socket).
+    pub fn peer_ip(&self) -> Option<std::net::IpAddr> {
+        match self {
+            Stream::Tcp(s) => s.peer_addr().ok().map(|a| a.ip()),
+            Stream::Unix(_) => None,
+        }
+    }
+
     /// Who is on the other end, for logs.
     pub fn peer(&self) -> String {
         match self {
