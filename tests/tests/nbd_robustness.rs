@@ -1282,3 +1282,79 @@ fn half_open_connections_from_one_address_do_not_lock_the_others_out() {
     assert!(started.elapsed() < Duration::from_secs(5));
     drop(idle);
 }
+
+/// Shared/FINDINGS.md, 2026-11-25: a client that sends 2000 reads of 1 MiB and never
+/// reads a reply stayed connected. Now, once its socket has taken nothing for the
+/// send timeout (1 s here), the server cuts it off; another client is served
+/// meanwhile.
+#[test]
+fn a_client_that_never_reads_its_replies_is_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("unread.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let config = dir.path().join("unread.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = [\"127.0.0.1:0\"]\nsend_timeout = 1\n\n\
+             [[export]]\nname = \"{EXPORT}\"\npath = \"{}\"\n",
+            image.display()
+        ),
+    )
+    .unwrap();
+    let served = Served::start_config(&config, EXPORT);
+    let port = served.port;
+    let mut stalled = handshake(port, NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES);
+    send_option(&mut stalled, &ClientOption::ExportName(EXPORT.into()));
+    let mut export = [0u8; 10];
+    stalled.read_exact(&mut export).unwrap();
+    // Requests from a thread: once the server stops reading them, the sends block.
+    let mut sender = stalled.try_clone().unwrap();
+    let sending = std::thread::spawn(move || {
+        for cookie in 0..2000u64 {
+            let mut out = Vec::new();
+            Request {
+                flags: 0,
+                command: NBD_CMD_READ,
+                cookie,
+                offset: (cookie % 64) << 20,
+                len: 1 << 20,
+            }
+            .encode(&mut out);
+            if sender.write_all(&out).is_err() {
+                return;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    // Meanwhile another client is served.
+    let mut other = handshake(port, NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES);
+    send_option(&mut other, &ClientOption::ExportName(EXPORT.into()));
+    other.read_exact(&mut export).unwrap();
+    // The stalled connection has been shut down: reading now drains what was sent
+    // before the cut and then ends, instead of a stream of 2000 MiB of replies.
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let started = Instant::now();
+    let mut drained = 0usize;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match stalled.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => drained += n,
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "still receiving replies after {drained} bytes: not cut off"
+        );
+    }
+    assert!(
+        drained < 200 << 20,
+        "{drained} bytes of replies: not cut off"
+    );
+    sending.join().unwrap();
+}

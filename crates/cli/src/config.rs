@@ -93,6 +93,9 @@ pub struct ServerSection {
     /// Connections from one client address still in the handshake beyond this are
     /// closed at once (default 16).
     pub max_handshakes_per_address: Option<usize>,
+    /// Seconds a client may leave replies unread (its socket taking nothing) before
+    /// it is cut off (default 30).
+    pub send_timeout: Option<f64>,
     /// The export an empty name selects (default: the first).
     pub default_export: Option<String>,
 }

@@ -465,6 +465,12 @@ fn plan_from_file(path: &Path, workers: usize) -> Result<Plan> {
         }
         config.max_handshakes_per_address = max;
     }
+    if let Some(secs) = file.server.send_timeout {
+        if !(secs > 0.0 && secs.is_finite()) {
+            bail!("[server] send_timeout must be a number of seconds above zero, not {secs}");
+        }
+        config.send_timeout = Duration::from_secs_f64(secs);
+    }
     Ok(Plan {
         nbd: Some((exports, config, file.server.socket.clone())),
         aoe,

@@ -57,6 +57,9 @@ pub struct ServerConfig {
     pub max_handshakes_per_address: usize,
     /// A client must finish the handshake within this time.
     pub handshake_timeout: Duration,
+    /// A client that reads no reply for this long (its socket takes no more) is cut
+    /// off: the replies waiting for it stop holding the server's threads.
+    pub send_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -68,6 +71,7 @@ impl Default for ServerConfig {
             max_connections: 256,
             max_handshakes_per_address: 16,
             handshake_timeout: Duration::from_secs(30),
+            send_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -406,13 +410,13 @@ impl AcceptContext {
             }
             let (exports, pool, shared) =
                 (self.exports.clone(), self.pool.clone(), self.shared.clone());
-            let timeout = self.config.handshake_timeout;
+            let timeouts = (self.config.handshake_timeout, self.config.send_timeout);
             let spawned = thread::Builder::new()
                 .name(format!("nbd-conn-{id}"))
                 .spawn(move || {
                     let address = stream.peer_ip();
                     let handshake_done = || shared.end_handshake(address);
-                    serve_connection_reporting(stream, exports, &pool, timeout, handshake_done);
+                    serve_connection_reporting(stream, exports, &pool, timeouts, handshake_done);
                     let mut connections =
                         shared.connections.lock().unwrap_or_else(|e| e.into_inner());
                     connections.remove(&id);
@@ -440,7 +444,9 @@ pub fn serve_connection(
     pool: &WorkerPool,
     handshake_timeout: Duration,
 ) {
-    serve_connection_reporting(stream, exports, pool, handshake_timeout, || {});
+    let send_timeout = ServerConfig::default().send_timeout;
+    let timeouts = (handshake_timeout, send_timeout);
+    serve_connection_reporting(stream, exports, pool, timeouts, || {});
 }
 
 /// [`serve_connection`], calling `handshake_done` once the handshake has ended, in
@@ -449,7 +455,7 @@ fn serve_connection_reporting(
     mut stream: Stream,
     exports: Arc<ExportSet>,
     pool: &WorkerPool,
-    handshake_timeout: Duration,
+    (handshake_timeout, send_timeout): (Duration, Duration),
     handshake_done: impl FnOnce(),
 ) {
     let peer = stream.peer();
@@ -474,6 +480,9 @@ fn serve_connection_reporting(
         structured = session.structured(),
         "client entered transmission"
     );
+    // A send that makes no progress for `send_timeout` fails; the writer then
+    // shuts the socket down, which ends the connection.
+    let _ = stream.set_write_timeout(Some(send_timeout));
     let writer = match stream.try_clone() {
         Ok(clone) => Arc::new(ReplyWriter::new(clone)),
         Err(e) => {

@@ -30,6 +30,14 @@ impl Stream {
         }
     }
 
+    /// How long one send may make no progress before it fails (SO_SNDTIMEO).
+    pub fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(timeout),
+            Stream::Unix(s) => s.set_write_timeout(timeout),
+        }
+    }
+
     pub fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(timeout),
@@ -105,6 +113,10 @@ fn is_remote(peer: IpAddr, local: IpAddr) -> bool {
 }
 
 impl ReplySink for Stream {
+    fn abandon(&mut self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+
     fn write_vectored_more(&mut self, slices: &[io::IoSlice<'_>]) -> io::Result<usize> {
         // SAFETY: msghdr is plain data; zeroed is a valid empty header.
         let mut message: libc::msghdr = unsafe { std::mem::zeroed() };

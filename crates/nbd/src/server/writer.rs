@@ -17,6 +17,11 @@ pub trait ReplySink: Write {
         self.write_vectored(slices)
     }
 
+    /// Gives up on the connection after a failed send, so that whoever waits on its
+    /// other direction (the connection thread reading requests) wakes up too.
+    /// Sockets shut down both ways; the default does nothing.
+    fn abandon(&mut self) {}
+
     /// Sends `len` bytes of the file `fd` from `offset`. Sockets override this with
     /// sendfile(2), which hands page-cache pages to the socket without a copy; the
     /// default reads and writes.
@@ -97,6 +102,7 @@ impl<W: ReplySink> ReplyWriter<W> {
         let result = send_all(&mut *sink, replies);
         if result.is_err() {
             self.broken.store(true, Ordering::Relaxed);
+            sink.abandon();
         }
         result
     }
