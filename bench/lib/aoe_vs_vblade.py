@@ -12,6 +12,8 @@ import sys
 import tempfile
 import time
 
+from shaped_link import PIN_INITIATOR, PIN_TARGET, in_ns, sh  # noqa: F401 (re-exported)
+
 TARGET_NS = "bwaoebench-t"
 INITIATOR_NS = "bwaoebench-i"
 SHELF, SLOT = 1, 1
@@ -23,19 +25,6 @@ JOBS = [
     ("rand-read-4K", "random", "randread"),
 ]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-# Target and initiator each get a CPU of their own (when there are two or more), as
-# on two hosts: otherwise they fight for one scheduler and single runs vary by 5x.
-CPUS = os.cpu_count() or 1
-PIN_TARGET = ["taskset", "-c", "0"] if CPUS >= 2 else []
-PIN_INITIATOR = ["taskset", "-c", f"1-{CPUS - 1}"] if CPUS >= 2 else []
-
-
-def sh(*args, check=True, **kwargs):
-    return subprocess.run(list(args), check=check, **kwargs)
-
-
-def in_ns(ns, *args):
-    return ["ip", "netns", "exec", ns, *args]
 
 
 class Lab:

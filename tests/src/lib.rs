@@ -428,6 +428,31 @@ pub fn run_bounded(mut command: Command, limit: Duration) -> Output {
     }
 }
 
+/// Starts `blockwire copy SOURCE URI --verify` with small requests (so that it runs
+/// long enough to be interrupted by a target restart) and `extra` arguments, in a
+/// thread, bounded to 300 s.
+pub fn copy_in_background(
+    source: &std::path::Path,
+    uri: &str,
+    extra: &[&str],
+) -> std::thread::JoinHandle<Output> {
+    let mut command = Command::new(blockwire_bin());
+    command
+        .arg("copy")
+        .arg(source)
+        .arg(uri)
+        .args([
+            "--verify",
+            "--quiet",
+            "--request-size",
+            "16K",
+            "--requests",
+            "2",
+        ])
+        .args(extra);
+    std::thread::spawn(move || run_bounded(command, Duration::from_secs(300)))
+}
+
 /// A whole temporary file, from its start.
 fn read_all(mut file: std::fs::File) -> Vec<u8> {
     use std::io::{Read, Seek};

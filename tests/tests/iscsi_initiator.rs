@@ -16,8 +16,8 @@ use blockwire_blockdev::{Device, WriteFlags};
 use blockwire_iscsi::initiator::{IscsiClient, IscsiOptions, IscsiUri};
 use blockwire_tests::iscsi::{tool_ok, Backing, Tgtd, TOOL_LIMIT};
 use blockwire_tests::{
-    blockwire_bin, free_port, patterned_file, require, require_tgtd, run_bounded, sparse_file,
-    text, Served, MIB,
+    blockwire_bin, copy_in_background, free_port, patterned_file, require, require_tgtd,
+    run_bounded, sparse_file, text, Served, MIB,
 };
 
 fn connect(url: &str) -> Device {
@@ -302,20 +302,7 @@ fn a_copy_with_verify_rides_out_two_target_restarts() {
     let port = free_port();
     let mut served = serve_on(&image, port);
     let url = served.iscsi_url().to_string();
-    // Small requests, few in flight: the copy takes long enough to be interrupted.
-    let mut command = Command::new(blockwire_bin());
-    command.args([
-        "copy",
-        source.to_str().unwrap(),
-        &url,
-        "--verify",
-        "--quiet",
-        "--request-size",
-        "16K",
-        "--requests",
-        "2",
-    ]);
-    let copy = thread::spawn(move || run_bounded(command, Duration::from_secs(300)));
+    let copy = copy_in_background(&source, &url, &[]);
     for _ in 0..2 {
         thread::sleep(Duration::from_millis(400));
         served.kill_hard();

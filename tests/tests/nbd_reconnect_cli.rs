@@ -3,12 +3,12 @@
 //! sends again what had no reply, and the copy completes and verifies. With
 //! `--reconnect 0` the same kill fails the copy, saying why.
 
-use std::process::{Command, Output};
+use std::process::Command;
 use std::thread;
 use std::time::Duration;
 
 use blockwire_tests::{
-    blockwire_bin, free_port, patterned_file, run_bounded, sparse_file, text, Served,
+    blockwire_bin, copy_in_background, free_port, patterned_file, sparse_file, text, Served,
 };
 
 const MIB: u64 = 1 << 20;
@@ -22,30 +22,6 @@ fn serve_on(image: &std::path::Path, port: u16) -> Served {
         .args(["--listen", &format!("127.0.0.1:{port}")]);
     let name = image.file_name().unwrap().to_str().unwrap();
     Served::spawn_ready(command, name)
-}
-
-/// Starts `blockwire copy SOURCE URI --verify` with small requests (so that it runs
-/// long enough to be interrupted) and `extra` arguments.
-fn copy_in_background(
-    source: &std::path::Path,
-    uri: &str,
-    extra: &[&str],
-) -> thread::JoinHandle<Output> {
-    let mut command = Command::new(blockwire_bin());
-    command
-        .arg("copy")
-        .arg(source)
-        .arg(uri)
-        .args([
-            "--verify",
-            "--quiet",
-            "--request-size",
-            "16K",
-            "--requests",
-            "2",
-        ])
-        .args(extra);
-    thread::spawn(move || run_bounded(command, Duration::from_secs(300)))
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! connections.
 
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use blockwire_blockdev::{
@@ -203,21 +203,27 @@ impl NbdClient {
 
     /// The least-loaded live connection; ties go round-robin.
     pub(crate) fn pick(&self) -> Arc<Connection> {
+        // Looked at through the locks, without taking a reference to each: only
+        // the chosen connection is cloned (one reference-count change per request).
         let index = blockwire_blockdev::paths::least_loaded(
             self.connections.len(),
             &self.next,
-            |i| self.connection(i).alive(),
-            |i| self.connection(i).in_flight(),
+            |i| self.current(i).alive(),
+            |i| self.current(i).in_flight(),
         );
         self.connection(index)
     }
 
-    /// Connection `index` as it is now.
-    pub(crate) fn connection(&self, index: usize) -> Arc<Connection> {
+    /// Connection `index` as it is now, borrowed while the guard lives.
+    fn current(&self, index: usize) -> RwLockReadGuard<'_, Arc<Connection>> {
         self.connections[index]
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+    }
+
+    /// Connection `index` as it is now.
+    pub(crate) fn connection(&self, index: usize) -> Arc<Connection> {
+        self.current(index).clone()
     }
 
     /// Puts `connection` in place of connection `index` (a reconnect).
