@@ -332,7 +332,7 @@ mod properties {
     proptest! {
         #[test]
         fn request_round_trips(flags: u16, command: u16, cookie: u64, offset: u64, len: u32) {
-            let request = Request { flags, command, cookie, offset, len };
+            let request = Request { flags, command, cookie, offset, len: len.into() };
             let mut out = Vec::new();
             request.encode(&mut out);
             prop_assert_eq!(Request::decode(out.as_slice().try_into().unwrap()), Ok(request));

@@ -10,6 +10,7 @@ fn read(offset: u64, len: u32, structured: bool) -> Expect {
         offset,
         len,
         structured,
+        extended: false,
         context: None,
     }
 }
@@ -20,6 +21,7 @@ fn status(offset: u64, len: u32) -> Expect {
         offset,
         len,
         structured: true,
+        extended: false,
         context: Some(1),
     }
 }
@@ -30,6 +32,7 @@ fn write(structured: bool) -> Expect {
         offset: 0,
         len: 512,
         structured,
+        extended: false,
         context: None,
     }
 }
@@ -58,6 +61,16 @@ fn drive(expect: Expect, stream: &[u8]) -> Result<(Completion, Vec<u8>), Violati
             } => {
                 assert_eq!(cookie, COOKIE);
                 state.chunk(flags, kind, len)?
+            }
+            ReplyHeader::Extended {
+                flags,
+                kind,
+                cookie,
+                offset,
+                len,
+            } => {
+                assert_eq!(cookie, COOKIE);
+                state.extended_chunk(flags, kind, offset, len)?
             }
         };
         loop {
@@ -234,12 +247,13 @@ fn error_chunks_carry_message_and_offset() {
 #[test]
 fn block_status_descriptors() {
     let descriptors = [(4096, 0), (8192, NBD_STATE_HOLE | NBD_STATE_ZERO)];
+    let wide: Vec<(u64, u32)> = descriptors.iter().map(|&(l, s)| (l.into(), s)).collect();
     let (completion, _) = drive(status(0, 65536), &status_chunk(1, &descriptors, true)).unwrap();
-    assert_eq!(completion, Ok(Outcome::Extents(descriptors.to_vec())));
+    assert_eq!(completion, Ok(Outcome::Extents(wide.clone())));
     // Ended by a separate NONE chunk.
     let stream = [status_chunk(1, &descriptors, false), none_chunk()].concat();
     let (completion, _) = drive(status(0, 65536), &stream).unwrap();
-    assert_eq!(completion, Ok(Outcome::Extents(descriptors.to_vec())));
+    assert_eq!(completion, Ok(Outcome::Extents(wide.clone())));
     // An error instead.
     let (completion, _) = drive(status(0, 65536), &error_chunk(NBD_EINVAL, "past end")).unwrap();
     assert_eq!(completion.unwrap_err().error, NBD_EINVAL);

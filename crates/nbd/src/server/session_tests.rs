@@ -16,7 +16,12 @@ fn session_on(device: Device, structured: bool) -> Session {
     let export = Arc::new(Export::new("disk", "", device));
     let flags = crate::server::negotiation::transmission_flags(export.device.info(), structured);
     let context = structured.then_some(1);
-    Session::new(export, structured, context, flags)
+    let framing = if structured {
+        Framing::Structured
+    } else {
+        Framing::Simple
+    };
+    Session::new(export, framing, context, flags)
 }
 
 fn session(structured: bool) -> Session {
@@ -29,7 +34,7 @@ fn request(command: u16, flags: u16, offset: u64, len: u32) -> Request {
         command,
         cookie: 42,
         offset,
-        len,
+        len: len.into(),
     }
 }
 
@@ -43,6 +48,12 @@ fn error_of(reply: &Reply) -> u32 {
                 .0
         }
         ReplyHeader::Chunk { .. } => 0,
+        ReplyHeader::Extended { kind, .. } if kind & 0x8000 != 0 => {
+            decode_error_payload(&reply.head[EXTENDED_REPLY_LEN..])
+                .unwrap()
+                .0
+        }
+        ReplyHeader::Extended { .. } => 0,
     }
 }
 
@@ -279,6 +290,7 @@ fn parse_replies(mut bytes: &[u8], read_lens: &[(u64, usize)]) -> Vec<(u64, u32,
                 out.push(entry);
                 bytes = &bytes[len as usize..];
             }
+            ReplyHeader::Extended { .. } => panic!("extended reply without extended headers"),
         }
     }
     out
