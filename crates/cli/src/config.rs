@@ -96,6 +96,10 @@ pub struct ServerSection {
     /// Seconds a client may leave replies unread (its socket taking nothing) before
     /// it is cut off (default 30).
     pub send_timeout: Option<f64>,
+    /// The largest NBD read or write served to a client that never learned the
+    /// advertised 32 MiB maximum ("64M" by default; up to "1G"), streamed through
+    /// bounded buffers.
+    pub unnegotiated_payload_limit: Option<String>,
     /// The export an empty name selects (default: the first).
     pub default_export: Option<String>,
 }

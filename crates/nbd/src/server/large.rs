@@ -125,3 +125,7 @@ pub fn stream_read<W: ReplySink>(
         Ok(())
     })
 }
+
+#[cfg(test)]
+#[path = "large_tests.rs"]
+mod tests;

@@ -458,3 +458,116 @@ fn cached_reads_leave_by_sendfile_only_when_the_session_allows_it() {
         other => panic!("resident data should leave by sendfile, got {other:?}"),
     }
 }
+
+#[test]
+fn extended_headers_frame_every_reply_and_take_payloads_only_on_writes() {
+    let export = Arc::new(Export::new(
+        "disk",
+        "",
+        Device::from_device(MemoryDevice::new(SIZE)),
+    ));
+    let flags = crate::server::negotiation::transmission_flags(export.device.info(), true);
+    let session = Session::new(export, Framing::Extended, Some(1), flags);
+    let extended = |reply: &Reply| match ReplyHeader::decode(&reply.head).unwrap().unwrap().0 {
+        ReplyHeader::Extended {
+            kind,
+            cookie,
+            offset,
+            flags,
+            ..
+        } => (kind, cookie, offset, flags),
+        other => panic!("not an extended reply: {other:?}"),
+    };
+
+    // A write must announce its payload; without the flag there is none to read.
+    let write = Request {
+        flags: NBD_CMD_FLAG_PAYLOAD_LEN,
+        command: NBD_CMD_WRITE,
+        cookie: 42,
+        offset: 8192,
+        len: 4096,
+    };
+    let Action::ReadPayload(request) = session.classify(&write) else {
+        panic!("write with PAYLOAD_LEN not accepted");
+    };
+    let reply = session.execute(session.write_job(&request, IoBuf::from_slice(&[9u8; 4096])));
+    // No simple replies: success is a NONE chunk carrying the request's offset.
+    assert_eq!(
+        extended(&reply),
+        (NBD_REPLY_TYPE_NONE, 42, 8192, NBD_REPLY_FLAG_DONE)
+    );
+    let bare = Request { flags: 0, ..write };
+    let reply = run(&session, bare);
+    assert_eq!(extended(&reply).0, NBD_REPLY_TYPE_ERROR);
+    assert_eq!(error_of(&reply), NBD_EINVAL);
+
+    // Reads come back as extended OFFSET_DATA chunks.
+    let reply = run(
+        &session,
+        Request {
+            flags: 0,
+            command: NBD_CMD_READ,
+            cookie: 43,
+            offset: 8192,
+            len: 4096,
+        },
+    );
+    assert_eq!(
+        extended(&reply),
+        (NBD_REPLY_TYPE_OFFSET_DATA, 43, 8192, NBD_REPLY_FLAG_DONE)
+    );
+    assert_eq!(read_data(&reply), vec![9u8; 4096]);
+
+    // A payload on a command that takes none is consumed and refused.
+    let trim = Request {
+        flags: NBD_CMD_FLAG_PAYLOAD_LEN,
+        command: NBD_CMD_TRIM,
+        cookie: 44,
+        offset: 0,
+        len: 16,
+    };
+    match session.classify(&trim) {
+        Action::DiscardPayload { len, reply } => {
+            assert_eq!(len, 16);
+            assert_eq!(error_of(&reply), NBD_EINVAL);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+
+    // Block status answers with 64-bit descriptors, and takes a 64-bit effect length.
+    let status = Request {
+        flags: 0,
+        command: NBD_CMD_BLOCK_STATUS,
+        cookie: 45,
+        offset: 0,
+        len: SIZE,
+    };
+    let reply = run(&session, status);
+    assert_eq!(extended(&reply).0, NBD_REPLY_TYPE_BLOCK_STATUS_EXT);
+    let (context, descriptors) =
+        decode_block_status_ext(&reply.head[EXTENDED_REPLY_LEN..]).unwrap();
+    assert_eq!(context, 1);
+    assert_eq!(descriptors.iter().map(|d| d.0).sum::<u64>(), SIZE);
+    assert!(
+        descriptors.iter().any(|&(_, status)| status == 0),
+        "no data extent"
+    );
+    let huge = run(
+        &session,
+        Request {
+            len: 1 << 40,
+            ..status
+        },
+    );
+    assert_eq!(error_of(&huge), NBD_EINVAL);
+
+    // Flush echoes its offset too.
+    let flush = Request {
+        flags: 0,
+        command: NBD_CMD_FLUSH,
+        cookie: 46,
+        offset: 0,
+        len: 0,
+    };
+    assert_eq!(extended(&run(&session, flush)).0, NBD_REPLY_TYPE_NONE);
+}
