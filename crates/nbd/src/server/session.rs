@@ -372,10 +372,9 @@ impl Session {
                 })
             }
             NBD_CMD_WRITE => {
-                if self.framing == Framing::Extended && !payload_len {
-                    // The length is an effect length and no payload follows.
-                    return invalid("NBD_CMD_WRITE without NBD_CMD_FLAG_PAYLOAD_LEN");
-                }
+                // A write's length is its payload's, with extended headers too,
+                // NBD_CMD_FLAG_PAYLOAD_LEN or not: the extension's draft asks
+                // clients to set the flag, but qemu (8.2 to 10.x) never does.
                 if len > self.payload_limit() {
                     return self.refuse_payload(
                         request,
@@ -383,7 +382,11 @@ impl Session {
                         "write larger than the maximum block size",
                     );
                 }
-                let flags = request.flags & !NBD_CMD_FLAG_PAYLOAD_LEN;
+                let flags = if payload_len {
+                    request.flags & !NBD_CMD_FLAG_PAYLOAD_LEN
+                } else {
+                    request.flags
+                };
                 if unknown_flags(flags, NBD_CMD_FLAG_FUA) {
                     return self.refuse_payload(
                         request,
