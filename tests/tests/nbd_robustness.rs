@@ -1488,3 +1488,38 @@ fn clients_that_never_learned_the_maximum_get_40_mib_requests_streamed() {
     );
     assert_eq!(served.terminate(), Some(0));
 }
+
+#[test]
+fn the_unnegotiated_payload_limit_follows_the_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sparse_file(dir.path(), "big.img", 128 << 20);
+    for (limit, len, expected) in [("32M", 40 * MIB, NBD_EINVAL), ("96M", 80 * MIB, 0)] {
+        let config = dir.path().join(format!("limit-{limit}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\nlisten = [\"127.0.0.1:0\"]\nunnegotiated_payload_limit = \"{limit}\"\n\
+                 [[export]]\nname = \"{EXPORT}\"\npath = \"{}\"\n",
+                path.display()
+            ),
+        )
+        .unwrap();
+        let served = Served::start_config(&config, EXPORT);
+        let mut client = Client::without_sizes(served.port, false);
+        let data = pattern(len as usize, 7);
+        let write = client.write(0, &data);
+        assert_eq!(
+            write.error, expected,
+            "{len}-byte write with a {limit} limit"
+        );
+        if expected == 0 {
+            assert!(
+                client.read_ok(0, len) == data,
+                "read back with a {limit} limit"
+            );
+        }
+        client.check_works(100 << 20, 8);
+        client.disconnect();
+        assert_eq!(served.terminate(), Some(0));
+    }
+}

@@ -473,31 +473,14 @@ fn plan_from_file(path: &Path, workers: usize) -> Result<Plan> {
         }
         config.send_timeout = Duration::from_secs_f64(secs);
     }
-    if let Some(text) = &file.server.unnegotiated_payload_limit {
-        config.unnegotiated_payload_limit = unnegotiated_payload_limit(text)?;
+    if let Some(limit) = file.server.unnegotiated_payload_limit()? {
+        config.unnegotiated_payload_limit = limit;
     }
     Ok(Plan {
         nbd: Some((exports, config, file.server.socket.clone())),
         aoe,
         iscsi,
     })
-}
-
-/// `[server] unnegotiated_payload_limit`: a size from the advertised 32 MiB maximum
-/// (below it the key would refuse what every client may send) to 1 GiB (a reply
-/// chunk's 32-bit length must hold it, and more only serves a denial of service).
-fn unnegotiated_payload_limit(text: &str) -> Result<u32> {
-    let bytes =
-        parse_size(text).map_err(|e| anyhow!("[server] unnegotiated_payload_limit: {e}"))?;
-    let (min, max) = (u64::from(DeviceInfo::DEFAULT_MAX_TRANSFER), 1u64 << 30);
-    if !(min..=max).contains(&bytes) {
-        bail!(
-            "[server] unnegotiated_payload_limit must be between {} and {}, not {text}",
-            format_size(min),
-            format_size(max)
-        );
-    }
-    Ok(bytes as u32)
 }
 
 fn iscsi_listen(listen: &[String]) -> Result<Vec<SocketAddr>> {
