@@ -9,9 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use blockwire_aoe::target::{AoeTarget, TargetConfig};
 use blockwire_blockdev::size::{format_size, parse_size};
 use blockwire_blockdev::write_behind::DEFAULT_WRITE_BEHIND;
-use blockwire_blockdev::{
-    Device, DeviceInfo, FileDevice, FileOptions, MemoryDevice, Throttle, ThrottleConfig,
-};
+use blockwire_blockdev::{Device, FileDevice, FileOptions, MemoryDevice, Throttle, ThrottleConfig};
 use blockwire_nbd::{Export, ExportSet, Server, ServerConfig};
 use clap::Args;
 
