@@ -570,3 +570,60 @@ fn extended_headers_frame_every_reply_and_take_payloads_only_on_writes() {
     };
     assert_eq!(extended(&run(&session, flush)).0, NBD_REPLY_TYPE_NONE);
 }
+
+#[test]
+fn an_extended_session_reads_32_byte_headers_and_refuses_compact_ones() {
+    let export = Arc::new(Export::new(
+        "disk",
+        "",
+        Device::from_device(MemoryDevice::new(SIZE)),
+    ));
+    let flags = crate::server::negotiation::transmission_flags(export.device.info(), true);
+    let session = Arc::new(Session::new(export, Framing::Extended, None, flags));
+    let request = |command, cookie, len| Request {
+        flags: 0,
+        command,
+        cookie,
+        offset: 4096,
+        len,
+    };
+    // A write (its payload follows the 32-byte header), a read, then a compact
+    // header, which is garbage here: the connection ends after two replies.
+    let mut input = Vec::new();
+    request(NBD_CMD_WRITE, 1, 512).encode_extended(&mut input);
+    input.extend_from_slice(&[3u8; 512]);
+    request(NBD_CMD_READ, 2, 512).encode_extended(&mut input);
+    request(NBD_CMD_FLUSH, 3, 0).encode(&mut input);
+    input.extend_from_slice(&[0u8; 4]);
+    let sink = SharedSink::default();
+    let writer = Arc::new(ReplyWriter::new(sink.clone()));
+    let pool = WorkerPool::new("test-worker", 1);
+    let ending = transmit(session, Cursor::new(input), writer, &pool);
+    assert!(
+        matches!(ending, Ending::Violation(ref reason) if reason.contains("magic")),
+        "{ending:?}"
+    );
+    let output = sink.0.lock().unwrap().clone();
+    let (first, used) = ReplyHeader::decode(&output).unwrap().unwrap();
+    assert!(matches!(
+        first,
+        ReplyHeader::Extended {
+            kind: NBD_REPLY_TYPE_NONE,
+            cookie: 1,
+            offset: 4096,
+            ..
+        }
+    ));
+    let (second, at) = ReplyHeader::decode(&output[used..]).unwrap().unwrap();
+    let ReplyHeader::Extended {
+        kind, cookie, len, ..
+    } = second
+    else {
+        panic!("not extended: {second:?}");
+    };
+    assert_eq!(
+        (kind, cookie, len),
+        (NBD_REPLY_TYPE_OFFSET_DATA, 2, 512 + 8)
+    );
+    assert_eq!(&output[used + at + 8..], &[3u8; 512]);
+}
