@@ -15,7 +15,7 @@ peers=(
   ip:iproute2 tc:iproute2 vblade:vblade aoe-sancheck:aoetools aoeping:aoetools tshark:tshark
   iscsi-test-cu:libiscsi-bin iscsi-ls:libiscsi-bin iscsi-inq:libiscsi-bin
   iscsi-readcapacity16:libiscsi-bin iscsi-swp:libiscsi-bin iscsi-perf:libiscsi-bin
-  tgtd:tgt tgtadm:tgt stdbuf:coreutils
+  tgtd:tgt tgtadm:tgt stdbuf:coreutils g++:g++
 )
 missing=()
 for pair in "${peers[@]}"; do
@@ -57,7 +57,13 @@ cargo build --workspace --release
 echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --workspace --release --no-fail-fast 2>&1 | tee "$log"
+status=0
+cargo test --workspace --release --no-fail-fast 2>&1 | tee "$log" || status=$?
 # One closing line for the whole run (cargo prints one per test binary).
 awk '/^test result:/ { passed += $4; failed += $6; ignored += $8 }
      END { printf "tests: %d passed, %d failed, %d skipped\n", passed, failed, ignored }' "$log"
+# Every parser that reads the network, fuzzed for a short while from the committed
+# seeds (docs/testing.md); a crash or a hang fails the run.
+echo "== fuzz (20 s per target)"
+bash fuzz/run.sh 20 || status=1
+exit $status

@@ -548,6 +548,32 @@ fn fio_random_writes_verify() {
     stop(served);
 }
 
+/// Large requests with many in flight go to the worker pool instead of running on
+/// the connection's thread (crates/nbd/src/server/offload.rs); their data must come
+/// back the same, and replies leave out of order.
+#[test]
+fn fio_large_requests_verify() {
+    require!("fio");
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("fio.img");
+    let served = Served::start(&[path_str(&disk), "--size", "64M", "--name", "fio"], "fio");
+    // fio takes the last of repeated options: 1 MiB and 256 KiB blocks, 16 in flight.
+    for bs in ["--bs=1M", "--bs=256k"] {
+        let json = fio(
+            dir.path(),
+            &served.uri(),
+            &[bs, "--iodepth=16", "--do_verify=1"],
+        );
+        assert_eq!(fio_int_after(&json, "\"jobs\"", "error"), 0, "{json}");
+        assert_eq!(
+            fio_int_after(&json, "\"read\"", "io_bytes"),
+            64 * MIB,
+            "the verify pass did not read everything back:\n{json}"
+        );
+    }
+    stop(served);
+}
+
 // ---------------------------------------------------------------------------------
 // read-only exports
 

@@ -1012,6 +1012,135 @@ fn many_requests_in_flight_are_all_answered() {
     );
 }
 
+/// One client's random I/O in its own `region` bytes at `base`: every 4 KiB block
+/// written once in a shuffled order (every fourth with FUA), all in flight at once,
+/// then read back in another order and checked; then the region overwritten by one
+/// large write and read back in 64 KiB pieces.
+fn verified_random_io(mut client: Client, base: u64, region: usize, seed: u8) {
+    const BLOCK: usize = 4096;
+    let blocks = region / BLOCK;
+    let mut state = u64::from(seed) * 0x9e37_79b9 + 1;
+    let mut shuffled = |count: usize| {
+        let mut order: Vec<usize> = (0..count).collect();
+        for i in (1..count).rev() {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            order.swap(i, (state >> 33) as usize % (i + 1));
+        }
+        order
+    };
+    let block = |i: usize| pattern(BLOCK, seed.wrapping_add(i as u8));
+    let mut out = Vec::new();
+    let mut expected = HashMap::new();
+    for (n, i) in shuffled(blocks).into_iter().enumerate() {
+        let flags = if n % 4 == 0 { NBD_CMD_FLAG_FUA } else { 0 };
+        let offset = base + (i * BLOCK) as u64;
+        let cookie = client.queue(
+            &mut out,
+            flags,
+            NBD_CMD_WRITE,
+            offset,
+            BLOCK as u32,
+            &block(i),
+        );
+        expected.insert(cookie, i);
+    }
+    let sender = client.send_in_background(out);
+    for _ in 0..blocks {
+        let reply = client.recv();
+        let i = expected
+            .remove(&reply.cookie)
+            .expect("a reply to a write in flight");
+        assert_eq!(reply.error, 0, "client {seed}: write of block {i}");
+    }
+    sender.join().unwrap();
+    let mut out = Vec::new();
+    for i in shuffled(blocks) {
+        let offset = base + (i * BLOCK) as u64;
+        let cookie = client.queue(&mut out, 0, NBD_CMD_READ, offset, BLOCK as u32, &[]);
+        expected.insert(cookie, i);
+    }
+    let sender = client.send_in_background(out);
+    for _ in 0..blocks {
+        let reply = client.recv();
+        let i = expected
+            .remove(&reply.cookie)
+            .expect("a reply to a read in flight");
+        assert_eq!(reply.error, 0, "client {seed}: read of block {i}");
+        assert!(
+            reply.data == block(i),
+            "client {seed}: block {i} read back wrong"
+        );
+    }
+    sender.join().unwrap();
+
+    // NBD lets a server run requests in flight in any order, so the reads of what
+    // the large write wrote go out only once it is answered.
+    let whole = pattern(region, seed ^ 0xff);
+    client.send(0, NBD_CMD_WRITE, base, region as u32, &whole);
+    assert_eq!(client.recv().error, 0, "client {seed}: the large write");
+    let mut out = Vec::new();
+    let pieces = region / (64 << 10);
+    for piece in 0..pieces {
+        let offset = base + (piece << 16) as u64;
+        let cookie = client.queue(&mut out, 0, NBD_CMD_READ, offset, 64 << 10, &[]);
+        expected.insert(cookie, piece);
+    }
+    let sender = client.send_in_background(out);
+    for _ in 0..pieces {
+        let reply = client.recv();
+        let piece = expected.remove(&reply.cookie).expect("a reply to a read");
+        assert_eq!(reply.error, 0);
+        let at = piece << 16;
+        assert!(
+            reply.data == whole[at..at + (64 << 10)],
+            "client {seed}: piece {piece} after the large write"
+        );
+    }
+    sender.join().unwrap();
+    assert!(client.pending.is_empty());
+    client.disconnect();
+}
+
+/// 64 clients on one export at once, each doing verified random I/O in its own part
+/// of it: every request is answered, right, and the file holds what each wrote last.
+#[test]
+fn sixty_four_clients_doing_verified_random_io_finish_without_error() {
+    const CLIENTS: usize = 64;
+    let region = (SIZE as usize) / CLIENTS;
+    let dir = tempfile::tempdir().unwrap();
+    let (served, path) = serve_sparse(dir.path());
+    // Handshakes one after another (one address may hold only 16 unfinished at
+    // once); the I/O all at once.
+    let clients: Vec<Client> = (0..CLIENTS)
+        .map(|c| Client::open_with(served.port, c % 2 == 0, false))
+        .collect();
+    let start = std::sync::Arc::new(std::sync::Barrier::new(CLIENTS));
+    let threads: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(c, client)| {
+            let start = start.clone();
+            std::thread::spawn(move || {
+                start.wait();
+                verified_random_io(client, (c * region) as u64, region, c as u8);
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("a client failed");
+    }
+    assert_eq!(served.terminate(), Some(0));
+    for c in 0..CLIENTS {
+        let data = file_range(&path, (c * region) as u64, region);
+        assert!(
+            data == pattern(region, c as u8 ^ 0xff),
+            "client {c}'s part of the file"
+        );
+    }
+}
+
 #[test]
 fn back_to_back_writes_of_mixed_sizes_land_whole() {
     // Payloads larger than the connection's read buffer are read straight into

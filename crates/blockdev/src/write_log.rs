@@ -150,28 +150,66 @@ impl WriteLog {
 
     /// Whether a write of `data` at `offset` has completed and is durable by now:
     /// written with FUA, or covered by a completed flush.
+    ///
+    /// The device may have seen the write in other pieces than the client sent: a
+    /// target that gathers consecutive requests into one device write (AoE's runs)
+    /// or splits one into several. So every byte is checked on its own: the latest
+    /// change to reach it must be a write that carried that byte, completed, and is
+    /// durable.
     pub fn is_durable(&self, offset: u64, data: &[u8]) -> bool {
         let records = self.records();
-        let Some((id, fua)) = records.iter().rev().find_map(|record| match record {
-            Record::Issued {
+        let durable = |id: usize, fua: bool| {
+            let Some(completed) = records
+                .iter()
+                .position(|record| *record == Record::Completed { id })
+            else {
+                return false;
+            };
+            fua || records
+                .iter()
+                .any(|record| matches!(record, Record::Flushed { covers } if completed < *covers))
+        };
+        // Byte ranges not yet explained, as offsets.
+        let mut open = vec![(offset, offset + data.len() as u64)];
+        for record in records.iter().rev() {
+            let Record::Issued {
                 id,
                 offset: at,
-                change: Change::Write(written),
+                change,
                 fua,
-            } if *at == offset && &written[..] == data => Some((*id, *fua)),
-            _ => None,
-        }) else {
-            return false;
-        };
-        let Some(completed) = records
-            .iter()
-            .position(|record| *record == Record::Completed { id })
-        else {
-            return false;
-        };
-        fua || records
-            .iter()
-            .any(|record| matches!(record, Record::Flushed { covers } if completed < *covers))
+            } = record
+            else {
+                continue;
+            };
+            let (start, end) = (*at, at + change.len());
+            let mut still_open = Vec::with_capacity(open.len());
+            for (from, to) in open {
+                let (lo, hi) = (from.max(start), to.min(end));
+                if lo >= hi {
+                    still_open.push((from, to));
+                    continue;
+                }
+                let Change::Write(written) = change else {
+                    return false; // trimmed or zeroed since
+                };
+                let carried = &written[(lo - start) as usize..(hi - start) as usize];
+                let wanted = &data[(lo - offset) as usize..(hi - offset) as usize];
+                if carried != wanted || !durable(*id, *fua) {
+                    return false;
+                }
+                if from < lo {
+                    still_open.push((from, lo));
+                }
+                if hi < to {
+                    still_open.push((hi, to));
+                }
+            }
+            open = still_open;
+            if open.is_empty() {
+                return true;
+            }
+        }
+        data.is_empty()
     }
 
     /// Checks `image` (the device as read after a crash at log position `at`, which

@@ -173,3 +173,35 @@ fn an_honest_cache_passes_and_a_flush_that_lies_is_caught() {
     assert_eq!(power_loss_violations(false), 0);
     assert!(power_loss_violations(true) > 0);
 }
+
+/// A target may hand the device other pieces than the client wrote: two clients'
+/// neighbouring writes gathered into one, or one write split in two. Durability is
+/// judged byte by byte, by the latest change that reached each byte.
+#[test]
+fn durability_follows_bytes_through_gathered_and_split_writes() {
+    let (log, _) = logged();
+    let (a, b) = ([1u8; 512], [2u8; 512]);
+    let mut gathered = a.to_vec();
+    gathered.extend_from_slice(&b);
+    log.write_at(&gathered, 0, WriteFlags::NONE).unwrap();
+    assert!(!log.is_durable(0, &a), "not flushed yet");
+    log.flush().unwrap();
+    assert!(log.is_durable(0, &a) && log.is_durable(512, &b));
+    assert!(!log.is_durable(0, &b), "other bytes than were written");
+
+    // One client write of 1 KiB reaching the device as two halves, the second FUA
+    // but the first never covered.
+    let c = [3u8; 1024];
+    log.write_at(&c[..512], 4096, WriteFlags::NONE).unwrap();
+    log.write_at(&c[512..], 4608, WriteFlags::FUA).unwrap();
+    assert!(log.is_durable(4608, &c[512..]));
+    assert!(!log.is_durable(4096, &c), "half of it is not durable");
+    log.flush().unwrap();
+    assert!(log.is_durable(4096, &c));
+
+    // A later trim of part of it: those bytes are no longer the write's.
+    log.trim(4096, 512, WriteFlags::NONE).unwrap();
+    log.flush().unwrap();
+    assert!(!log.is_durable(4096, &c));
+    assert!(log.is_durable(4608, &c[512..]));
+}

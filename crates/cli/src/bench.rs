@@ -17,8 +17,8 @@ use crate::open::{open, parse_reconnect, parse_timeout, reconnect_setting, Remot
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// What to measure: a file or block device (overwritten!), a directory (a test
-    /// file is created inside and removed afterwards), or a remote host
-    /// (nbd://host:port/export, host:port) for the network test.
+    /// file is created inside and removed afterwards), a remote device (nbd://,
+    /// aoe://, iscsi://, stripe:...), or a host (host:port) for the network test.
     #[arg(required_unless_present = "compare")]
     pub target: Option<String>,
 
@@ -38,7 +38,7 @@ pub struct BenchArgs {
     pub block_size: u64,
 
     /// Requests in flight for the sequential workload (one thread each); default 1
-    /// on paths, 16 on URIs (nbd://, aoe://).
+    /// on paths, 16 on URIs (nbd://, aoe://, iscsi://).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub queue_depth: Option<u32>,
 

@@ -459,4 +459,41 @@ mod tests {
         let text = "[[export]]\nname = \"a\"\npath = \"/x\"\nreadonly = true\n";
         assert!(toml::from_str::<Config>(text).is_err());
     }
+
+    /// The TOML blocks of a Markdown page.
+    fn toml_blocks(markdown: &str) -> Vec<String> {
+        let mut blocks = Vec::new();
+        let mut lines = markdown.lines();
+        while let Some(line) = lines.next() {
+            if line.trim() == "```toml" {
+                let block: Vec<&str> = lines.by_ref().take_while(|l| l.trim() != "```").collect();
+                blocks.push(block.join("\n"));
+            }
+        }
+        blocks
+    }
+
+    /// The examples users copy must be configurations the server takes.
+    #[test]
+    fn documented_examples_are_valid() {
+        let pages = [
+            ("README.md", include_str!("../../../README.md")),
+            (
+                "docs/configuration.md",
+                include_str!("../../../docs/configuration.md"),
+            ),
+        ];
+        for (page, text) in pages {
+            let blocks = toml_blocks(text);
+            assert!(!blocks.is_empty(), "{page} has no TOML example");
+            for block in blocks {
+                let dir = tempfile::tempdir().unwrap();
+                let path = dir.path().join("blockwire.toml");
+                std::fs::write(&path, &block).unwrap();
+                if let Err(e) = Config::load(&path) {
+                    panic!("{page}: the example does not load: {e:#}\n{block}");
+                }
+            }
+        }
+    }
 }

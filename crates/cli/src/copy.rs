@@ -15,9 +15,11 @@ use crate::open::{
 
 #[derive(Args, Debug)]
 pub struct CopyArgs {
-    /// What to copy: a file, a block device or a URI (nbd://, aoe://).
+    /// What to copy: a file, a block device, a URI (nbd://, aoe://, iscsi://) or a
+    /// striped volume (stripe:CHUNK:MEMBER,...).
     pub source: String,
-    /// Where to: a file (created sparse if missing), a block device or a URI.
+    /// Where to: a file (created sparse if missing), a block device, a URI or a
+    /// striped volume.
     pub destination: String,
     /// Connections per NBD URI (used when the server allows several).
     #[arg(long, default_value_t = 4)]

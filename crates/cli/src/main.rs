@@ -22,7 +22,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// blockwire: export files and devices as network block devices, and measure them.
+/// blockwire: export files and devices as network block devices over NBD, AoE and
+/// iSCSI, read them with its own initiators, and measure them.
 #[derive(Parser)]
 #[command(name = "blockwire", version, about, propagate_version = true)]
 struct Cli {
@@ -38,18 +39,25 @@ struct Cli {
 enum Command {
     /// Export a file, a block device or memory over NBD, AoE and iSCSI.
     Serve(serve::ServeArgs),
-    /// Measure a file, block device or directory: throughput, latency, CPU.
+    /// Measure a path or a remote device: throughput, IOPS, latency, CPU.
+    ///
+    /// A file, block device or directory, an NBD, AoE or iSCSI target, or a striped
+    /// volume; bonnie++-style, sequential, queue-depth sweeps and the network.
     Bench(bench::BenchArgs),
-    /// Show what an NBD server says about an export: size, block sizes, flags;
-    /// --list its exports, --map the export's allocation.
+    /// Show what an NBD, AoE or iSCSI target offers: size, block sizes, flags.
+    ///
+    /// --list the exports or targets, --map the allocation.
     Info(info::InfoArgs),
-    /// Copy any path or NBD URI to any other: sparse-aware, parallel, verified.
+    /// Copy any path or NBD, AoE or iSCSI device to any other: sparse, parallel.
+    ///
+    /// Holes stay holes; --verify reads both sides back.
     Copy(copy::CopyArgs),
     /// Serve an in-memory device over NBD on loopback and measure it both ways.
     Demo(demo::DemoArgs),
-    /// Build the seeds' test beds on this host (network namespaces, veth channels,
-    /// MTU, rate limits) and measure the protocol × MTU × rate × channels matrix.
-    /// Needs root.
+    /// Rebuild the seeds' multi-link test beds on this host and measure them (root).
+    ///
+    /// Network namespaces joined by veth channels with their MTU and rate limits;
+    /// the protocol × MTU × rate × channels matrix.
     Lab(lab::LabArgs),
     /// Answer the bench's network test (TCP throughput both ways) on a target host.
     Netserve(netserve::NetserveArgs),

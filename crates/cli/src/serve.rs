@@ -22,7 +22,8 @@ use crate::serve_volume::Volumes;
 use crate::stop_signals;
 use crate::throttle_args;
 
-/// The remote target a PATH argument names, if it is a URI (nbd://, aoe://).
+/// The remote target a PATH argument names, if it is a URI (nbd://, aoe://, iscsi://)
+/// or a striped volume.
 fn remote_target(path: &Path) -> Result<Option<Target>> {
     match path.to_str() {
         Some(text) if text.starts_with(crate::open_stripe::PREFIX) => {
@@ -42,9 +43,10 @@ const DEMO_SIZE: u64 = 1 << 30;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// File or block device to export, or a remote device (nbd://..., aoe://...) or
-    /// a striped volume (stripe:CHUNK:MEMBER,MEMBER,...) to serve again as a gateway. Without it (and without --config), serves a 1 GiB
-    /// in-memory demo export.
+    /// File or block device to export, or a remote device (nbd://, aoe://, iscsi://)
+    /// or a striped volume (stripe:CHUNK:MEMBER,MEMBER,...) to serve again as a
+    /// gateway. Without it (and without --config), serves a 1 GiB in-memory demo
+    /// export. Served over NBD unless --aoe or --iscsi alone is given.
     pub path: Option<PathBuf>,
 
     /// Create PATH as a sparse file of this size if it does not exist (e.g. 4G).

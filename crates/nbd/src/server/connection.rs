@@ -4,17 +4,20 @@
 //! for hardware itself (cached reads, buffered writes), batching their replies into
 //! one vectored write per burst of requests. Requests that may block (flush, FUA,
 //! cache misses, direct I/O) go to the shared worker pool and are answered from
-//! there, out of order. Reads of the socket are buffered, so a burst of small
+//! there, out of order, and so do large reads and writes while the client keeps
+//! several in flight (see [`super::offload`]). Reads of the socket are buffered, so a burst of small
 //! requests costs one system call.
 
 use std::io::{self, Read, Write};
 use std::sync::Arc;
+use std::time::Instant;
 
 use blockwire_blockdev::IoBuf;
 
 use super::export::ExportSet;
 use super::large;
 use super::negotiation::{Negotiation, Step};
+use super::offload::{OffloadPolicy, Transfer};
 use super::session::{Action, Reply, Session};
 use super::writer::{ReplySink, ReplyWriter, BATCH_BYTES, BATCH_REPLIES};
 use crate::wire::*;
@@ -100,6 +103,22 @@ pub enum Ending {
     Violation(String),
     /// The socket failed.
     Failed(io::Error),
+}
+
+/// Where a connection's requests come from.
+pub trait RequestSource: Read {
+    /// Whether the client has sent bytes not read yet: more requests behind the one
+    /// being handled. The default knows nothing and says no.
+    fn input_pending(&self) -> bool {
+        false
+    }
+}
+
+/// Requests from memory (tests, replays): pending while unread bytes remain.
+impl<T: AsRef<[u8]>> RequestSource for io::Cursor<T> {
+    fn input_pending(&self) -> bool {
+        (self.position() as usize) < self.get_ref().as_ref().len()
+    }
 }
 
 /// Buffered reading of requests and payloads.
@@ -189,10 +208,11 @@ pub fn transmit<R, W>(
     pool: &WorkerPool,
 ) -> Ending
 where
-    R: Read,
+    R: RequestSource,
     W: ReplySink + Send + 'static,
 {
     let in_flight = Arc::new(InFlight::new(MAX_IN_FLIGHT));
+    let policy = Arc::new(OffloadPolicy::default());
     let mut reader = RequestReader::new(source);
     let mut batch: Vec<Reply> = Vec::with_capacity(BATCH_REPLIES);
     let mut batch_bytes = 0usize;
@@ -282,20 +302,50 @@ where
             Action::Execute(job) => Some(job),
         };
         if let Some(job) = job {
-            match session.execute_inline(job) {
+            let large = Transfer::large(&job);
+            let more_waiting = || reader.buffered() >= REQUEST_LEN || reader.source.input_pending();
+            let inline = match large {
+                Some((transfer, len)) if policy.should_offload(transfer, len, more_waiting) => {
+                    Err(job)
+                }
+                Some((transfer, len)) => {
+                    let started = Instant::now();
+                    let result = session.execute_inline(job);
+                    if result.is_ok() {
+                        policy.record(transfer, len, started.elapsed());
+                    }
+                    result
+                }
+                None => session.execute_inline(job),
+            };
+            match inline {
                 Ok(reply) => push(&mut batch, &mut batch_bytes, reply),
                 Err(job) => {
                     if in_flight.is_full() {
                         let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
                     }
                     in_flight.acquire();
-                    let (session, writer, in_flight) =
-                        (session.clone(), writer.clone(), in_flight.clone());
+                    if let Some((_, len)) = large {
+                        policy.start(len);
+                    }
+                    let (session, writer, in_flight, policy) = (
+                        session.clone(),
+                        writer.clone(),
+                        in_flight.clone(),
+                        policy.clone(),
+                    );
                     pool.submit(move || {
+                        let started = Instant::now();
                         let reply = session.execute(job);
+                        if let Some((transfer, len)) = large {
+                            policy.record(transfer, len, started.elapsed());
+                        }
                         // A failed send marks the writer broken; the connection
                         // thread notices and ends.
                         let _ = writer.send(std::slice::from_ref(&reply));
+                        if let Some((_, len)) = large {
+                            policy.finish(len);
+                        }
                         in_flight.release();
                     });
                 }

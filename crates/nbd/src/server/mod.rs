@@ -9,6 +9,7 @@ mod connection;
 mod export;
 mod large;
 mod negotiation;
+mod offload;
 mod session;
 mod stream;
 mod writer;
@@ -26,7 +27,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 pub use blockwire_blockdev::workers::WorkerPool;
-pub use connection::{negotiate, transmit, Ending};
+pub use connection::{negotiate, transmit, Ending, RequestSource};
 pub use export::{Export, ExportSet};
 pub use negotiation::{transmission_flags, HandshakeError, Negotiation, Step, BASE_ALLOCATION_ID};
 pub use session::{

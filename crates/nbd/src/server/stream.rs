@@ -6,6 +6,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
+use super::connection::RequestSource;
 use super::writer::{short_file, ReplySink};
 
 /// A client connection.
@@ -177,6 +178,15 @@ impl Write for Stream {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+impl RequestSource for Stream {
+    fn input_pending(&self) -> bool {
+        let mut pending: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int, the bytes waiting in the receive queue.
+        let rc = unsafe { libc::ioctl(self.raw_fd(), libc::FIONREAD, &mut pending) };
+        rc == 0 && pending > 0
     }
 }
 
