@@ -41,7 +41,7 @@ pub fn stream_write(
     let fua = request.flags & NBD_CMD_FLAG_FUA != 0;
     // A flush after the last piece makes every piece durable at once; a device that
     // cannot flush gets FUA on each piece instead.
-    let flush_at_end = fua && device.info().capabilities.flush.available();
+    let flush_at_end = fua && device.info().capabilities.flush.is_native();
     let piece_flags = WriteFlags {
         fua: fua && !flush_at_end,
     };

@@ -26,6 +26,8 @@ const MIB: u64 = 1 << 20;
 struct Flaky {
     inner: MemoryDevice,
     fail_from: u64,
+    /// Report no flush (FUA stays native).
+    no_flush: bool,
     flushes: AtomicUsize,
     fua_writes: AtomicUsize,
 }
@@ -35,6 +37,7 @@ impl Flaky {
         Arc::new(Flaky {
             inner: MemoryDevice::new(size),
             fail_from,
+            no_flush: false,
             flushes: AtomicUsize::new(0),
             fua_writes: AtomicUsize::new(0),
         })
@@ -50,7 +53,11 @@ impl Flaky {
 
 impl BlockDevice for Flaky {
     fn info(&self) -> DeviceInfo {
-        self.inner.info()
+        let mut info = self.inner.info();
+        if self.no_flush {
+            info.capabilities.flush = blockwire_blockdev::Support::None;
+        }
+        info
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> DeviceResult<()> {
@@ -320,6 +327,22 @@ fn fua_on_a_streamed_write_covers_every_piece_with_one_flush() {
     let mut socket = Cursor::new(pattern(40 * MIB as usize, 2));
     stream_write(&session, &write, |piece| socket.read_exact(piece)).unwrap();
     assert_eq!(flaky.flushes.load(Ordering::Relaxed), 1);
+
+    // A device with FUA but no flush gets FUA on every piece.
+    let no_flush = Arc::new(Flaky {
+        inner: MemoryDevice::new(64 * MIB),
+        fail_from: u64::MAX,
+        no_flush: true,
+        flushes: AtomicUsize::new(0),
+        fua_writes: AtomicUsize::new(0),
+    });
+    let session = unnegotiated(Device::new(no_flush.clone()), Framing::Simple);
+    let write = request(NBD_CMD_WRITE, NBD_CMD_FLAG_FUA, 3, 0, 40 * MIB);
+    let mut socket = Cursor::new(pattern(40 * MIB as usize, 3));
+    stream_write(&session, &write, |piece| socket.read_exact(piece)).unwrap();
+    assert_eq!(no_flush.flushes.load(Ordering::Relaxed), 0);
+    let pieces = (40 * MIB).div_ceil(STREAM_PIECE as u64) as usize;
+    assert_eq!(no_flush.fua_writes.load(Ordering::Relaxed), pieces);
 }
 
 #[test]
