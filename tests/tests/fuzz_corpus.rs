@@ -17,19 +17,39 @@ use blockwire_nbd::wire::*;
 type Corpus = BTreeMap<(&'static str, &'static str), Vec<u8>>;
 
 fn nbd_request(out: &mut Vec<u8>, command: u16, flags: u16, offset: u64, len: u32) {
+    nbd_request_framed(out, Framing::Structured, command, flags, offset, len);
+}
+
+fn nbd_request_framed(
+    out: &mut Vec<u8>,
+    framing: Framing,
+    command: u16,
+    flags: u16,
+    offset: u64,
+    len: u32,
+) {
     Request {
         flags,
         command,
         cookie: out.len() as u64,
         offset,
-        len,
+        len: len.into(),
     }
-    .encode(out);
+    .encode_framed(framing, out);
 }
 
 /// A client's side of a whole NBD session: the handshake with `options`, then
 /// every command once.
 fn nbd_session(options: &[(u32, Vec<u8>)]) -> Vec<u8> {
+    nbd_session_framed(options, Framing::Structured)
+}
+
+/// [`nbd_session`] with requests framed as `framing` says (extended headers once
+/// NBD_OPT_EXTENDED_HEADERS is among the options).
+fn nbd_session_framed(options: &[(u32, Vec<u8>)], framing: Framing) -> Vec<u8> {
+    let nbd_request = |out: &mut Vec<u8>, command, flags, offset, len| {
+        nbd_request_framed(out, framing, command, flags, offset, len)
+    };
     let mut out = (NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES)
         .to_be_bytes()
         .to_vec();
@@ -85,6 +105,17 @@ fn nbd(corpus: &mut Corpus) {
         (NBD_OPT_GO, go("")),
     ]);
     let export_name = nbd_session(&[(NBD_OPT_EXPORT_NAME, Vec::new())]);
+    let extended = nbd_session_framed(
+        &[
+            (NBD_OPT_EXTENDED_HEADERS, Vec::new()),
+            (NBD_OPT_SET_META_CONTEXT, meta_context()),
+            (NBD_OPT_GO, go("")),
+        ],
+        Framing::Extended,
+    );
+    let mut extended_reading = vec![0x00];
+    extended_reading.extend_from_slice(&extended);
+    corpus.insert(("nbd_server", "extended-session"), extended_reading);
     // nbd_server: the first byte says how the client reads its replies.
     let mut reading = vec![0x00];
     reading.extend_from_slice(&structured);
@@ -99,6 +130,19 @@ fn nbd(corpus: &mut Corpus) {
     let mut request = Vec::new();
     nbd_request(&mut request, NBD_CMD_WRITE, NBD_CMD_FLAG_FUA, 4096, 512);
     corpus.insert(("nbd_wire", "request"), request);
+    let mut extended_request = Vec::new();
+    nbd_request_framed(
+        &mut extended_request,
+        Framing::Extended,
+        NBD_CMD_WRITE,
+        NBD_CMD_FLAG_PAYLOAD_LEN,
+        4096,
+        512,
+    );
+    corpus.insert(("nbd_wire", "extended-request"), extended_request);
+    let mut extended_status = Vec::new();
+    ChunkFrame::extended(7, 0).block_status(&mut extended_status, 1, &[(1 << 33, 3)], true);
+    corpus.insert(("nbd_wire", "extended-block-status-reply"), extended_status);
     let mut option = Vec::new();
     OptionHeader::encode(&mut option, NBD_OPT_GO, &go("disk"));
     corpus.insert(("nbd_wire", "option-go"), option);

@@ -151,6 +151,8 @@ fn info_matches_nbdinfo() {
     for line in [
         "block sizes: minimum 1, preferred 4096, maximum 33554432",
         "structured replies: yes",
+        // Our initiator and target agree on extended headers.
+        "extended headers: yes",
         "contexts: base:allocation",
     ] {
         assert!(ours.contains(line), "{line:?} missing:\n{ours}");

@@ -129,14 +129,19 @@ fn read_option_replies(stream: &mut TcpStream, option: u32) -> Vec<OptReply> {
     }
 }
 
-/// Sends NBD_OPT_GO; returns the export size and transmission flags, or the error
-/// reply type.
+/// Sends NBD_OPT_GO asking for the block sizes; returns the export size and
+/// transmission flags, or the error reply type.
 fn go(stream: &mut TcpStream, name: &str) -> Result<(u64, u16), u32> {
+    go_asking(stream, name, vec![NBD_INFO_BLOCK_SIZE])
+}
+
+/// NBD_OPT_GO with the information requests `requests`.
+fn go_asking(stream: &mut TcpStream, name: &str, requests: Vec<u16>) -> Result<(u64, u16), u32> {
     send_option(
         stream,
         &ClientOption::Go {
             name: name.to_string(),
-            requests: vec![NBD_INFO_BLOCK_SIZE],
+            requests,
         },
     );
     let mut export = None;
@@ -231,6 +236,34 @@ impl Client {
         Client::in_transmission(stream, structured, size, flags, context)
     }
 
+    /// A client that never learns our block sizes: NBD_OPT_EXPORT_NAME, or (with
+    /// `structured`) structured replies and NBD_OPT_GO without NBD_INFO_BLOCK_SIZE.
+    fn without_sizes(port: u16, structured: bool) -> Client {
+        let mut stream = fixed_handshake(port);
+        let (size, flags) = if structured {
+            send_option(&mut stream, &ClientOption::StructuredReply);
+            let replies = read_option_replies(&mut stream, NBD_OPT_STRUCTURED_REPLY);
+            assert_eq!(replies[0].header.reply, NBD_REP_ACK);
+            go_asking(&mut stream, EXPORT, vec![]).expect("NBD_OPT_GO")
+        } else {
+            send_option(&mut stream, &ClientOption::ExportName(EXPORT.into()));
+            // NO_ZEROES was negotiated: size and flags only.
+            let reply = read_bytes(&mut stream, 10, "NBD_OPT_EXPORT_NAME reply");
+            let size = u64::from_be_bytes(reply[..8].try_into().unwrap());
+            (size, u16::from_be_bytes([reply[8], reply[9]]))
+        };
+        Client {
+            stream,
+            structured,
+            size,
+            flags,
+            context: None,
+            pending: HashMap::new(),
+            partial: HashMap::new(),
+            next_cookie: 0x1a7e_0000_0000_0001,
+        }
+    }
+
     fn in_transmission(
         stream: TcpStream,
         structured: bool,
@@ -269,7 +302,7 @@ impl Client {
             command,
             cookie,
             offset,
-            len,
+            len: len.into(),
         }
         .encode(out);
         out.extend_from_slice(payload);
@@ -433,6 +466,7 @@ impl Client {
                         return Some(reply);
                     }
                 }
+                ReplyHeader::Extended { .. } => panic!("extended reply chunk, never negotiated"),
             }
         }
     }
@@ -1486,4 +1520,135 @@ fn a_client_that_never_reads_its_replies_is_cut_off() {
         "{drained} bytes of replies: not cut off"
     );
     sending.join().unwrap();
+}
+
+/// The server's peak resident memory (VmHWM), in bytes.
+fn peak_rss(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("VmHWM in /proc/PID/status");
+    kib * 1024
+}
+
+#[test]
+fn clients_that_never_learned_the_maximum_get_40_mib_requests_streamed() {
+    const BIG: u64 = 192 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let path = sparse_file(dir.path(), "big.img", BIG);
+    let served = Served::start(&[path.to_str().unwrap(), "--name", EXPORT], EXPORT);
+    let baseline = peak_rss(served.pid());
+    let forty = 40 * MIB;
+    for structured in [false, true] {
+        let mut client = Client::without_sizes(served.port, structured);
+        assert_eq!(client.size, BIG);
+        let offset = u64::from(structured) * 64 * u64::from(MIB) + 4096;
+        let data = pattern(forty as usize, 40 + structured as u8);
+        client.write_ok(offset, &data);
+        let back = client.read_ok(offset, forty);
+        assert!(
+            back == data,
+            "40 MiB read back differs (structured {structured})"
+        );
+
+        // Above the 64 MiB default: refused, the payload read and dropped, and the
+        // connection still in step.
+        let too_big = 80 * MIB;
+        let write = client.write(0, &vec![0xeeu8; too_big as usize]);
+        assert_eq!(
+            write.error, NBD_EINVAL,
+            "80 MiB write (structured {structured})"
+        );
+        let read = client.read(0, too_big);
+        let expected = if structured {
+            NBD_EOVERFLOW
+        } else {
+            NBD_EINVAL
+        };
+        assert_eq!(
+            read.error, expected,
+            "80 MiB read (structured {structured})"
+        );
+        client.check_works(120 << 20, 50 + structured as u8);
+        client.disconnect();
+    }
+    assert_eq!(
+        file_range(&path, 4096, 8192),
+        pattern(forty as usize, 40)[..8192],
+        "the streamed write did not reach the file"
+    );
+    assert_eq!(
+        file_range(&path, 0, 4096),
+        vec![0u8; 4096],
+        "the refused write landed"
+    );
+
+    // Four such clients at once: each payload moves through one bounded buffer, so
+    // the server's memory grows by far less than the 160 MiB the payloads add up to
+    // (a server holding them whole, as nbdkit and nbd-server do, would need it all).
+    let writers: Vec<_> = (0..4u8)
+        .map(|i| {
+            let port = served.port;
+            std::thread::spawn(move || {
+                let mut client = Client::without_sizes(port, i % 2 == 1);
+                let data = pattern(forty as usize, 90 + i);
+                let offset = u64::from(i) * u64::from(forty);
+                client.write_ok(offset, &data);
+                assert!(
+                    client.read_ok(offset, forty) == data,
+                    "client {i} read back"
+                );
+                client.disconnect();
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    let growth = peak_rss(served.pid()).saturating_sub(baseline);
+    eprintln!("server peak RSS grew by {} MiB", growth >> 20);
+    assert!(
+        growth < 64 << 20,
+        "server peak RSS grew by {} MiB for four 40 MiB requests",
+        growth >> 20
+    );
+    assert_eq!(served.terminate(), Some(0));
+}
+
+#[test]
+fn the_unnegotiated_payload_limit_follows_the_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sparse_file(dir.path(), "big.img", 128 << 20);
+    for (limit, len, expected) in [("32M", 40 * MIB, NBD_EINVAL), ("96M", 80 * MIB, 0)] {
+        let config = dir.path().join(format!("limit-{limit}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\nlisten = [\"127.0.0.1:0\"]\nunnegotiated_payload_limit = \"{limit}\"\n\
+                 [[export]]\nname = \"{EXPORT}\"\npath = \"{}\"\n",
+                path.display()
+            ),
+        )
+        .unwrap();
+        let served = Served::start_config(&config, EXPORT);
+        let mut client = Client::without_sizes(served.port, false);
+        let data = pattern(len as usize, 7);
+        let write = client.write(0, &data);
+        assert_eq!(
+            write.error, expected,
+            "{len}-byte write with a {limit} limit"
+        );
+        if expected == 0 {
+            assert!(
+                client.read_ok(0, len) == data,
+                "read back with a {limit} limit"
+            );
+        }
+        client.check_works(100 << 20, 8);
+        client.disconnect();
+        assert_eq!(served.terminate(), Some(0));
+    }
 }

@@ -2,7 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
+use blockwire_blockdev::size::{format_size, parse_size};
+use blockwire_blockdev::DeviceInfo;
 use serde::Deserialize;
 
 /// A whole configuration file.
@@ -96,6 +98,10 @@ pub struct ServerSection {
     /// Seconds a client may leave replies unread (its socket taking nothing) before
     /// it is cut off (default 30).
     pub send_timeout: Option<f64>,
+    /// The largest NBD read or write served to a client that never learned the
+    /// advertised 32 MiB maximum ("64M" by default; up to "1G"), streamed through
+    /// bounded buffers.
+    pub unnegotiated_payload_limit: Option<String>,
     /// The export an empty name selects (default: the first).
     pub default_export: Option<String>,
 }
@@ -185,6 +191,29 @@ impl XdpChoice {
     }
 }
 
+impl ServerSection {
+    /// `unnegotiated_payload_limit` in bytes: from the advertised 32 MiB maximum
+    /// (below it the key would refuse what any client may send) to 1 GiB (a reply
+    /// chunk's 32-bit length must hold it, and more only invites a denial of
+    /// service).
+    pub fn unnegotiated_payload_limit(&self) -> Result<Option<u32>> {
+        let Some(text) = &self.unnegotiated_payload_limit else {
+            return Ok(None);
+        };
+        let bytes =
+            parse_size(text).map_err(|e| anyhow!("[server] unnegotiated_payload_limit: {e}"))?;
+        let (min, max) = (u64::from(DeviceInfo::DEFAULT_MAX_TRANSFER), 1u64 << 30);
+        if !(min..=max).contains(&bytes) {
+            bail!(
+                "[server] unnegotiated_payload_limit must be between {} and {}, not {text}",
+                format_size(min),
+                format_size(max)
+            );
+        }
+        Ok(Some(bytes as u32))
+    }
+}
+
 impl Config {
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
@@ -267,6 +296,30 @@ mod tests {
         assert_eq!(config.exports[0].write_behind.as_deref(), Some("0"));
         assert_eq!(config.exports[1].write_behind, None);
         assert_eq!(config.exports[1].memory.as_deref(), Some("64M"));
+    }
+
+    #[test]
+    fn the_unnegotiated_payload_limit_is_a_size_within_bounds() {
+        let limit = |text: &str| {
+            let config: Config = toml::from_str(&format!("[server]\n{text}")).unwrap();
+            config.server.unnegotiated_payload_limit()
+        };
+        assert_eq!(limit("").unwrap(), None);
+        assert_eq!(
+            limit("unnegotiated_payload_limit = \"64M\"").unwrap(),
+            Some(64 << 20)
+        );
+        assert_eq!(
+            limit("unnegotiated_payload_limit = \"1G\"").unwrap(),
+            Some(1 << 30)
+        );
+        for refused in ["\"16M\"", "\"2G\"", "\"lots\""] {
+            let err = limit(&format!("unnegotiated_payload_limit = {refused}")).unwrap_err();
+            assert!(
+                err.to_string().contains("unnegotiated_payload_limit"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

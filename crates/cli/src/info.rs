@@ -169,6 +169,11 @@ fn details_text(uri: &NbdUri, details: &ExportDetails) -> String {
     };
     let _ = writeln!(out, "flags: {flags}");
     let _ = writeln!(out, "structured replies: {}", yes_no(details.structured));
+    let _ = writeln!(
+        out,
+        "extended headers: {}",
+        yes_no(details.extended_headers)
+    );
     let contexts = if details.contexts.is_empty() {
         "none".to_string()
     } else {
@@ -254,6 +259,7 @@ fn details_json(uri: &NbdUri, details: &ExportDetails) -> String {
         ("transmission_flags", details.flags.to_string()),
         ("read_only", details.read_only().to_string()),
         ("structured", details.structured.to_string()),
+        ("extended_headers", details.extended_headers.to_string()),
         (
             "contexts",
             json_strings(details.contexts.iter().map(String::as_str)),

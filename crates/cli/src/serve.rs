@@ -473,6 +473,9 @@ fn plan_from_file(path: &Path, workers: usize) -> Result<Plan> {
         }
         config.send_timeout = Duration::from_secs_f64(secs);
     }
+    if let Some(limit) = file.server.unnegotiated_payload_limit()? {
+        config.unnegotiated_payload_limit = limit;
+    }
     Ok(Plan {
         nbd: Some((exports, config, file.server.socket.clone())),
         aoe,

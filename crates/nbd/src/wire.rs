@@ -28,6 +28,7 @@ pub const NBD_OPT_GO: u32 = 7;
 pub const NBD_OPT_STRUCTURED_REPLY: u32 = 8;
 pub const NBD_OPT_LIST_META_CONTEXT: u32 = 9;
 pub const NBD_OPT_SET_META_CONTEXT: u32 = 10;
+pub const NBD_OPT_EXTENDED_HEADERS: u32 = 11;
 
 // Option replies.
 pub const NBD_REP_ACK: u32 = 1;
@@ -44,6 +45,7 @@ pub const NBD_REP_ERR_UNKNOWN: u32 = NBD_REP_FLAG_ERROR | 6;
 pub const NBD_REP_ERR_SHUTDOWN: u32 = NBD_REP_FLAG_ERROR | 7;
 pub const NBD_REP_ERR_BLOCK_SIZE_REQD: u32 = NBD_REP_FLAG_ERROR | 8;
 pub const NBD_REP_ERR_TOO_BIG: u32 = NBD_REP_FLAG_ERROR | 9;
+pub const NBD_REP_ERR_EXT_HEADER_REQD: u32 = NBD_REP_FLAG_ERROR | 10;
 
 // Information types for NBD_OPT_INFO / NBD_OPT_GO.
 pub const NBD_INFO_EXPORT: u16 = 0;
@@ -63,11 +65,14 @@ pub const NBD_FLAG_SEND_DF: u16 = 1 << 7;
 pub const NBD_FLAG_CAN_MULTI_CONN: u16 = 1 << 8;
 pub const NBD_FLAG_SEND_CACHE: u16 = 1 << 10;
 pub const NBD_FLAG_SEND_FAST_ZERO: u16 = 1 << 11;
+pub const NBD_FLAG_BLOCK_STATUS_PAYLOAD: u16 = 1 << 12;
 
 // Transmission magics.
 pub const NBD_REQUEST_MAGIC: u32 = 0x2560_9513;
 pub const NBD_SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 pub const NBD_STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+pub const NBD_EXTENDED_REQUEST_MAGIC: u32 = 0x21e4_1c71;
+pub const NBD_EXTENDED_REPLY_MAGIC: u32 = 0x6e8a_278c;
 
 // Commands.
 pub const NBD_CMD_READ: u16 = 0;
@@ -85,6 +90,7 @@ pub const NBD_CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 pub const NBD_CMD_FLAG_DF: u16 = 1 << 2;
 pub const NBD_CMD_FLAG_REQ_ONE: u16 = 1 << 3;
 pub const NBD_CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
+pub const NBD_CMD_FLAG_PAYLOAD_LEN: u16 = 1 << 5;
 
 // Structured reply flags and types.
 pub const NBD_REPLY_FLAG_DONE: u16 = 1 << 0;
@@ -92,6 +98,7 @@ pub const NBD_REPLY_TYPE_NONE: u16 = 0;
 pub const NBD_REPLY_TYPE_OFFSET_DATA: u16 = 1;
 pub const NBD_REPLY_TYPE_OFFSET_HOLE: u16 = 2;
 pub const NBD_REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+pub const NBD_REPLY_TYPE_BLOCK_STATUS_EXT: u16 = 6;
 pub const NBD_REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
 pub const NBD_REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) | 2;
 
@@ -121,12 +128,16 @@ pub const GREETING_LEN: usize = 18;
 pub const OPTION_HEADER_LEN: usize = 16;
 /// Size of an option reply header: magic, option, type, length.
 pub const OPTION_REPLY_HEADER_LEN: usize = 20;
-/// Size of a transmission request header.
+/// Size of a compact transmission request header.
 pub const REQUEST_LEN: usize = 28;
+/// Size of an extended transmission request header (NBD_OPT_EXTENDED_HEADERS).
+pub const EXTENDED_REQUEST_LEN: usize = 32;
 /// Size of a simple reply header.
 pub const SIMPLE_REPLY_LEN: usize = 16;
 /// Size of a structured reply chunk header.
 pub const CHUNK_HEADER_LEN: usize = 20;
+/// Size of an extended reply chunk header (NBD_OPT_EXTENDED_HEADERS).
+pub const EXTENDED_REPLY_LEN: usize = 32;
 
 /// Input that is not valid NBD.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -265,6 +276,7 @@ pub enum ClientOption {
         requests: Vec<u16>,
     },
     StructuredReply,
+    ExtendedHeaders,
     ListMetaContext {
         name: String,
         queries: Vec<String>,
@@ -296,6 +308,7 @@ impl ClientOption {
             NBD_OPT_LIST => no_data(ClientOption::List),
             NBD_OPT_STARTTLS => no_data(ClientOption::StartTls),
             NBD_OPT_STRUCTURED_REPLY => no_data(ClientOption::StructuredReply),
+            NBD_OPT_EXTENDED_HEADERS => no_data(ClientOption::ExtendedHeaders),
             NBD_OPT_INFO | NBD_OPT_GO => {
                 let mut r = Reader::new(data);
                 let name_len = r.u32().ok_or(malformed("too short"))? as usize;
@@ -347,6 +360,7 @@ impl ClientOption {
             ClientOption::List => NBD_OPT_LIST,
             ClientOption::StartTls => NBD_OPT_STARTTLS,
             ClientOption::StructuredReply => NBD_OPT_STRUCTURED_REPLY,
+            ClientOption::ExtendedHeaders => NBD_OPT_EXTENDED_HEADERS,
             ClientOption::Info { name, requests } | ClientOption::Go { name, requests } => {
                 data.extend_from_slice(&(name.len() as u32).to_be_bytes());
                 data.extend_from_slice(name.as_bytes());
@@ -532,17 +546,51 @@ pub fn encode_export_name_reply(out: &mut Vec<u8>, size: u64, flags: u16, no_zer
 
 // ------------------------------------------------------------- transmission
 
-/// A transmission request header.
+/// How transmission messages are framed on a connection, as negotiated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Framing {
+    /// Neither structured replies nor extended headers: compact requests, simple
+    /// replies.
+    #[default]
+    Simple,
+    /// NBD_OPT_STRUCTURED_REPLY: compact requests, 20-byte reply chunks (simple
+    /// replies still allowed where there is no payload).
+    Structured,
+    /// NBD_OPT_EXTENDED_HEADERS: 32-byte requests with 64-bit lengths, and 32-byte
+    /// reply chunks for every reply (proto.md, extension-ext-header).
+    Extended,
+}
+
+impl Framing {
+    /// Whether replies come as chunks (structured or extended).
+    pub fn chunked(self) -> bool {
+        self != Framing::Simple
+    }
+
+    /// Size of a request header.
+    pub fn request_len(self) -> usize {
+        match self {
+            Framing::Extended => EXTENDED_REQUEST_LEN,
+            _ => REQUEST_LEN,
+        }
+    }
+}
+
+/// A transmission request header. `len` is the 32-bit length of a compact header or
+/// the 64-bit one of an extended header: a payload length when the request carries
+/// a payload (NBD_CMD_WRITE; with extended headers, any request with
+/// NBD_CMD_FLAG_PAYLOAD_LEN), else an effect length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {
     pub flags: u16,
     pub command: u16,
     pub cookie: u64,
     pub offset: u64,
-    pub len: u32,
+    pub len: u64,
 }
 
 impl Request {
+    /// Decodes a compact request header.
     pub fn decode(bytes: &[u8; REQUEST_LEN]) -> Result<Request, WireError> {
         let mut r = Reader::new(bytes);
         let magic = r.u32().unwrap();
@@ -557,17 +605,71 @@ impl Request {
             command: r.u16().unwrap(),
             cookie: r.u64().unwrap(),
             offset: r.u64().unwrap(),
-            len: r.u32().unwrap(),
+            len: r.u32().unwrap().into(),
         })
     }
 
+    /// Decodes an extended request header.
+    pub fn decode_extended(bytes: &[u8; EXTENDED_REQUEST_LEN]) -> Result<Request, WireError> {
+        let mut r = Reader::new(bytes);
+        let magic = r.u32().unwrap();
+        if magic != NBD_EXTENDED_REQUEST_MAGIC {
+            return Err(WireError::BadMagic {
+                expected: NBD_EXTENDED_REQUEST_MAGIC.into(),
+                found: magic.into(),
+            });
+        }
+        Ok(Request {
+            flags: r.u16().unwrap(),
+            command: r.u16().unwrap(),
+            cookie: r.u64().unwrap(),
+            offset: r.u64().unwrap(),
+            len: r.u64().unwrap(),
+        })
+    }
+
+    /// Decodes a request header framed as `framing` says; `bytes` must hold exactly
+    /// [`Framing::request_len`] bytes.
+    pub fn decode_framed(framing: Framing, bytes: &[u8]) -> Result<Request, WireError> {
+        let short = WireError::Malformed("request header of the wrong size");
+        match framing {
+            Framing::Extended => Request::decode_extended(bytes.try_into().map_err(|_| short)?),
+            _ => Request::decode(bytes.try_into().map_err(|_| short)?),
+        }
+    }
+
+    /// Appends a compact request header. A compact header has 32 bits of length;
+    /// callers keep `len` within them (a larger one would be cut).
     pub fn encode(&self, out: &mut Vec<u8>) {
+        debug_assert!(
+            self.len <= u64::from(u32::MAX),
+            "compact request of {} bytes",
+            self.len
+        );
         out.extend_from_slice(&NBD_REQUEST_MAGIC.to_be_bytes());
         out.extend_from_slice(&self.flags.to_be_bytes());
         out.extend_from_slice(&self.command.to_be_bytes());
         out.extend_from_slice(&self.cookie.to_be_bytes());
         out.extend_from_slice(&self.offset.to_be_bytes());
+        out.extend_from_slice(&(self.len as u32).to_be_bytes());
+    }
+
+    /// Appends an extended request header.
+    pub fn encode_extended(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&NBD_EXTENDED_REQUEST_MAGIC.to_be_bytes());
+        out.extend_from_slice(&self.flags.to_be_bytes());
+        out.extend_from_slice(&self.command.to_be_bytes());
+        out.extend_from_slice(&self.cookie.to_be_bytes());
+        out.extend_from_slice(&self.offset.to_be_bytes());
         out.extend_from_slice(&self.len.to_be_bytes());
+    }
+
+    /// Appends the header framed as `framing` says.
+    pub fn encode_framed(&self, framing: Framing, out: &mut Vec<u8>) {
+        match framing {
+            Framing::Extended => self.encode_extended(out),
+            _ => self.encode(out),
+        }
     }
 }
 
@@ -578,17 +680,145 @@ pub fn encode_simple_reply(out: &mut Vec<u8>, error: u32, cookie: u64) {
     out.extend_from_slice(&cookie.to_be_bytes());
 }
 
-/// Appends a structured reply chunk header for a payload of `len` bytes.
-pub fn encode_chunk_header(out: &mut Vec<u8>, flags: u16, kind: u16, cookie: u64, len: u32) {
-    out.extend_from_slice(&NBD_STRUCTURED_REPLY_MAGIC.to_be_bytes());
-    out.extend_from_slice(&flags.to_be_bytes());
-    out.extend_from_slice(&kind.to_be_bytes());
-    out.extend_from_slice(&cookie.to_be_bytes());
-    out.extend_from_slice(&len.to_be_bytes());
+/// How the chunks of one reply are framed: the cookie every chunk repeats, and with
+/// extended headers the request's offset, which every extended chunk header repeats
+/// too (proto.md, "Extended reply chunk message").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkFrame {
+    pub cookie: u64,
+    /// `Some(request offset)`: 32-byte extended headers; `None`: 20-byte structured.
+    pub extended: Option<u64>,
 }
 
-/// Appends the header and offset of an OFFSET_DATA chunk; `data_len` bytes of data
-/// must follow.
+fn done_flag(done: bool) -> u16 {
+    if done {
+        NBD_REPLY_FLAG_DONE
+    } else {
+        0
+    }
+}
+
+impl ChunkFrame {
+    /// Structured reply chunks for `cookie`.
+    pub fn structured(cookie: u64) -> ChunkFrame {
+        ChunkFrame {
+            cookie,
+            extended: None,
+        }
+    }
+
+    /// Extended reply chunks for the request `cookie` at `request_offset`.
+    pub fn extended(cookie: u64, request_offset: u64) -> ChunkFrame {
+        ChunkFrame {
+            cookie,
+            extended: Some(request_offset),
+        }
+    }
+
+    /// Size of one chunk header.
+    pub fn header_len(&self) -> usize {
+        if self.extended.is_some() {
+            EXTENDED_REPLY_LEN
+        } else {
+            CHUNK_HEADER_LEN
+        }
+    }
+
+    /// Appends a chunk header for a payload of `len` bytes. Structured chunks carry
+    /// 32 bits of length; every payload we build fits.
+    pub fn header(&self, out: &mut Vec<u8>, flags: u16, kind: u16, len: u64) {
+        match self.extended {
+            Some(request_offset) => {
+                out.extend_from_slice(&NBD_EXTENDED_REPLY_MAGIC.to_be_bytes());
+                out.extend_from_slice(&flags.to_be_bytes());
+                out.extend_from_slice(&kind.to_be_bytes());
+                out.extend_from_slice(&self.cookie.to_be_bytes());
+                out.extend_from_slice(&request_offset.to_be_bytes());
+                out.extend_from_slice(&len.to_be_bytes());
+            }
+            None => {
+                debug_assert!(len <= u64::from(u32::MAX));
+                out.extend_from_slice(&NBD_STRUCTURED_REPLY_MAGIC.to_be_bytes());
+                out.extend_from_slice(&flags.to_be_bytes());
+                out.extend_from_slice(&kind.to_be_bytes());
+                out.extend_from_slice(&self.cookie.to_be_bytes());
+                out.extend_from_slice(&(len as u32).to_be_bytes());
+            }
+        }
+    }
+
+    /// Appends the header and offset of an OFFSET_DATA chunk; `data_len` bytes of
+    /// data must follow.
+    pub fn offset_data_header(&self, out: &mut Vec<u8>, offset: u64, data_len: u32, done: bool) {
+        let len = u64::from(data_len) + 8;
+        self.header(out, done_flag(done), NBD_REPLY_TYPE_OFFSET_DATA, len);
+        out.extend_from_slice(&offset.to_be_bytes());
+    }
+
+    /// Appends an OFFSET_HOLE chunk.
+    pub fn offset_hole(&self, out: &mut Vec<u8>, offset: u64, len: u32, done: bool) {
+        self.header(out, done_flag(done), NBD_REPLY_TYPE_OFFSET_HOLE, 12);
+        out.extend_from_slice(&offset.to_be_bytes());
+        out.extend_from_slice(&len.to_be_bytes());
+    }
+
+    /// Appends a status chunk for one context: `(length, status flags)`
+    /// descriptors. Extended framing sends NBD_REPLY_TYPE_BLOCK_STATUS_EXT (64-bit
+    /// lengths and flags, and a descriptor count), as the protocol requires there;
+    /// structured framing sends NBD_REPLY_TYPE_BLOCK_STATUS, whose lengths are 32
+    /// bits: the caller keeps them within.
+    pub fn block_status(
+        &self,
+        out: &mut Vec<u8>,
+        context: u32,
+        descriptors: &[(u64, u32)],
+        done: bool,
+    ) {
+        let count = descriptors.len() as u64;
+        if self.extended.is_some() {
+            let kind = NBD_REPLY_TYPE_BLOCK_STATUS_EXT;
+            self.header(out, done_flag(done), kind, 8 + 16 * count);
+            out.extend_from_slice(&context.to_be_bytes());
+            out.extend_from_slice(&(count as u32).to_be_bytes());
+            for &(length, status) in descriptors {
+                out.extend_from_slice(&length.to_be_bytes());
+                out.extend_from_slice(&u64::from(status).to_be_bytes());
+            }
+        } else {
+            let kind = NBD_REPLY_TYPE_BLOCK_STATUS;
+            self.header(out, done_flag(done), kind, 4 + 8 * count);
+            out.extend_from_slice(&context.to_be_bytes());
+            for &(length, status) in descriptors {
+                debug_assert!(length <= u64::from(u32::MAX));
+                out.extend_from_slice(&(length as u32).to_be_bytes());
+                out.extend_from_slice(&status.to_be_bytes());
+            }
+        }
+    }
+
+    /// Appends a final ERROR chunk with a human-readable message (cut to 512 bytes).
+    pub fn error(&self, out: &mut Vec<u8>, error: u32, message: &str) {
+        let message = truncate_utf8(message, 512);
+        let len = 6 + message.len() as u64;
+        self.header(out, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_ERROR, len);
+        out.extend_from_slice(&error.to_be_bytes());
+        out.extend_from_slice(&(message.len() as u16).to_be_bytes());
+        out.extend_from_slice(message.as_bytes());
+    }
+
+    /// Appends a final NONE chunk (success without payload).
+    pub fn none(&self, out: &mut Vec<u8>) {
+        self.header(out, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_NONE, 0);
+    }
+}
+
+/// Appends a structured reply chunk header for a payload of `len` bytes.
+pub fn encode_chunk_header(out: &mut Vec<u8>, flags: u16, kind: u16, cookie: u64, len: u32) {
+    ChunkFrame::structured(cookie).header(out, flags, kind, len.into());
+}
+
+/// Appends the header and offset of a structured OFFSET_DATA chunk; `data_len`
+/// bytes of data must follow.
 pub fn encode_offset_data_header(
     out: &mut Vec<u8>,
     cookie: u64,
@@ -596,17 +826,12 @@ pub fn encode_offset_data_header(
     data_len: u32,
     done: bool,
 ) {
-    let flags = if done { NBD_REPLY_FLAG_DONE } else { 0 };
-    encode_chunk_header(out, flags, NBD_REPLY_TYPE_OFFSET_DATA, cookie, data_len + 8);
-    out.extend_from_slice(&offset.to_be_bytes());
+    ChunkFrame::structured(cookie).offset_data_header(out, offset, data_len, done);
 }
 
-/// Appends an OFFSET_HOLE chunk.
+/// Appends a structured OFFSET_HOLE chunk.
 pub fn encode_offset_hole(out: &mut Vec<u8>, cookie: u64, offset: u64, len: u32, done: bool) {
-    let flags = if done { NBD_REPLY_FLAG_DONE } else { 0 };
-    encode_chunk_header(out, flags, NBD_REPLY_TYPE_OFFSET_HOLE, cookie, 12);
-    out.extend_from_slice(&offset.to_be_bytes());
-    out.extend_from_slice(&len.to_be_bytes());
+    ChunkFrame::structured(cookie).offset_hole(out, offset, len, done);
 }
 
 /// Appends a BLOCK_STATUS chunk: `(length, status flags)` descriptors for one context.
@@ -617,34 +842,21 @@ pub fn encode_block_status(
     descriptors: &[(u32, u32)],
     done: bool,
 ) {
-    let flags = if done { NBD_REPLY_FLAG_DONE } else { 0 };
-    let len = 4 + 8 * descriptors.len() as u32;
-    encode_chunk_header(out, flags, NBD_REPLY_TYPE_BLOCK_STATUS, cookie, len);
-    out.extend_from_slice(&context.to_be_bytes());
-    for (length, status) in descriptors {
-        out.extend_from_slice(&length.to_be_bytes());
-        out.extend_from_slice(&status.to_be_bytes());
-    }
+    let wide: Vec<(u64, u32)> = descriptors
+        .iter()
+        .map(|&(length, status)| (length.into(), status))
+        .collect();
+    ChunkFrame::structured(cookie).block_status(out, context, &wide, done);
 }
 
-/// Appends a final ERROR chunk with a human-readable message.
+/// Appends a final structured ERROR chunk with a human-readable message.
 pub fn encode_error_chunk(out: &mut Vec<u8>, cookie: u64, error: u32, message: &str) {
-    let message = truncate_utf8(message, 512);
-    encode_chunk_header(
-        out,
-        NBD_REPLY_FLAG_DONE,
-        NBD_REPLY_TYPE_ERROR,
-        cookie,
-        6 + message.len() as u32,
-    );
-    out.extend_from_slice(&error.to_be_bytes());
-    out.extend_from_slice(&(message.len() as u16).to_be_bytes());
-    out.extend_from_slice(message.as_bytes());
+    ChunkFrame::structured(cookie).error(out, error, message);
 }
 
-/// Appends a final NONE chunk (success without payload).
+/// Appends a final structured NONE chunk (success without payload).
 pub fn encode_none_chunk(out: &mut Vec<u8>, cookie: u64) {
-    encode_chunk_header(out, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_NONE, cookie, 0);
+    ChunkFrame::structured(cookie).none(out);
 }
 
 fn truncate_utf8(text: &str, max: usize) -> &str {
@@ -670,6 +882,14 @@ pub enum ReplyHeader {
         kind: u16,
         cookie: u64,
         len: u32,
+    },
+    /// An extended reply chunk: `offset` repeats the request's offset.
+    Extended {
+        flags: u16,
+        kind: u16,
+        cookie: u64,
+        offset: u64,
+        len: u64,
     },
 }
 
@@ -705,10 +925,32 @@ impl ReplyHeader {
                 };
                 Ok(Some((header, CHUNK_HEADER_LEN)))
             }
+            NBD_EXTENDED_REPLY_MAGIC => {
+                if bytes.len() < EXTENDED_REPLY_LEN {
+                    return Ok(None);
+                }
+                let header = ReplyHeader::Extended {
+                    flags: r.u16().unwrap(),
+                    kind: r.u16().unwrap(),
+                    cookie: r.u64().unwrap(),
+                    offset: r.u64().unwrap(),
+                    len: r.u64().unwrap(),
+                };
+                Ok(Some((header, EXTENDED_REPLY_LEN)))
+            }
             found => Err(WireError::BadMagic {
                 expected: NBD_SIMPLE_REPLY_MAGIC.into(),
                 found: found.into(),
             }),
+        }
+    }
+
+    /// The cookie of the request this answers.
+    pub fn cookie(&self) -> u64 {
+        match *self {
+            ReplyHeader::Simple { cookie, .. }
+            | ReplyHeader::Chunk { cookie, .. }
+            | ReplyHeader::Extended { cookie, .. } => cookie,
         }
     }
 }
@@ -733,6 +975,27 @@ pub fn decode_block_status(payload: &[u8]) -> Result<(u32, Vec<(u32, u32)>), Wir
     let mut descriptors = Vec::with_capacity((payload.len() - 4) / 8);
     while r.remaining() > 0 {
         descriptors.push((r.u32().unwrap(), r.u32().unwrap()));
+    }
+    Ok((context, descriptors))
+}
+
+/// The descriptors of a BLOCK_STATUS_EXT payload (client side): context id and
+/// `(length, status flags)` pairs. The count field must match the payload.
+pub fn decode_block_status_ext(payload: &[u8]) -> Result<(u32, Vec<(u64, u64)>), WireError> {
+    if payload.len() < 24 || !(payload.len() - 8).is_multiple_of(16) {
+        return Err(WireError::Malformed("extended block status length"));
+    }
+    let mut r = Reader::new(payload);
+    let context = r.u32().unwrap();
+    let count = r.u32().unwrap() as usize;
+    if count != (payload.len() - 8) / 16 {
+        return Err(WireError::Malformed(
+            "extended block status count does not match its length",
+        ));
+    }
+    let mut descriptors = Vec::with_capacity(count);
+    while r.remaining() > 0 {
+        descriptors.push((r.u64().unwrap(), r.u64().unwrap()));
     }
     Ok((context, descriptors))
 }

@@ -233,6 +233,150 @@ fn request() {
 }
 
 #[test]
+fn extended_request() {
+    // proto.md (extension-ext-header), "Request message": magic 0x21e41c71, flags,
+    // type, cookie, offset, 64-bit length.
+    let bytes = hex("21e41c71 0021 0001 0000000000000007 0000000000100000 0000000280000000");
+    let request = Request::decode_extended(bytes.as_slice().try_into().unwrap()).unwrap();
+    let expected = Request {
+        flags: NBD_CMD_FLAG_PAYLOAD_LEN | NBD_CMD_FLAG_FUA,
+        command: NBD_CMD_WRITE,
+        cookie: 7,
+        offset: 1 << 20,
+        len: 0x2_8000_0000,
+    };
+    assert_eq!(request, expected);
+    let mut out = Vec::new();
+    expected.encode_extended(&mut out);
+    assert_eq!(out, bytes);
+    assert_eq!(
+        Request::decode_framed(Framing::Extended, &bytes),
+        Ok(expected)
+    );
+    // The compact magic is not an extended header, nor the other way round.
+    let mut compact = Vec::new();
+    Request {
+        len: 512,
+        ..expected
+    }
+    .encode(&mut compact);
+    assert!(
+        Request::decode_framed(Framing::Extended, &[compact.clone(), vec![0; 4]].concat()).is_err()
+    );
+    assert!(Request::decode_framed(Framing::Structured, &bytes[..REQUEST_LEN]).is_err());
+    assert!(Request::decode_framed(Framing::Structured, &compact).is_ok());
+    // A header of the wrong size is malformed, not a panic.
+    assert!(Request::decode_framed(Framing::Extended, &compact).is_err());
+}
+
+#[test]
+fn extended_headers_option_takes_no_data() {
+    let mut out = Vec::new();
+    ClientOption::ExtendedHeaders.encode(&mut out);
+    assert_eq!(out, hex("49484156454f5054 0000000b 00000000"));
+    assert_eq!(
+        ClientOption::parse(NBD_OPT_EXTENDED_HEADERS, &[]),
+        Ok(ClientOption::ExtendedHeaders)
+    );
+    assert!(matches!(
+        ClientOption::parse(NBD_OPT_EXTENDED_HEADERS, &[1]),
+        Err(WireError::MalformedOption { .. })
+    ));
+}
+
+#[test]
+fn extended_reply_chunks() {
+    // proto.md, "Extended reply chunk message": magic 0x6e8a278c, flags, type,
+    // cookie, the request's offset, 64-bit payload length.
+    let frame = ChunkFrame::extended(9, 4096);
+    let mut out = Vec::new();
+    frame.offset_data_header(&mut out, 8192, 512, true);
+    assert_eq!(
+        out,
+        hex(
+            "6e8a278c 0001 0001 0000000000000009 0000000000001000 0000000000000208 \
+             0000000000002000"
+        )
+    );
+    let (header, used) = ReplyHeader::decode(&out).unwrap().unwrap();
+    assert_eq!(used, EXTENDED_REPLY_LEN);
+    assert_eq!(
+        header,
+        ReplyHeader::Extended {
+            flags: NBD_REPLY_FLAG_DONE,
+            kind: NBD_REPLY_TYPE_OFFSET_DATA,
+            cookie: 9,
+            offset: 4096,
+            len: 520,
+        }
+    );
+    assert_eq!(header.cookie(), 9);
+    // Fewer than 32 bytes: more are needed.
+    assert_eq!(ReplyHeader::decode(&out[..20]), Ok(None));
+
+    out.clear();
+    frame.none(&mut out);
+    assert_eq!(
+        out,
+        hex("6e8a278c 0001 0000 0000000000000009 0000000000001000 0000000000000000")
+    );
+    out.clear();
+    frame.error(&mut out, NBD_EIO, "no");
+    assert_eq!(
+        out,
+        hex(
+            "6e8a278c 0001 8001 0000000000000009 0000000000001000 0000000000000008 \
+             00000005 0002 6e6f"
+        )
+    );
+    // The same error as a structured chunk differs only in the header.
+    let mut structured = Vec::new();
+    ChunkFrame::structured(9).error(&mut structured, NBD_EIO, "no");
+    assert_eq!(&structured[CHUNK_HEADER_LEN..], &out[EXTENDED_REPLY_LEN..]);
+    assert_eq!(ChunkFrame::structured(9).header_len(), CHUNK_HEADER_LEN);
+    assert_eq!(frame.header_len(), EXTENDED_REPLY_LEN);
+}
+
+#[test]
+fn extended_block_status_chunk() {
+    // NBD_REPLY_TYPE_BLOCK_STATUS_EXT: context id, descriptor count, then 64-bit
+    // length and 64-bit status per descriptor.
+    let mut out = Vec::new();
+    let descriptors = [(0x1_0000_0000, 0), (4096, NBD_STATE_HOLE | NBD_STATE_ZERO)];
+    ChunkFrame::extended(3, 0).block_status(&mut out, 1, &descriptors, true);
+    assert_eq!(
+        out,
+        hex(
+            "6e8a278c 0001 0006 0000000000000003 0000000000000000 0000000000000028 \
+             00000001 00000002 \
+             0000000100000000 0000000000000000 \
+             0000000000001000 0000000000000003"
+        )
+    );
+    let payload = &out[EXTENDED_REPLY_LEN..];
+    assert_eq!(
+        decode_block_status_ext(payload),
+        Ok((1, vec![(0x1_0000_0000, 0), (4096, 3)]))
+    );
+    // A count that disagrees with the length, or no descriptor at all.
+    let mut wrong = payload.to_vec();
+    wrong[7] = 3;
+    assert!(decode_block_status_ext(&wrong).is_err());
+    assert!(decode_block_status_ext(&payload[..8]).is_err());
+    assert!(decode_block_status_ext(&payload[..payload.len() - 1]).is_err());
+    // Structured framing keeps the 32-bit type.
+    let mut compact = Vec::new();
+    ChunkFrame::structured(3).block_status(&mut compact, 1, &[(4096, 3)], true);
+    let mut legacy = Vec::new();
+    encode_block_status(&mut legacy, 3, 1, &[(4096, 3)], true);
+    assert_eq!(compact, legacy);
+    assert_eq!(
+        decode_block_status(&compact[CHUNK_HEADER_LEN..]),
+        Ok((1, vec![(4096, 3)]))
+    );
+}
+
+#[test]
 fn simple_reply() {
     let mut out = Vec::new();
     encode_simple_reply(&mut out, NBD_EINVAL, 7);
@@ -332,10 +476,25 @@ mod properties {
     proptest! {
         #[test]
         fn request_round_trips(flags: u16, command: u16, cookie: u64, offset: u64, len: u32) {
-            let request = Request { flags, command, cookie, offset, len };
+            let request = Request { flags, command, cookie, offset, len: len.into() };
             let mut out = Vec::new();
             request.encode(&mut out);
             prop_assert_eq!(Request::decode(out.as_slice().try_into().unwrap()), Ok(request));
+        }
+
+        #[test]
+        fn extended_request_round_trips(flags: u16, command: u16, cookie: u64, offset: u64, len: u64) {
+            let request = Request { flags, command, cookie, offset, len };
+            let mut out = Vec::new();
+            request.encode_extended(&mut out);
+            prop_assert_eq!(out.len(), EXTENDED_REQUEST_LEN);
+            prop_assert_eq!(Request::decode_extended(out.as_slice().try_into().unwrap()), Ok(request));
+        }
+
+        #[test]
+        fn reply_header_decoding_never_panics(data in proptest::collection::vec(any::<u8>(), 0..40)) {
+            let _ = ReplyHeader::decode(&data);
+            let _ = decode_block_status_ext(&data);
         }
 
         #[test]

@@ -45,7 +45,13 @@ fn answer(peer: &mut Peer, request: &Request) {
     assert_eq!(request.command, NBD_CMD_READ, "{request:?}");
     let mut out = Vec::new();
     if peer.structured {
-        encode_offset_data_header(&mut out, request.cookie, request.offset, request.len, true);
+        encode_offset_data_header(
+            &mut out,
+            request.cookie,
+            request.offset,
+            request.len as u32,
+            true,
+        );
     } else {
         encode_simple_reply(&mut out, 0, request.cookie);
     }

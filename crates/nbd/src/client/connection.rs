@@ -96,6 +96,8 @@ pub(crate) struct Shared {
     /// The server broke the protocol: a reconnect would likely meet the same.
     pub broken: AtomicBool,
     next_cookie: AtomicU64,
+    /// How requests are framed (compact or extended headers).
+    framing: Framing,
     /// "connection N to ADDRESS", for messages.
     pub name: String,
 }
@@ -127,7 +129,7 @@ impl Shared {
     /// Soft disconnect (proto.md, "Terminating the transmission phase"): send
     /// NBD_CMD_DISC, then close our side.
     pub fn disconnect(&self) {
-        let mut head = Vec::with_capacity(REQUEST_LEN);
+        let mut head = Vec::with_capacity(EXTENDED_REQUEST_LEN);
         Request {
             flags: 0,
             command: NBD_CMD_DISC,
@@ -135,7 +137,7 @@ impl Shared {
             offset: 0,
             len: 0,
         }
-        .encode(&mut head);
+        .encode_framed(self.framing, &mut head);
         let _ = lock(&self.writer).write_all_vectored(&head, &[]);
         self.shutdown();
     }
@@ -150,7 +152,7 @@ pub(crate) struct Connection {
     in_flight: AtomicUsize,
     /// How long a request may wait for its reply before the connection is closed.
     request_timeout: Option<Duration>,
-    structured: bool,
+    framing: Framing,
     context: Option<u32>,
 }
 
@@ -170,6 +172,7 @@ impl Connection {
         reader_socket.set_read_timeout(request_timeout)?;
         let control = socket.try_clone()?;
         let read_side = ReadSide::new(reader_socket, socket.try_clone()?);
+        let framing = details.framing();
         let shared = Arc::new(Shared {
             writer: Mutex::new(socket),
             read_side,
@@ -178,6 +181,7 @@ impl Connection {
             dead: AtomicBool::new(false),
             broken: AtomicBool::new(false),
             next_cookie: AtomicU64::new(1),
+            framing,
             name: format!("connection {index} to {address}"),
         });
         let reader = thread::Builder::new()
@@ -192,7 +196,7 @@ impl Connection {
             reader: Some(reader),
             in_flight: AtomicUsize::new(0),
             request_timeout,
-            structured: details.structured,
+            framing,
             context: details.base_allocation_id,
         })
     }
@@ -246,7 +250,8 @@ impl Connection {
             command,
             offset,
             len,
-            structured: self.structured,
+            structured: self.framing.chunked(),
+            extended: self.framing == Framing::Extended,
             context: self.context,
         };
         // `read_into` stays borrowed until this function returns, which is after
@@ -317,7 +322,8 @@ impl Connection {
             command,
             offset,
             len: buf.len() as u32,
-            structured: self.structured,
+            structured: self.framing.chunked(),
+            extended: self.framing == Framing::Extended,
             context: self.context,
         };
         // The payload stays in the buffer's heap memory, which the slot owns and
@@ -334,7 +340,7 @@ impl Connection {
                 unsent
                     .requests
                     .push((unsent.heads.len(), payload.0, payload.1));
-                unsent.bytes += REQUEST_LEN + payload.1;
+                unsent.bytes += self.framing.request_len() + payload.1;
             }
             Err(closed) => {
                 // Counted like any request, so that the queue's `finished` balances it.
@@ -423,21 +429,28 @@ impl Connection {
             table.pending.insert(cookie, slot.clone());
         }
         self.started();
+        // With extended headers a payload is announced by NBD_CMD_FLAG_PAYLOAD_LEN;
+        // only writes carry one.
+        let flags = if self.framing == Framing::Extended && expect.command == NBD_CMD_WRITE {
+            flags | NBD_CMD_FLAG_PAYLOAD_LEN
+        } else {
+            flags
+        };
         Request {
             flags,
             command: expect.command,
             cookie,
             offset: expect.offset,
-            len: expect.len,
+            len: expect.len.into(),
         }
-        .encode(head);
+        .encode_framed(self.framing, head);
         Ok(())
     }
 
     /// Registers `slot` and writes its request (and payload); fails without sending
     /// when the connection takes no more requests.
     fn send(&self, slot: &Arc<Slot>, flags: u16, payload: &[u8]) -> Result<(), Error> {
-        let mut head = Vec::with_capacity(REQUEST_LEN);
+        let mut head = Vec::with_capacity(EXTENDED_REQUEST_LEN);
         self.register(slot, flags, &mut head)?;
         let sent = lock(&self.shared.writer).write_all_vectored(&head, payload);
         if let Err(e) = sent {

@@ -38,8 +38,12 @@ pub struct ExportDetails {
     /// NBD_INFO_BLOCK_SIZE exactly as advertised; `None` when the server sent none
     /// (the protocol's defaults then apply: see [`ExportDetails::block_sizes`]).
     pub advertised_block_sizes: Option<BlockSizes>,
-    /// Structured replies were negotiated.
+    /// Replies come in chunks: structured replies or extended headers were
+    /// negotiated.
     pub structured: bool,
+    /// Extended headers were negotiated (NBD_OPT_EXTENDED_HEADERS): 32-byte request
+    /// and reply headers, 64-bit block status descriptors.
+    pub extended_headers: bool,
     /// The metadata contexts selected (at most `base:allocation`).
     pub contexts: Vec<String>,
     /// The export was selected with NBD_OPT_GO (false: the NBD_OPT_EXPORT_NAME
@@ -58,6 +62,17 @@ impl ExportDetails {
 
     pub fn has(&self, flag: u16) -> bool {
         self.flags & flag != 0
+    }
+
+    /// How requests and replies are framed on the connection.
+    pub fn framing(&self) -> Framing {
+        if self.extended_headers {
+            Framing::Extended
+        } else if self.structured {
+            Framing::Structured
+        } else {
+            Framing::Simple
+        }
     }
 
     /// Whether `base:allocation` was negotiated, so block status is available.
@@ -168,6 +183,7 @@ mod tests {
                 maximum,
             }),
             structured: true,
+            extended_headers: false,
             contexts: vec![],
             used_go: true,
             handshake_flags: NBD_FLAG_FIXED_NEWSTYLE,

@@ -31,6 +31,10 @@ pub struct ClientOptions {
     pub connections: usize,
     /// Ask for structured replies (and with them `base:allocation`).
     pub structured: bool,
+    /// Ask for extended headers (NBD_OPT_EXTENDED_HEADERS) before structured
+    /// replies, which they supersede; a server that refuses them gets structured
+    /// replies instead. Only asked for along with `structured`.
+    pub extended_headers: bool,
     /// Ask for the `base:allocation` metadata context (block status).
     pub base_allocation: bool,
     /// How long the server may take to answer each handshake message.
@@ -50,6 +54,7 @@ impl Default for ClientOptions {
         ClientOptions {
             connections: 1,
             structured: true,
+            extended_headers: true,
             base_allocation: true,
             handshake_timeout: Duration::from_secs(30),
             request_timeout: None,
@@ -100,6 +105,7 @@ pub(crate) fn open(
         .map_err(io)?;
     let wanted = Wanted {
         structured: options.structured,
+        extended: options.structured && options.extended_headers,
         base_allocation: options.base_allocation,
     };
     let details = handshake::negotiate(&mut socket, &address, &uri.export, wanted)?;
@@ -121,6 +127,7 @@ pub(crate) fn differs(first: &ExportDetails, other: &ExportDetails) -> Option<St
     }
     if first.block_sizes() != other.block_sizes()
         || first.structured != other.structured
+        || first.extended_headers != other.extended_headers
         || first.base_allocation() != other.base_allocation()
     {
         return Some("different block sizes or negotiated options".into());
@@ -417,10 +424,10 @@ impl BlockDevice for NbdClient {
         for (length, status) in descriptors {
             out.push(Extent {
                 offset: at,
-                len: length.into(),
+                len: length,
                 state: extent_state(status),
             });
-            at += u64::from(length);
+            at = at.saturating_add(length);
             if at >= offset + len {
                 break;
             }

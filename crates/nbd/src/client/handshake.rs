@@ -3,10 +3,11 @@
 //! sans-IO codec in [`crate::wire`].
 //!
 //! Order: client flags (FIXED_NEWSTYLE, NO_ZEROES when offered), then
-//! NBD_OPT_STRUCTURED_REPLY, NBD_OPT_SET_META_CONTEXT `base:allocation` (only with
-//! structured replies), and NBD_OPT_GO asking for NBD_INFO_BLOCK_SIZE, NAME and
-//! DESCRIPTION. A server without GO (NBD_REP_ERR_UNSUP) gets NBD_OPT_EXPORT_NAME, as
-//! the protocol asks clients to fall back.
+//! NBD_OPT_EXTENDED_HEADERS, else (refused) NBD_OPT_STRUCTURED_REPLY,
+//! NBD_OPT_SET_META_CONTEXT `base:allocation` (only with either), and NBD_OPT_GO
+//! asking for NBD_INFO_BLOCK_SIZE, NAME and DESCRIPTION. A server without GO
+//! (NBD_REP_ERR_UNSUP) gets NBD_OPT_EXPORT_NAME, as the protocol asks clients to fall
+//! back — unless it acknowledged extended headers, after which it must know GO.
 
 use std::io::{self, Read, Write};
 
@@ -24,6 +25,8 @@ const MAX_OPTION_REPLY: u32 = 1 << 20;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Wanted {
     pub structured: bool,
+    /// Ask for extended headers first (they supersede structured replies).
+    pub extended: bool,
     pub base_allocation: bool,
 }
 
@@ -42,6 +45,7 @@ fn option_name(option: u32) -> &'static str {
         NBD_OPT_LIST => "NBD_OPT_LIST",
         NBD_OPT_GO => "NBD_OPT_GO",
         NBD_OPT_STRUCTURED_REPLY => "NBD_OPT_STRUCTURED_REPLY",
+        NBD_OPT_EXTENDED_HEADERS => "NBD_OPT_EXTENDED_HEADERS",
         NBD_OPT_SET_META_CONTEXT => "NBD_OPT_SET_META_CONTEXT",
         _ => "an option",
     }
@@ -56,6 +60,7 @@ fn option_code(option: &ClientOption) -> u32 {
         ClientOption::Info { .. } => NBD_OPT_INFO,
         ClientOption::Go { .. } => NBD_OPT_GO,
         ClientOption::StructuredReply => NBD_OPT_STRUCTURED_REPLY,
+        ClientOption::ExtendedHeaders => NBD_OPT_EXTENDED_HEADERS,
         ClientOption::ListMetaContext { .. } => NBD_OPT_LIST_META_CONTEXT,
         ClientOption::SetMetaContext { .. } => NBD_OPT_SET_META_CONTEXT,
         ClientOption::Unknown(code) => *code,
@@ -220,6 +225,26 @@ impl<S: Read + Write> Haggle<'_, S> {
         }
     }
 
+    /// NBD_OPT_EXTENDED_HEADERS; true when the server agreed. Any refusal (servers
+    /// that predate the option answer NBD_REP_ERR_UNSUP) leaves compact headers.
+    fn extended_headers(&mut self) -> Result<bool, ClientError> {
+        self.send(&ClientOption::ExtendedHeaders)?;
+        let (reply, payload) = self.reply(NBD_OPT_EXTENDED_HEADERS)?;
+        match reply {
+            NBD_REP_ACK => Ok(true),
+            error if error & NBD_REP_FLAG_ERROR != 0 => {
+                tracing::debug!(
+                    "{}: no extended headers: {} {}",
+                    self.address,
+                    reply_name(error),
+                    String::from_utf8_lossy(&payload)
+                );
+                Ok(false)
+            }
+            other => Err(self.unexpected(NBD_OPT_EXTENDED_HEADERS, other)),
+        }
+    }
+
     /// NBD_OPT_SET_META_CONTEXT for `base:allocation`; the id the server gave it.
     fn base_allocation(&mut self, export: &str) -> Result<Option<u32>, ClientError> {
         self.send(&ClientOption::SetMetaContext {
@@ -373,6 +398,7 @@ pub(crate) fn negotiate<S: Read + Write>(
         flags: 0,
         advertised_block_sizes: None,
         structured: false,
+        extended_headers: false,
         contexts: Vec::new(),
         used_go: true,
         handshake_flags,
@@ -383,7 +409,11 @@ pub(crate) fn negotiate<S: Read + Write>(
         haggle.export_name(export, no_zeroes, &mut details)?;
         return Ok(details);
     }
-    if wanted.structured {
+    if wanted.extended {
+        details.extended_headers = haggle.extended_headers()?;
+        details.structured = details.extended_headers;
+    }
+    if wanted.structured && !details.extended_headers {
         details.structured = haggle.structured_reply()?;
     }
     if details.structured && wanted.base_allocation {
@@ -393,6 +423,13 @@ pub(crate) fn negotiate<S: Read + Write>(
         }
     }
     if !haggle.go(export, &mut details)? {
+        if details.extended_headers {
+            // proto.md: a server that acknowledged extended headers MUST NOT fail
+            // GO with NBD_REP_ERR_UNSUP, and EXPORT_NAME is off limits now.
+            return Err(haggle.protocol(
+                "NBD_OPT_GO refused as unsupported after extended headers were acknowledged",
+            ));
+        }
         tracing::debug!("{address} does not know NBD_OPT_GO; using NBD_OPT_EXPORT_NAME");
         haggle.export_name(export, no_zeroes, &mut details)?;
     }

@@ -47,8 +47,11 @@ impl Write for Script {
     }
 }
 
+/// Everything but extended headers, which the scripted tests below predate (they
+/// have tests of their own).
 const WANT_ALL: Wanted = Wanted {
     structured: true,
+    extended: false,
     base_allocation: true,
 };
 
@@ -404,6 +407,7 @@ fn negotiates_with_our_target() {
 
     let plain = Wanted {
         structured: false,
+        extended: false,
         base_allocation: true,
     };
     let details = against_our_server(|s| negotiate(s, "pair", "ro", plain)).unwrap();
@@ -417,4 +421,111 @@ fn negotiates_with_our_target() {
     let names: Vec<_> = exports.iter().map(|(name, _)| name.as_str()).collect();
     assert_eq!(names, ["disk", "ro"]);
     assert_eq!(exports[0].1, "a memory disk");
+}
+
+const WANT_EXTENDED: Wanted = Wanted {
+    structured: true,
+    extended: true,
+    base_allocation: true,
+};
+
+#[test]
+fn extended_headers_come_first_and_replace_structured_replies() {
+    let server = [
+        greeting(NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES),
+        reply(NBD_OPT_EXTENDED_HEADERS, NBD_REP_ACK, &[]),
+        reply(
+            NBD_OPT_SET_META_CONTEXT,
+            NBD_REP_META_CONTEXT,
+            &rep_meta_context_payload(3, BASE_ALLOCATION),
+        ),
+        reply(NBD_OPT_SET_META_CONTEXT, NBD_REP_ACK, &[]),
+        reply(
+            NBD_OPT_GO,
+            NBD_REP_INFO,
+            &info_export_payload(1 << 20, FLAGS),
+        ),
+        reply(NBD_OPT_GO, NBD_REP_ACK, &[]),
+    ]
+    .concat();
+    let mut script = Script::new(server);
+    let details = negotiate(&mut script, "test", "disk", WANT_EXTENDED).unwrap();
+    assert!(script.all_read());
+    let expected_sent = [
+        (NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES)
+            .to_be_bytes()
+            .to_vec(),
+        options(&[ClientOption::ExtendedHeaders, set_meta("disk"), go("disk")]),
+    ]
+    .concat();
+    assert_eq!(script.sent, expected_sent);
+    assert!(details.extended_headers && details.structured && details.base_allocation());
+    assert_eq!(details.framing(), Framing::Extended);
+}
+
+#[test]
+fn refused_extended_headers_fall_back_to_structured_replies() {
+    let server = [
+        greeting(NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES),
+        reply(
+            NBD_OPT_EXTENDED_HEADERS,
+            NBD_REP_ERR_UNSUP,
+            b"unknown option",
+        ),
+        reply(NBD_OPT_STRUCTURED_REPLY, NBD_REP_ACK, &[]),
+        reply(NBD_OPT_SET_META_CONTEXT, NBD_REP_ACK, &[]),
+        reply(
+            NBD_OPT_GO,
+            NBD_REP_INFO,
+            &info_export_payload(1 << 20, FLAGS),
+        ),
+        reply(NBD_OPT_GO, NBD_REP_ACK, &[]),
+    ]
+    .concat();
+    let mut script = Script::new(server);
+    let details = negotiate(&mut script, "test", "disk", WANT_EXTENDED).unwrap();
+    assert!(script.all_read());
+    let expected_sent = [
+        (NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES)
+            .to_be_bytes()
+            .to_vec(),
+        options(&[
+            ClientOption::ExtendedHeaders,
+            ClientOption::StructuredReply,
+            set_meta("disk"),
+            go("disk"),
+        ]),
+    ]
+    .concat();
+    assert_eq!(script.sent, expected_sent);
+    assert!(!details.extended_headers && details.structured);
+    assert_eq!(details.framing(), Framing::Structured);
+}
+
+#[test]
+fn go_unsupported_after_extended_headers_is_a_violation() {
+    let server = [
+        greeting(NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES),
+        reply(NBD_OPT_EXTENDED_HEADERS, NBD_REP_ACK, &[]),
+        reply(NBD_OPT_SET_META_CONTEXT, NBD_REP_ACK, &[]),
+        reply(NBD_OPT_GO, NBD_REP_ERR_UNSUP, &[]),
+    ]
+    .concat();
+    let mut script = Script::new(server);
+    let err = negotiate(&mut script, "test", "disk", WANT_EXTENDED).unwrap_err();
+    assert!(err.to_string().contains("extended headers"), "{err}");
+    // No NBD_OPT_EXPORT_NAME was tried.
+    let mut export_name = Vec::new();
+    ClientOption::ExportName("disk".into()).encode(&mut export_name);
+    assert!(!script
+        .sent
+        .windows(export_name.len())
+        .any(|w| w == export_name.as_slice()));
+}
+
+#[test]
+fn negotiates_extended_headers_with_our_target() {
+    let details = against_our_server(|s| negotiate(s, "pair", "disk", WANT_EXTENDED)).unwrap();
+    assert!(details.extended_headers && details.base_allocation() && details.used_go);
+    assert!(details.has(NBD_FLAG_SEND_DF));
 }

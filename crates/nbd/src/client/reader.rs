@@ -319,22 +319,27 @@ impl Reader {
 
     /// Reads one reply message (a simple reply or one chunk) and acts on it.
     fn message(&mut self, shared: &Shared) -> Result<(), End> {
-        let mut bytes = [0u8; CHUNK_HEADER_LEN];
+        // The shortest header first; its magic says how long the header is.
+        let mut bytes = [0u8; EXTENDED_REPLY_LEN];
         self.read_exact(&mut bytes[..SIMPLE_REPLY_LEN])?;
         let header = match ReplyHeader::decode(&bytes[..SIMPLE_REPLY_LEN]) {
             Ok(Some((header, _))) => header,
             Ok(None) => {
-                self.read_exact(&mut bytes[SIMPLE_REPLY_LEN..])?;
-                match ReplyHeader::decode(&bytes) {
+                let magic = u32::from_be_bytes(bytes[..4].try_into().unwrap());
+                let len = if magic == NBD_EXTENDED_REPLY_MAGIC {
+                    EXTENDED_REPLY_LEN
+                } else {
+                    CHUNK_HEADER_LEN
+                };
+                self.read_exact(&mut bytes[SIMPLE_REPLY_LEN..len])?;
+                match ReplyHeader::decode(&bytes[..len]) {
                     Ok(Some((header, _))) => header,
-                    _ => unreachable!("a whole chunk header decodes"),
+                    _ => unreachable!("a whole reply header decodes"),
                 }
             }
             Err(e) => return Err(End::Violation(format!("reply header has {e}"))),
         };
-        let cookie = match header {
-            ReplyHeader::Simple { cookie, .. } | ReplyHeader::Chunk { cookie, .. } => cookie,
-        };
+        let cookie = header.cookie();
         let (slot, mut state) = match self.active.remove(&cookie) {
             Some(entry) => entry,
             None => {
@@ -385,6 +390,13 @@ impl Reader {
             ReplyHeader::Chunk {
                 flags, kind, len, ..
             } => state.chunk(flags, kind, len),
+            ReplyHeader::Extended {
+                flags,
+                kind,
+                offset,
+                len,
+                ..
+            } => state.extended_chunk(flags, kind, offset, len),
         }
         .map_err(violation)?;
         loop {

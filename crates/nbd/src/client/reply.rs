@@ -1,5 +1,6 @@
 //! Replies in transmission, without I/O (proto.md, "Simple reply message",
-//! "Structured reply chunk message", "Structured reply types").
+//! "Structured reply chunk message", "Extended reply chunk message", "Structured
+//! reply types").
 //!
 //! A [`ReplyState`] follows the reply to one request. The reader decodes a reply
 //! header, hands it in, and is told what to do next: read so many payload bytes and
@@ -16,6 +17,8 @@ use crate::wire::*;
 /// Largest BLOCK_STATUS payload accepted: the protocol asks servers for at most 2^20
 /// descriptors per chunk (8 MiB + 4); a little slack beyond that.
 const MAX_STATUS_PAYLOAD: u32 = 4 + 8 * (1 << 20) + 4096;
+/// The same for BLOCK_STATUS_EXT, whose descriptors take 16 bytes.
+const MAX_STATUS_EXT_PAYLOAD: u32 = 8 + 16 * (1 << 20) + 4096;
 /// Largest error chunk accepted: a 4 KiB message plus the fixed fields, with slack
 /// for unknown error types that carry more.
 const MAX_ERROR_PAYLOAD: u32 = 64 * 1024;
@@ -27,8 +30,10 @@ pub struct Expect {
     pub command: u16,
     pub offset: u64,
     pub len: u32,
-    /// Structured replies were negotiated on this connection.
+    /// Structured replies (or extended headers) were negotiated on this connection.
     pub structured: bool,
+    /// Extended headers were negotiated: every reply is an extended chunk.
+    pub extended: bool,
     /// The `base:allocation` context id, for block status.
     pub context: Option<u32>,
 }
@@ -49,7 +54,9 @@ pub struct ServerError {
 pub enum Outcome {
     Done,
     /// Block status descriptors: (length, status flags), from the request's offset.
-    Extents(Vec<(u32, u32)>),
+    /// Status flags beyond 32 bits (extended descriptors) are dropped: no context we
+    /// select defines them, and clients must ignore unknown flags.
+    Extents(Vec<(u64, u32)>),
 }
 
 /// How a request ended.
@@ -102,7 +109,7 @@ pub struct ReplyState {
     covered: BTreeMap<u64, u64>,
     covered_bytes: u64,
     error: Option<ServerError>,
-    extents: Option<Vec<(u32, u32)>>,
+    extents: Option<Vec<(u64, u32)>>,
 }
 
 fn command_name(command: u16) -> &'static str {
@@ -147,6 +154,9 @@ impl ReplyState {
     /// A simple reply header with `error` arrived.
     pub fn simple(&mut self, error: u32) -> Result<Next, Violation> {
         let command = self.expect.command;
+        if self.expect.extended {
+            return violation("simple reply after extended headers were negotiated");
+        }
         if self.started {
             return violation(format!(
                 "simple reply in the middle of the structured reply to a {}",
@@ -181,6 +191,38 @@ impl ReplyState {
         if !self.expect.structured {
             return violation("structured reply chunk, but structured replies were not negotiated");
         }
+        if self.expect.extended {
+            return violation("structured reply chunk after extended headers were negotiated");
+        }
+        self.any_chunk(flags, kind, len)
+    }
+
+    /// An extended reply chunk header arrived: its offset must repeat the request's,
+    /// and its length, 64 bits on the wire, is only ever a payload length (proto.md:
+    /// never above 32 bits in practice).
+    pub fn extended_chunk(
+        &mut self,
+        flags: u16,
+        kind: u16,
+        offset: u64,
+        len: u64,
+    ) -> Result<Next, Violation> {
+        if !self.expect.extended {
+            return violation("extended reply chunk, but extended headers were not negotiated");
+        }
+        if offset != self.expect.offset {
+            return violation(format!(
+                "extended reply chunk for offset {offset}, but the request was at {}",
+                self.expect.offset
+            ));
+        }
+        let Ok(len) = u32::try_from(len) else {
+            return violation(format!("extended reply chunk of {len} bytes"));
+        };
+        self.any_chunk(flags, kind, len)
+    }
+
+    fn any_chunk(&mut self, flags: u16, kind: u16, len: u32) -> Result<Next, Violation> {
         self.started = true;
         let command = self.expect.command;
         let wrong_command = || {
@@ -225,8 +267,23 @@ impl ReplyState {
                 if command != NBD_CMD_BLOCK_STATUS {
                     return wrong_command();
                 }
+                if self.expect.extended {
+                    return violation("32-bit block status chunk with extended headers");
+                }
                 if len < 12 || !(len - 4).is_multiple_of(8) || len > MAX_STATUS_PAYLOAD {
                     return violation(format!("block status chunk of {len} bytes"));
+                }
+                len
+            }
+            NBD_REPLY_TYPE_BLOCK_STATUS_EXT => {
+                if command != NBD_CMD_BLOCK_STATUS {
+                    return wrong_command();
+                }
+                if !self.expect.extended {
+                    return violation("extended block status chunk without extended headers");
+                }
+                if len < 24 || !(len - 8).is_multiple_of(16) || len > MAX_STATUS_EXT_PAYLOAD {
+                    return violation(format!("extended block status chunk of {len} bytes"));
                 }
                 len
             }
@@ -277,25 +334,43 @@ impl ReplyState {
             NBD_REPLY_TYPE_BLOCK_STATUS => {
                 let (context, descriptors) =
                     decode_block_status(bytes).map_err(|e| Violation(e.to_string()))?;
-                if Some(context) != self.expect.context {
-                    return violation(format!(
-                        "block status for metadata context {context}, which was not negotiated"
-                    ));
-                }
-                if self.extents.is_some() {
-                    return violation("two block status chunks for one context");
-                }
-                if descriptors.iter().any(|&(len, _)| len == 0) {
-                    return violation("block status descriptor of zero length");
-                }
-                self.extents = Some(descriptors);
-                self.end_chunk()
+                let descriptors = descriptors
+                    .into_iter()
+                    .map(|(len, status)| (u64::from(len), status))
+                    .collect();
+                self.status(context, descriptors)
+            }
+            NBD_REPLY_TYPE_BLOCK_STATUS_EXT => {
+                let (context, descriptors) =
+                    decode_block_status_ext(bytes).map_err(|e| Violation(e.to_string()))?;
+                let descriptors = descriptors
+                    .into_iter()
+                    .map(|(len, status)| (len, status as u32))
+                    .collect();
+                self.status(context, descriptors)
             }
             kind => {
                 self.error_chunk(kind, bytes)?;
                 self.end_chunk()
             }
         }
+    }
+
+    /// A status chunk's descriptors, checked against the request.
+    fn status(&mut self, context: u32, descriptors: Vec<(u64, u32)>) -> Result<Next, Violation> {
+        if Some(context) != self.expect.context {
+            return violation(format!(
+                "block status for metadata context {context}, which was not negotiated"
+            ));
+        }
+        if self.extents.is_some() {
+            return violation("two block status chunks for one context");
+        }
+        if descriptors.iter().any(|&(len, _)| len == 0) {
+            return violation("block status descriptor of zero length");
+        }
+        self.extents = Some(descriptors);
+        self.end_chunk()
     }
 
     /// The data or zeroes of the last [`Next::Data`] / [`Next::Zeroes`] are in place.

@@ -10,6 +10,7 @@ fn read(offset: u64, len: u32, structured: bool) -> Expect {
         offset,
         len,
         structured,
+        extended: false,
         context: None,
     }
 }
@@ -20,6 +21,7 @@ fn status(offset: u64, len: u32) -> Expect {
         offset,
         len,
         structured: true,
+        extended: false,
         context: Some(1),
     }
 }
@@ -30,6 +32,7 @@ fn write(structured: bool) -> Expect {
         offset: 0,
         len: 512,
         structured,
+        extended: false,
         context: None,
     }
 }
@@ -58,6 +61,16 @@ fn drive(expect: Expect, stream: &[u8]) -> Result<(Completion, Vec<u8>), Violati
             } => {
                 assert_eq!(cookie, COOKIE);
                 state.chunk(flags, kind, len)?
+            }
+            ReplyHeader::Extended {
+                flags,
+                kind,
+                cookie,
+                offset,
+                len,
+            } => {
+                assert_eq!(cookie, COOKIE);
+                state.extended_chunk(flags, kind, offset, len)?
             }
         };
         loop {
@@ -234,12 +247,13 @@ fn error_chunks_carry_message_and_offset() {
 #[test]
 fn block_status_descriptors() {
     let descriptors = [(4096, 0), (8192, NBD_STATE_HOLE | NBD_STATE_ZERO)];
+    let wide: Vec<(u64, u32)> = descriptors.iter().map(|&(l, s)| (l.into(), s)).collect();
     let (completion, _) = drive(status(0, 65536), &status_chunk(1, &descriptors, true)).unwrap();
-    assert_eq!(completion, Ok(Outcome::Extents(descriptors.to_vec())));
+    assert_eq!(completion, Ok(Outcome::Extents(wide.clone())));
     // Ended by a separate NONE chunk.
     let stream = [status_chunk(1, &descriptors, false), none_chunk()].concat();
     let (completion, _) = drive(status(0, 65536), &stream).unwrap();
-    assert_eq!(completion, Ok(Outcome::Extents(descriptors.to_vec())));
+    assert_eq!(completion, Ok(Outcome::Extents(wide.clone())));
     // An error instead.
     let (completion, _) = drive(status(0, 65536), &error_chunk(NBD_EINVAL, "past end")).unwrap();
     assert_eq!(completion.unwrap_err().error, NBD_EINVAL);
@@ -325,4 +339,72 @@ fn block_status_violations() {
     assert!(reason.contains("without a status chunk"), "{reason}");
     let reason = violation_of(status(0, 4096), &simple(0));
     assert!(reason.contains("simple reply"), "{reason}");
+}
+
+fn extended(expect: Expect) -> Expect {
+    Expect {
+        extended: true,
+        ..expect
+    }
+}
+
+#[test]
+fn extended_chunks_carry_the_request_offset() {
+    let expect = extended(read(4096, 1024, true));
+    let frame = ChunkFrame::extended(COOKIE, 4096);
+    let mut stream = Vec::new();
+    frame.offset_data_header(&mut stream, 4096, 512, false);
+    stream.extend_from_slice(&[5u8; 512]);
+    frame.offset_hole(&mut stream, 4608, 512, true);
+    let (completion, buf) = drive(expect, &stream).unwrap();
+    assert_eq!(completion, Ok(Outcome::Done));
+    assert_eq!(&buf[..512], &[5u8; 512]);
+    assert_eq!(&buf[512..], &[0u8; 512]);
+
+    // The header's offset must repeat the request's.
+    let mut wrong = Vec::new();
+    ChunkFrame::extended(COOKIE, 0).offset_hole(&mut wrong, 4096, 1024, true);
+    let err = drive(expect, &wrong).unwrap_err();
+    assert!(err.0.contains("offset"), "{err}");
+
+    // Neither simple replies nor structured chunks once extended headers are on.
+    let mut simple_ok = Vec::new();
+    encode_simple_reply(&mut simple_ok, 0, COOKIE);
+    assert!(drive(extended(write(true)), &simple_ok).is_err());
+    assert!(drive(extended(write(true)), &none_chunk()).is_err());
+    // Nor extended chunks without them.
+    let mut none = Vec::new();
+    ChunkFrame::extended(COOKIE, 0).none(&mut none);
+    assert!(drive(write(true), &none).is_err());
+    assert_eq!(
+        drive(extended(write(true)), &none).unwrap().0,
+        Ok(Outcome::Done)
+    );
+}
+
+#[test]
+fn extended_block_status_has_64_bit_descriptors() {
+    let expect = extended(status(0, 65536));
+    let descriptors = [(1 << 33, 0), (4096, NBD_STATE_HOLE | NBD_STATE_ZERO)];
+    let mut stream = Vec::new();
+    ChunkFrame::extended(COOKIE, 0).block_status(&mut stream, 1, &descriptors, true);
+    let (completion, _) = drive(expect, &stream).unwrap();
+    assert_eq!(completion, Ok(Outcome::Extents(descriptors.to_vec())));
+    // The 32-bit type is not valid with extended headers, nor the other way round.
+    let mut compact = Vec::new();
+    encode_block_status(&mut compact, COOKIE, 1, &[(4096, 0)], true);
+    assert!(drive(expect, &compact).is_err());
+    let mut wrong_framing = Vec::new();
+    ChunkFrame::structured(COOKIE).block_status(&mut wrong_framing, 1, &[(4096, 0)], true);
+    wrong_framing[7] = NBD_REPLY_TYPE_BLOCK_STATUS_EXT as u8;
+    assert!(drive(status(0, 65536), &wrong_framing).is_err());
+    // A length beyond 32 bits in an extended header is not believed.
+    let mut huge = Vec::new();
+    ChunkFrame::extended(COOKIE, 0).header(
+        &mut huge,
+        NBD_REPLY_FLAG_DONE,
+        NBD_REPLY_TYPE_BLOCK_STATUS_EXT,
+        1 << 33,
+    );
+    assert!(drive(expect, &huge).is_err());
 }

@@ -50,6 +50,7 @@ pub(super) fn connect(uri: &super::NbdUri, connections: usize, structured: bool)
     let options = ClientOptions {
         connections,
         structured,
+        extended_headers: false,
         base_allocation: false,
         handshake_timeout: REQUEST_TIMEOUT,
         request_timeout: Some(REQUEST_TIMEOUT),
@@ -68,7 +69,13 @@ pub(super) fn data_at(offset: u64, len: usize) -> Vec<u8> {
 pub(super) fn read_reply(out: &mut Vec<u8>, request: &Request, structured: bool) {
     assert_eq!(request.command, NBD_CMD_READ, "{request:?}");
     if structured {
-        encode_offset_data_header(out, request.cookie, request.offset, request.len, true);
+        encode_offset_data_header(
+            out,
+            request.cookie,
+            request.offset,
+            request.len as u32,
+            true,
+        );
     } else {
         encode_simple_reply(out, 0, request.cookie);
     }

@@ -15,6 +15,7 @@ use std::time::Instant;
 use blockwire_blockdev::IoBuf;
 
 use super::export::ExportSet;
+use super::large;
 use super::negotiation::{Negotiation, Step};
 use super::offload::{OffloadPolicy, Transfer};
 use super::session::{Action, Reply, Session};
@@ -165,11 +166,11 @@ impl<R: Read> RequestReader<R> {
         }
     }
 
-    fn take_header(&mut self) -> [u8; REQUEST_LEN] {
-        let header = self.buf[self.start..self.start + REQUEST_LEN]
-            .try_into()
-            .unwrap();
-        self.start += REQUEST_LEN;
+    /// Takes a request header of `len` bytes (compact or extended) off the buffer.
+    fn take_header(&mut self, len: usize) -> [u8; EXTENDED_REQUEST_LEN] {
+        let mut header = [0u8; EXTENDED_REQUEST_LEN];
+        header[..len].copy_from_slice(&self.buf[self.start..self.start + len]);
+        self.start += len;
         header
     }
 
@@ -182,10 +183,12 @@ impl<R: Read> RequestReader<R> {
         self.source.read_exact(&mut out[from_buffer..])
     }
 
-    fn discard_payload(&mut self, len: usize) -> io::Result<()> {
-        let from_buffer = self.buffered().min(len);
+    fn discard_payload(&mut self, len: u64) -> io::Result<()> {
+        let from_buffer = self
+            .buffered()
+            .min(usize::try_from(len).unwrap_or(usize::MAX));
         self.start += from_buffer;
-        let rest = (len - from_buffer) as u64;
+        let rest = len - from_buffer as u64;
         let copied = io::copy(&mut (&mut self.source).take(rest), &mut io::sink())?;
         if copied < rest {
             return Err(io::ErrorKind::UnexpectedEof.into());
@@ -213,10 +216,12 @@ where
     let mut reader = RequestReader::new(source);
     let mut batch: Vec<Reply> = Vec::with_capacity(BATCH_REPLIES);
     let mut batch_bytes = 0usize;
+    let framing = session.framing();
+    let header_len = framing.request_len();
     let ending = 'requests: loop {
         // Before the thread may block on the socket, send what is ready.
         let mut at_end = false;
-        while reader.buffered() < REQUEST_LEN && !at_end {
+        while reader.buffered() < header_len && !at_end {
             let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
             match reader.fill() {
                 Ok(more) => at_end = !more,
@@ -229,14 +234,15 @@ where
                 "client stopped reading replies",
             ));
         }
-        if reader.buffered() < REQUEST_LEN {
+        if reader.buffered() < header_len {
             break if reader.buffered() == 0 {
                 Ending::Closed
             } else {
                 Ending::Violation("connection closed in the middle of a request header".into())
             };
         }
-        let request = match Request::decode(&reader.take_header()) {
+        let header = reader.take_header(header_len);
+        let request = match Request::decode_framed(framing, &header[..header_len]) {
             Ok(request) => request,
             Err(e) => break Ending::Violation(format!("bad request: {e}")),
         };
@@ -248,10 +254,10 @@ where
                 None
             }
             Action::DiscardPayload { len, reply } => {
-                if reader.buffered() < len as usize {
+                if (reader.buffered() as u64) < len {
                     let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
                 }
-                if let Err(e) = reader.discard_payload(len as usize) {
+                if let Err(e) = reader.discard_payload(len) {
                     break Ending::Violation(format!(
                         "connection closed in the middle of a write payload: {e}"
                     ));
@@ -271,6 +277,27 @@ where
                     ));
                 }
                 Some(session.write_job(&request, data))
+            }
+            Action::StreamWrite(request) => {
+                // Runs here, piece by piece as the payload arrives; what is batched
+                // should not wait for it.
+                let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
+                match large::stream_write(&session, &request, |piece| reader.read_payload(piece)) {
+                    Ok(reply) => push(&mut batch, &mut batch_bytes, reply),
+                    Err(e) => {
+                        break Ending::Violation(format!(
+                            "connection closed in the middle of a write payload: {e}"
+                        ))
+                    }
+                }
+                None
+            }
+            Action::StreamRead(request) => {
+                let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
+                if let Err(e) = large::stream_read(&session, &request, &writer) {
+                    break Ending::Failed(e);
+                }
+                None
             }
             Action::Execute(job) => Some(job),
         };

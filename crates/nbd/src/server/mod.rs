@@ -7,6 +7,7 @@
 
 mod connection;
 mod export;
+mod large;
 mod negotiation;
 mod offload;
 mod session;
@@ -29,7 +30,9 @@ pub use blockwire_blockdev::workers::WorkerPool;
 pub use connection::{negotiate, transmit, Ending, RequestSource};
 pub use export::{Export, ExportSet};
 pub use negotiation::{transmission_flags, HandshakeError, Negotiation, Step, BASE_ALLOCATION_ID};
-pub use session::{Action, FileSlice, Job, Reply, ReplyData, Session};
+pub use session::{
+    Action, FileSlice, Job, Reply, ReplyData, Session, DEFAULT_UNNEGOTIATED_PAYLOAD_LIMIT,
+};
 pub use stream::Stream;
 pub use writer::{ReplySink, ReplyWriter};
 
@@ -61,6 +64,11 @@ pub struct ServerConfig {
     /// A client that reads no reply for this long (its socket takes no more) is cut
     /// off: the replies waiting for it stop holding the server's threads.
     pub send_timeout: Duration,
+    /// The largest read or write served to a client that never learned our block
+    /// sizes (NBD_OPT_EXPORT_NAME, or NBD_OPT_GO without NBD_INFO_BLOCK_SIZE),
+    /// streamed through bounded buffers; clients that learned them keep the
+    /// advertised maximum.
+    pub unnegotiated_payload_limit: u32,
 }
 
 impl Default for ServerConfig {
@@ -73,6 +81,7 @@ impl Default for ServerConfig {
             max_handshakes_per_address: 16,
             handshake_timeout: Duration::from_secs(30),
             send_timeout: Duration::from_secs(30),
+            unnegotiated_payload_limit: DEFAULT_UNNEGOTIATED_PAYLOAD_LIMIT,
         }
     }
 }
@@ -411,13 +420,17 @@ impl AcceptContext {
             }
             let (exports, pool, shared) =
                 (self.exports.clone(), self.pool.clone(), self.shared.clone());
-            let timeouts = (self.config.handshake_timeout, self.config.send_timeout);
+            let limits = ConnectionLimits {
+                handshake_timeout: self.config.handshake_timeout,
+                send_timeout: self.config.send_timeout,
+                unnegotiated_payload_limit: self.config.unnegotiated_payload_limit,
+            };
             let spawned = thread::Builder::new()
                 .name(format!("nbd-conn-{id}"))
                 .spawn(move || {
                     let address = stream.peer_ip();
                     let handshake_done = || shared.end_handshake(address);
-                    serve_connection_reporting(stream, exports, &pool, timeouts, handshake_done);
+                    serve_connection_reporting(stream, exports, &pool, limits, handshake_done);
                     let mut connections =
                         shared.connections.lock().unwrap_or_else(|e| e.into_inner());
                     connections.remove(&id);
@@ -445,9 +458,21 @@ pub fn serve_connection(
     pool: &WorkerPool,
     handshake_timeout: Duration,
 ) {
-    let send_timeout = ServerConfig::default().send_timeout;
-    let timeouts = (handshake_timeout, send_timeout);
-    serve_connection_reporting(stream, exports, pool, timeouts, || {});
+    let defaults = ServerConfig::default();
+    let limits = ConnectionLimits {
+        handshake_timeout,
+        send_timeout: defaults.send_timeout,
+        unnegotiated_payload_limit: defaults.unnegotiated_payload_limit,
+    };
+    serve_connection_reporting(stream, exports, pool, limits, || {});
+}
+
+/// What one connection takes from the server's configuration.
+#[derive(Debug, Clone, Copy)]
+struct ConnectionLimits {
+    handshake_timeout: Duration,
+    send_timeout: Duration,
+    unnegotiated_payload_limit: u32,
 }
 
 /// [`serve_connection`], calling `handshake_done` once the handshake has ended, in
@@ -456,9 +481,14 @@ fn serve_connection_reporting(
     mut stream: Stream,
     exports: Arc<ExportSet>,
     pool: &WorkerPool,
-    (handshake_timeout, send_timeout): (Duration, Duration),
+    limits: ConnectionLimits,
     handshake_done: impl FnOnce(),
 ) {
+    let ConnectionLimits {
+        handshake_timeout,
+        send_timeout,
+        unnegotiated_payload_limit,
+    } = limits;
     let peer = stream.peer();
     tracing::debug!(%peer, "connected");
     let _ = stream.set_read_timeout(Some(handshake_timeout));
@@ -474,11 +504,16 @@ fn serve_connection_reporting(
     };
     let _ = stream.set_read_timeout(None);
     session.set_zero_copy_reads(stream.peer_is_remote());
+    session.set_unnegotiated_payload_limit(unnegotiated_payload_limit);
     let export = session.export().clone();
+    // `headers` says which framing was negotiated (simple, structured, extended):
+    // the interop tests read it to prove a peer did not silently fall back.
     tracing::info!(
         %peer,
         export = %export.name,
         structured = session.structured(),
+        headers = ?session.framing(),
+        sizes_negotiated = session.sizes_negotiated(),
         "client entered transmission"
     );
     // A send that makes no progress for `send_timeout` fails; the writer then

@@ -39,12 +39,19 @@ pub struct Negotiation {
     exports: Arc<ExportSet>,
     no_zeroes: bool,
     structured: bool,
+    /// NBD_OPT_EXTENDED_HEADERS was acknowledged; it takes precedence over
+    /// structured replies.
+    extended: bool,
     /// The export the last SET_META_CONTEXT named, if it selected base:allocation.
     base_allocation_for: Option<Arc<Export>>,
 }
 
 /// The transmission flags for a device, given what was negotiated.
-pub fn transmission_flags(info: &DeviceInfo, structured: bool) -> u16 {
+///
+/// `chunked`: structured replies or extended headers were negotiated (DF is only
+/// meaningful then). NBD_FLAG_BLOCK_STATUS_PAYLOAD is never set: we do not serve the
+/// payload form of NBD_CMD_BLOCK_STATUS, one context being all we have.
+pub fn transmission_flags(info: &DeviceInfo, chunked: bool) -> u16 {
     let caps = &info.capabilities;
     let mut flags = NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_CACHE;
     let mut set = |condition: bool, flag: u16| {
@@ -62,7 +69,7 @@ pub fn transmission_flags(info: &DeviceInfo, structured: bool) -> u16 {
         caps.write_zeroes.available() && caps.fast_zero.available(),
         NBD_FLAG_SEND_FAST_ZERO,
     );
-    set(structured, NBD_FLAG_SEND_DF);
+    set(chunked, NBD_FLAG_SEND_DF);
     set(info.consistent_across_handles, NBD_FLAG_CAN_MULTI_CONN);
     flags
 }
@@ -83,6 +90,7 @@ impl Negotiation {
             exports,
             no_zeroes: client_flags & NBD_FLAG_C_NO_ZEROES != 0,
             structured: false,
+            extended: false,
             base_allocation_for: None,
         })
     }
@@ -101,6 +109,12 @@ impl Negotiation {
             }
         };
         match parsed {
+            ClientOption::ExportName(_) if self.extended => {
+                // proto.md: a client that negotiated extended headers MUST NOT use
+                // NBD_OPT_EXPORT_NAME, whose answer cannot carry an error.
+                tracing::warn!("NBD_OPT_EXPORT_NAME after extended headers; closing");
+                Step::Close
+            }
             ClientOption::ExportName(name) => self.export_name(&name, out),
             ClientOption::Abort => {
                 encode_option_reply(out, option, NBD_REP_ACK, &[]);
@@ -119,8 +133,19 @@ impl Negotiation {
                 encode_option_reply(out, option, NBD_REP_ERR_UNSUP, message);
                 Step::Continue
             }
+            ClientOption::StructuredReply if self.extended => {
+                // Extended headers stay; the protocol's answer to a downgrade.
+                let message = b"extended headers are already in use";
+                encode_option_reply(out, option, NBD_REP_ERR_EXT_HEADER_REQD, message);
+                Step::Continue
+            }
             ClientOption::StructuredReply => {
                 self.structured = true;
+                encode_option_reply(out, option, NBD_REP_ACK, &[]);
+                Step::Continue
+            }
+            ClientOption::ExtendedHeaders => {
+                self.extended = true;
                 encode_option_reply(out, option, NBD_REP_ACK, &[]);
                 Step::Continue
             }
@@ -130,7 +155,13 @@ impl Negotiation {
             }
             ClientOption::Go { name, requests } => {
                 match self.info_or_go(option, &name, &requests, out) {
-                    Some(export) => Step::Transmission(self.session(export)),
+                    Some(export) => {
+                        let mut session = self.session(export);
+                        // Asking for the block sizes is the client's promise to keep
+                        // to them (proto.md, "Size constraints").
+                        session.set_sizes_negotiated(requests.contains(&NBD_INFO_BLOCK_SIZE));
+                        Step::Transmission(session)
+                    }
                     None => Step::Continue,
                 }
             }
@@ -151,14 +182,26 @@ impl Negotiation {
         }
     }
 
+    /// How transmission will be framed, as negotiated so far.
+    fn framing(&self) -> Framing {
+        if self.extended {
+            Framing::Extended
+        } else if self.structured {
+            Framing::Structured
+        } else {
+            Framing::Simple
+        }
+    }
+
     fn session(&self, export: Arc<Export>) -> Session {
         let base_allocation = self
             .base_allocation_for
             .as_ref()
             .is_some_and(|selected| Arc::ptr_eq(selected, &export))
             .then_some(BASE_ALLOCATION_ID);
-        let flags = transmission_flags(export.device.info(), self.structured);
-        Session::new(export, self.structured, base_allocation, flags)
+        let framing = self.framing();
+        let flags = transmission_flags(export.device.info(), framing.chunked());
+        Session::new(export, framing, base_allocation, flags)
     }
 
     fn export_name(&self, name: &str, out: &mut Vec<u8>) -> Step {
@@ -166,7 +209,9 @@ impl Negotiation {
             tracing::warn!("client asked for unknown export '{name}' (NBD_OPT_EXPORT_NAME)");
             return Step::Close;
         };
-        let session = self.session(export.clone());
+        let mut session = self.session(export.clone());
+        // NBD_OPT_EXPORT_NAME has no way to learn block sizes.
+        session.set_sizes_negotiated(false);
         encode_export_name_reply(out, export.device.size(), session.flags(), self.no_zeroes);
         Step::Transmission(session)
     }
@@ -185,7 +230,7 @@ impl Negotiation {
             return None;
         };
         let info = export.device.info();
-        let flags = transmission_flags(info, self.structured);
+        let flags = transmission_flags(info, self.framing().chunked());
         encode_option_reply(
             out,
             option,
@@ -222,8 +267,8 @@ impl Negotiation {
         select: bool,
         out: &mut Vec<u8>,
     ) {
-        if !self.structured {
-            let message = b"negotiate structured replies first";
+        if !self.framing().chunked() {
+            let message = b"negotiate structured replies or extended headers first";
             encode_option_reply(out, option, NBD_REP_ERR_INVALID, message);
             return;
         }

@@ -300,3 +300,102 @@ fn flags_follow_device_capabilities() {
         0
     );
 }
+
+#[test]
+fn extended_headers_are_acknowledged_and_frame_the_session() {
+    let mut negotiation = start();
+    let (step, replies) = send(&mut negotiation, ClientOption::ExtendedHeaders);
+    assert!(matches!(step, Step::Continue));
+    assert_eq!(
+        replies,
+        vec![(NBD_OPT_EXTENDED_HEADERS, NBD_REP_ACK, vec![])]
+    );
+    // Metadata contexts need structured replies or extended headers: these do.
+    let (_, replies) = send(
+        &mut negotiation,
+        ClientOption::SetMetaContext {
+            name: "disk".into(),
+            queries: vec![BASE_ALLOCATION.into()],
+        },
+    );
+    assert_eq!(replies[0].1, NBD_REP_META_CONTEXT);
+    // A later structured-reply request cannot downgrade them.
+    let (step, replies) = send(&mut negotiation, ClientOption::StructuredReply);
+    assert!(matches!(step, Step::Continue));
+    assert_eq!(replies.len(), 1);
+    assert_eq!(replies[0].1, NBD_REP_ERR_EXT_HEADER_REQD);
+    let (step, replies) = send(&mut negotiation, go("disk"));
+    let info = replies
+        .iter()
+        .find_map(|(_, reply, payload)| match InfoReply::decode(payload) {
+            Ok(InfoReply::Export { flags, .. }) if *reply == NBD_REP_INFO => Some(flags),
+            _ => None,
+        })
+        .expect("NBD_INFO_EXPORT");
+    assert_ne!(info & NBD_FLAG_SEND_DF, 0, "DF goes with chunked replies");
+    assert_eq!(
+        info & NBD_FLAG_BLOCK_STATUS_PAYLOAD,
+        0,
+        "payload form not served"
+    );
+    let Step::Transmission(session) = step else {
+        panic!("GO did not enter transmission");
+    };
+    assert_eq!(session.framing(), Framing::Extended);
+    assert!(session.structured() && session.sizes_negotiated());
+    assert!(block_status_allowed(&session));
+}
+
+#[test]
+fn export_name_after_extended_headers_closes_and_data_is_invalid() {
+    let mut negotiation = start();
+    let (_, acked) = send(&mut negotiation, ClientOption::ExtendedHeaders);
+    assert_eq!(acked[0].1, NBD_REP_ACK);
+    let (step, answered) = send(&mut negotiation, ClientOption::ExportName("disk".into()));
+    assert!(matches!(step, Step::Close));
+    assert!(answered.is_empty());
+
+    // The option takes no data (NBD_REP_ERR_INVALID, and nothing is negotiated).
+    let mut negotiation = start();
+    let mut out = Vec::new();
+    let step = negotiation.handle(NBD_OPT_EXTENDED_HEADERS, &[0], &mut out);
+    assert!(matches!(step, Step::Continue));
+    assert_eq!(replies(&out)[0].1, NBD_REP_ERR_INVALID);
+    let (step, _) = send(&mut negotiation, go("disk"));
+    let Step::Transmission(session) = step else {
+        panic!("GO did not enter transmission");
+    };
+    assert_eq!(session.framing(), Framing::Simple);
+}
+
+#[test]
+fn only_a_go_that_asks_for_block_sizes_negotiates_them() {
+    let mut negotiation = start();
+    let (step, _) = send(
+        &mut negotiation,
+        ClientOption::Go {
+            name: "disk".into(),
+            requests: vec![NBD_INFO_NAME],
+        },
+    );
+    let Step::Transmission(session) = step else {
+        panic!("GO did not enter transmission");
+    };
+    assert!(!session.sizes_negotiated());
+
+    let (step, _) = send(&mut start(), go("disk"));
+    let Step::Transmission(session) = step else {
+        panic!("GO did not enter transmission");
+    };
+    assert!(session.sizes_negotiated());
+
+    // Its answer is size and flags, not an option reply.
+    let mut out = Vec::new();
+    let step = start().handle(NBD_OPT_EXPORT_NAME, b"disk", &mut out);
+    assert_eq!(out.len(), 10);
+    let Step::Transmission(session) = step else {
+        panic!("EXPORT_NAME did not enter transmission");
+    };
+    assert!(!session.sizes_negotiated());
+    assert_eq!(session.framing(), Framing::Simple);
+}

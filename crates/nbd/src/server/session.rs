@@ -13,8 +13,14 @@ use crate::errors::nbd_error;
 use crate::wire::*;
 
 /// A write payload this much larger than the advertised maximum is read and thrown
-/// away (answered with EINVAL); anything larger closes the connection.
-const DISCARD_LIMIT: u32 = 64 << 20;
+/// away (answered with EINVAL); anything larger closes the connection. For a client
+/// that never learned our maximum, the limit is twice its own payload limit (see
+/// [`Session::set_unnegotiated_payload_limit`]).
+const DISCARD_LIMIT: u64 = 64 << 20;
+/// The payload limit for clients that did not learn our block sizes, unless the
+/// server is configured otherwise: twice the protocol's portable 32 MiB, which
+/// covers the 40 MiB requests nbd-server and nbdkit serve.
+pub const DEFAULT_UNNEGOTIATED_PAYLOAD_LIMIT: u32 = 64 << 20;
 /// Reads at least this long first ask the device whether the range is a hole.
 const HOLE_CHECK_MIN: u32 = 64 * 1024;
 
@@ -82,28 +88,29 @@ pub enum Job {
     },
     Flush {
         cookie: u64,
+        offset: u64,
     },
     Trim {
         cookie: u64,
         offset: u64,
-        len: u32,
+        len: u64,
         fua: bool,
     },
     WriteZeroes {
         cookie: u64,
         offset: u64,
-        len: u32,
+        len: u64,
         flags: ZeroFlags,
     },
     Cache {
         cookie: u64,
         offset: u64,
-        len: u32,
+        len: u64,
     },
     BlockStatus {
         cookie: u64,
         offset: u64,
-        len: u32,
+        len: u64,
         req_one: bool,
     },
 }
@@ -119,9 +126,16 @@ pub enum Action {
     Execute(Job),
     /// A valid write: read `len` payload bytes, then call [`Session::write_job`].
     ReadPayload(Request),
-    /// An invalid write whose payload must still be read and dropped before the
+    /// A valid write larger than the advertised maximum, from a client that never
+    /// learned it: stream the payload into the device piece by piece
+    /// ([`super::large`]).
+    StreamWrite(Request),
+    /// A valid read larger than the advertised maximum, from a client that never
+    /// learned it: stream the data out piece by piece ([`super::large`]).
+    StreamRead(Request),
+    /// An invalid request whose payload must still be read and dropped before the
     /// reply is sent, to stay in step with the client.
-    DiscardPayload { len: u32, reply: Reply },
+    DiscardPayload { len: u64, reply: Reply },
     /// The request cannot be answered safely: close the connection.
     Hangup(String),
 }
@@ -131,10 +145,15 @@ pub enum Action {
 pub struct Session {
     export: Arc<Export>,
     device: Device,
-    structured: bool,
+    framing: Framing,
     base_allocation: Option<u32>,
     flags: u16,
     zero_copy_reads: bool,
+    /// The client asked for NBD_INFO_BLOCK_SIZE in its NBD_OPT_GO, so it promised
+    /// to keep to our maximum payload.
+    sizes_negotiated: bool,
+    /// The largest read or write served to a client that did not negotiate sizes.
+    unnegotiated_payload_limit: u32,
 }
 
 fn unknown_flags(flags: u16, allowed: u16) -> bool {
@@ -142,20 +161,42 @@ fn unknown_flags(flags: u16, allowed: u16) -> bool {
 }
 
 impl Session {
+    /// A session framed as negotiated, for a client that learned our block sizes
+    /// (see [`set_sizes_negotiated`](Self::set_sizes_negotiated)).
     pub fn new(
         export: Arc<Export>,
-        structured: bool,
+        framing: Framing,
         base_allocation: Option<u32>,
         flags: u16,
     ) -> Session {
         Session {
             device: export.device.clone(),
             export,
-            structured,
+            framing,
             base_allocation,
             flags,
             zero_copy_reads: false,
+            sizes_negotiated: true,
+            unnegotiated_payload_limit: DEFAULT_UNNEGOTIATED_PAYLOAD_LIMIT,
         }
+    }
+
+    /// Whether the client learned our block sizes (NBD_OPT_GO asking for
+    /// NBD_INFO_BLOCK_SIZE). One that did not (NBD_OPT_EXPORT_NAME, or GO without
+    /// that request) never promised to keep to our maximum payload; proto.md asks
+    /// servers to serve such clients up to the 32 MiB default at least, and peers
+    /// serve more, so it gets [`set_unnegotiated_payload_limit`] instead.
+    ///
+    /// [`set_unnegotiated_payload_limit`]: Self::set_unnegotiated_payload_limit
+    pub fn set_sizes_negotiated(&mut self, negotiated: bool) {
+        self.sizes_negotiated = negotiated;
+    }
+
+    /// The largest read or write served to a client that did not learn our block
+    /// sizes ([`DEFAULT_UNNEGOTIATED_PAYLOAD_LIMIT`] unless set). Payloads above the
+    /// device's maximum are streamed through bounded buffers, never held whole.
+    pub fn set_unnegotiated_payload_limit(&mut self, limit: u32) {
+        self.unnegotiated_payload_limit = limit;
     }
 
     /// Lets large reads of cached file data leave with sendfile(2) instead of being
@@ -169,6 +210,11 @@ impl Session {
         self.zero_copy_reads = on;
     }
 
+    /// The device this session serves.
+    pub(super) fn device(&self) -> &Device {
+        &self.device
+    }
+
     pub fn export(&self) -> &Arc<Export> {
         &self.export
     }
@@ -178,8 +224,19 @@ impl Session {
         self.flags
     }
 
+    /// Whether replies are chunked (structured replies or extended headers).
     pub fn structured(&self) -> bool {
-        self.structured
+        self.framing.chunked()
+    }
+
+    /// How requests and replies are framed on this connection.
+    pub fn framing(&self) -> Framing {
+        self.framing
+    }
+
+    /// Whether the client learned our block sizes.
+    pub fn sizes_negotiated(&self) -> bool {
+        self.sizes_negotiated
     }
 
     /// Whether the device usually finishes without waiting for hardware, so jobs may
@@ -188,89 +245,165 @@ impl Session {
         self.device.info().completes_inline
     }
 
-    fn max_payload(&self) -> u32 {
+    /// The advertised maximum payload: the device's.
+    pub(super) fn max_payload(&self) -> u32 {
         self.device.info().block_sizes.maximum
     }
 
-    /// An error reply for `cookie`: an error chunk with a message when structured
-    /// replies were negotiated, a simple reply otherwise.
-    pub fn error_reply(&self, cookie: u64, error: u32, message: &str) -> Reply {
-        let mut head = Vec::with_capacity(32 + message.len());
-        if self.structured {
-            encode_error_chunk(&mut head, cookie, error, message);
+    /// The largest read or write this client is served: the advertised maximum
+    /// when it learned it, else the (larger) unnegotiated limit.
+    fn payload_limit(&self) -> u64 {
+        if self.sizes_negotiated {
+            self.max_payload().into()
         } else {
-            encode_simple_reply(&mut head, error, cookie);
+            self.max_payload()
+                .max(self.unnegotiated_payload_limit)
+                .into()
+        }
+    }
+
+    /// Payloads above the limit but up to this are read and dropped; larger ones
+    /// close the connection.
+    fn discard_limit(&self) -> u64 {
+        if self.sizes_negotiated {
+            DISCARD_LIMIT
+        } else {
+            DISCARD_LIMIT.max(2 * self.payload_limit())
+        }
+    }
+
+    /// The chunk framing of the reply to the request `cookie` at `offset`; `None`
+    /// for simple replies.
+    pub(super) fn chunk_frame(&self, cookie: u64, offset: u64) -> Option<ChunkFrame> {
+        match self.framing {
+            Framing::Simple => None,
+            Framing::Structured => Some(ChunkFrame::structured(cookie)),
+            Framing::Extended => Some(ChunkFrame::extended(cookie, offset)),
+        }
+    }
+
+    /// An error reply for the request `cookie` at `offset`: an error chunk with a
+    /// message when replies are chunked, a simple reply otherwise.
+    pub fn error_reply(&self, cookie: u64, offset: u64, error: u32, message: &str) -> Reply {
+        let mut head = Vec::with_capacity(40 + message.len());
+        match self.chunk_frame(cookie, offset) {
+            Some(frame) => frame.error(&mut head, error, message),
+            None => encode_simple_reply(&mut head, error, cookie),
         }
         Reply::head(head)
     }
 
-    fn device_error_reply(&self, cookie: u64, err: &Error) -> Reply {
+    pub(super) fn device_error_reply(&self, cookie: u64, offset: u64, err: &Error) -> Reply {
         tracing::debug!(export = %self.export.name, "request failed: {err}");
-        self.error_reply(cookie, nbd_error(err.kind(), err.op()), &err.to_string())
+        let error = nbd_error(err.kind(), err.op());
+        self.error_reply(cookie, offset, error, &err.to_string())
     }
 
-    fn ok_reply(&self, cookie: u64) -> Reply {
-        let mut head = Vec::with_capacity(SIMPLE_REPLY_LEN);
-        // Structured replies are only required when there is a payload; a simple
-        // reply is shorter and every client accepts it for non-read commands.
-        encode_simple_reply(&mut head, 0, cookie);
+    pub(super) fn ok_reply(&self, cookie: u64, offset: u64) -> Reply {
+        let mut head = Vec::with_capacity(EXTENDED_REPLY_LEN);
+        match self.framing {
+            // Extended headers forbid simple replies altogether.
+            Framing::Extended => ChunkFrame::extended(cookie, offset).none(&mut head),
+            // Structured replies are only required when there is a payload; a
+            // simple reply is shorter and every client accepts it for non-read
+            // commands.
+            _ => encode_simple_reply(&mut head, 0, cookie),
+        }
         Reply::head(head)
     }
 
     /// Decides what a request header means.
     pub fn classify(&self, request: &Request) -> Action {
-        let cookie = request.cookie;
-        let invalid = |message: &str| Action::Reply(self.error_reply(cookie, NBD_EINVAL, message));
+        let (cookie, offset) = (request.cookie, request.offset);
+        let payload_len =
+            self.framing == Framing::Extended && request.flags & NBD_CMD_FLAG_PAYLOAD_LEN != 0;
+        if payload_len && request.command != NBD_CMD_WRITE {
+            // No other command has a payload form we serve (we do not advertise
+            // NBD_FLAG_BLOCK_STATUS_PAYLOAD): consume the payload, then EINVAL.
+            return self.refuse_payload(request, NBD_EINVAL, "command takes no payload here");
+        }
+        let invalid =
+            |message: &str| Action::Reply(self.error_reply(cookie, offset, NBD_EINVAL, message));
         let read_only = self.flags & NBD_FLAG_READ_ONLY != 0;
         let refuse_read_only =
-            || Action::Reply(self.error_reply(cookie, NBD_EPERM, "export is read-only"));
+            || Action::Reply(self.error_reply(cookie, offset, NBD_EPERM, "export is read-only"));
         // FUA is valid on every command (the spec says clients set it loosely).
         let fua = request.flags & NBD_CMD_FLAG_FUA != 0;
-        let (offset, len) = (request.offset, request.len);
+        let len = request.len;
         match request.command {
             NBD_CMD_DISC => Action::Disconnect,
             NBD_CMD_READ => {
-                let allowed = NBD_CMD_FLAG_FUA | if self.structured { NBD_CMD_FLAG_DF } else { 0 };
+                let allowed = NBD_CMD_FLAG_FUA
+                    | if self.framing.chunked() {
+                        NBD_CMD_FLAG_DF
+                    } else {
+                        0
+                    };
                 if unknown_flags(request.flags, allowed) {
                     return invalid("flag not valid for NBD_CMD_READ");
                 }
-                if len > self.max_payload() {
-                    return invalid("read larger than the maximum block size");
+                if len > self.payload_limit() {
+                    // proto.md lets a server refuse a large chunked read up front
+                    // with EOVERFLOW ("retry with smaller requests"); a client that
+                    // agreed to our maximum broke its word, which is EINVAL.
+                    let error = if self.sizes_negotiated || !self.framing.chunked() {
+                        NBD_EINVAL
+                    } else {
+                        NBD_EOVERFLOW
+                    };
+                    let reply = self.error_reply(
+                        cookie,
+                        offset,
+                        error,
+                        "read larger than the maximum block size",
+                    );
+                    return Action::Reply(reply);
+                }
+                if len > self.max_payload().into() {
+                    return match self.check_large(request) {
+                        Ok(()) => Action::StreamRead(*request),
+                        Err(reply) => Action::Reply(reply),
+                    };
                 }
                 Action::Execute(Job::Read {
                     cookie,
                     offset,
-                    len,
+                    len: len as u32,
                 })
             }
             NBD_CMD_WRITE => {
-                if len > self.max_payload() {
-                    if len > DISCARD_LIMIT {
-                        return Action::Hangup(format!(
-                            "write payload of {len} bytes is far beyond the maximum"
-                        ));
-                    }
-                    let reply = self.error_reply(
-                        cookie,
+                // A write's length is its payload's, with extended headers too,
+                // NBD_CMD_FLAG_PAYLOAD_LEN or not: the extension's draft asks
+                // clients to set the flag, but qemu (8.2 to 10.x) never does.
+                if len > self.payload_limit() {
+                    return self.refuse_payload(
+                        request,
                         NBD_EINVAL,
                         "write larger than the maximum block size",
                     );
-                    return Action::DiscardPayload { len, reply };
                 }
-                let problem = if unknown_flags(request.flags, NBD_CMD_FLAG_FUA) {
-                    Some((NBD_EINVAL, "flag not valid for NBD_CMD_WRITE"))
-                } else if read_only {
-                    Some((NBD_EPERM, "export is read-only"))
+                let flags = if payload_len {
+                    request.flags & !NBD_CMD_FLAG_PAYLOAD_LEN
                 } else {
-                    None
+                    request.flags
                 };
-                match problem {
-                    Some((error, message)) => Action::DiscardPayload {
-                        len,
-                        reply: self.error_reply(cookie, error, message),
-                    },
-                    None => Action::ReadPayload(*request),
+                if unknown_flags(flags, NBD_CMD_FLAG_FUA) {
+                    return self.refuse_payload(
+                        request,
+                        NBD_EINVAL,
+                        "flag not valid for NBD_CMD_WRITE",
+                    );
                 }
+                if read_only {
+                    return self.refuse_payload(request, NBD_EPERM, "export is read-only");
+                }
+                if len > self.max_payload().into() {
+                    return match self.check_large(request) {
+                        Ok(()) => Action::StreamWrite(*request),
+                        Err(reply) => Action::DiscardPayload { len, reply },
+                    };
+                }
+                Action::ReadPayload(*request)
             }
             NBD_CMD_FLUSH => {
                 if self.flags & NBD_FLAG_SEND_FLUSH == 0 {
@@ -279,7 +412,7 @@ impl Session {
                 if unknown_flags(request.flags, NBD_CMD_FLAG_FUA) {
                     return invalid("flag not valid for NBD_CMD_FLUSH");
                 }
-                Action::Execute(Job::Flush { cookie })
+                Action::Execute(Job::Flush { cookie, offset })
             }
             NBD_CMD_TRIM => {
                 if read_only {
@@ -356,6 +489,45 @@ impl Session {
         }
     }
 
+    /// Refuses a request that carries a payload: the payload is read and dropped
+    /// (so the connection stays in step) unless it is so large that reading it would
+    /// only serve an attack, in which case the connection is closed.
+    fn refuse_payload(&self, request: &Request, error: u32, message: &str) -> Action {
+        let len = request.len;
+        if len > self.discard_limit() {
+            return Action::Hangup(format!("payload of {len} bytes is far beyond the maximum"));
+        }
+        let reply = self.error_reply(request.cookie, request.offset, error, message);
+        Action::DiscardPayload { len, reply }
+    }
+
+    /// Checks a read or write to be streamed before any byte of it moves: range and
+    /// alignment, so that only a failing device can stop it half way.
+    fn check_large(&self, request: &Request) -> Result<(), Reply> {
+        let (op, past_end) = if request.command == NBD_CMD_WRITE {
+            (blockwire_blockdev::Op::Write, NBD_ENOSPC)
+        } else {
+            (blockwire_blockdev::Op::Read, NBD_EINVAL)
+        };
+        let (cookie, offset, len) = (request.cookie, request.offset, request.len);
+        let end = offset.checked_add(len);
+        if end.is_none_or(|end| end > self.device.size()) {
+            let message = format!(
+                "{op} of {len} bytes at offset {offset}: range beyond the end of the device \
+                 (device size is {})",
+                self.device.size()
+            );
+            return Err(self.error_reply(cookie, offset, past_end, &message));
+        }
+        let minimum = u64::from(self.device.info().block_sizes.minimum);
+        if !offset.is_multiple_of(minimum) || !len.is_multiple_of(minimum) {
+            let message =
+                format!("{op} of {len} bytes at offset {offset}: minimum block size is {minimum}");
+            return Err(self.error_reply(cookie, offset, NBD_EINVAL, &message));
+        }
+        Ok(())
+    }
+
     /// The job for a write whose payload has been read.
     pub fn write_job(&self, request: &Request, data: IoBuf) -> Job {
         Job::Write {
@@ -388,7 +560,7 @@ impl Session {
                         offset,
                         len,
                     }),
-                    Err(e) => Ok(self.device_error_reply(cookie, &e)),
+                    Err(e) => Ok(self.device_error_reply(cookie, offset, &e)),
                 }
             }
             Job::Write { fua: false, .. }
@@ -408,7 +580,7 @@ impl Session {
     /// Runs a job, blocking as long as the device needs.
     pub fn execute(&self, job: Job) -> Reply {
         let device = &self.device;
-        let (cookie, result) = match job {
+        let (cookie, offset, result) = match job {
             Job::Read {
                 cookie,
                 offset,
@@ -425,56 +597,58 @@ impl Session {
                 offset,
                 data,
                 fua,
-            } => (cookie, device.write(&data, offset, WriteFlags { fua })),
-            Job::Flush { cookie } => (cookie, device.flush()),
+            } => (
+                cookie,
+                offset,
+                device.write(&data, offset, WriteFlags { fua }),
+            ),
+            Job::Flush { cookie, offset } => (cookie, offset, device.flush()),
             Job::Trim {
                 cookie,
                 offset,
                 len,
                 fua,
-            } => (cookie, device.trim(offset, len.into(), WriteFlags { fua })),
+            } => (cookie, offset, device.trim(offset, len, WriteFlags { fua })),
             Job::WriteZeroes {
                 cookie,
                 offset,
                 len,
                 flags,
-            } => (cookie, device.write_zeroes(offset, len.into(), flags)),
+            } => (cookie, offset, device.write_zeroes(offset, len, flags)),
             Job::Cache {
                 cookie,
                 offset,
                 len,
-            } => (cookie, device.cache(offset, len.into())),
+            } => (cookie, offset, device.cache(offset, len)),
         };
         match result {
-            Ok(()) => self.ok_reply(cookie),
-            Err(e) => self.device_error_reply(cookie, &e),
+            Ok(()) => self.ok_reply(cookie, offset),
+            Err(e) => self.device_error_reply(cookie, offset, &e),
         }
     }
 
     fn read(&self, cookie: u64, offset: u64, len: u32) -> Reply {
-        if self.structured
-            && len >= HOLE_CHECK_MIN
-            && matches!(self.device.is_hole(offset, len.into()), Ok(true))
-        {
-            let mut head = Vec::with_capacity(CHUNK_HEADER_LEN + 12);
-            encode_offset_hole(&mut head, cookie, offset, len, true);
-            return Reply::head(head);
+        if let Some(frame) = self.chunk_frame(cookie, offset) {
+            if len >= HOLE_CHECK_MIN && matches!(self.device.is_hole(offset, len.into()), Ok(true))
+            {
+                let mut head = Vec::with_capacity(frame.header_len() + 12);
+                frame.offset_hole(&mut head, offset, len, true);
+                return Reply::head(head);
+            }
         }
         let mut buf = IoBuf::new(len as usize);
         match self.device.read(&mut buf, offset) {
             Ok(()) => self.read_reply(cookie, offset, buf),
-            Err(e) => self.device_error_reply(cookie, &e),
+            Err(e) => self.device_error_reply(cookie, offset, &e),
         }
     }
 
     fn read_head(&self, cookie: u64, offset: u64, len: u32) -> Vec<u8> {
-        let mut head = Vec::with_capacity(CHUNK_HEADER_LEN + 8);
-        if !self.structured {
-            encode_simple_reply(&mut head, 0, cookie);
-        } else if len == 0 {
-            encode_none_chunk(&mut head, cookie);
-        } else {
-            encode_offset_data_header(&mut head, cookie, offset, len, true);
+        let mut head = Vec::with_capacity(EXTENDED_REPLY_LEN + 8);
+        match self.chunk_frame(cookie, offset) {
+            None => encode_simple_reply(&mut head, 0, cookie),
+            Some(frame) if len == 0 => frame.none(&mut head),
+            Some(frame) => frame.offset_data_header(&mut head, offset, len, true),
         }
         head
     }
@@ -499,16 +673,22 @@ impl Session {
         }
     }
 
-    fn block_status(&self, cookie: u64, offset: u64, len: u32, req_one: bool) -> Reply {
-        let Some(context) = self.base_allocation else {
-            return self.error_reply(cookie, NBD_EINVAL, "no metadata context was negotiated");
+    fn block_status(&self, cookie: u64, offset: u64, len: u64, req_one: bool) -> Reply {
+        let (Some(context), Some(frame)) = (self.base_allocation, self.chunk_frame(cookie, offset))
+        else {
+            return self.error_reply(
+                cookie,
+                offset,
+                NBD_EINVAL,
+                "no metadata context was negotiated",
+            );
         };
-        let extents = match self.device.extents(offset, len.into()) {
+        let extents = match self.device.extents(offset, len) {
             Ok(extents) => extents,
-            Err(e) => return self.device_error_reply(cookie, &e),
+            Err(e) => return self.device_error_reply(cookie, offset, &e),
         };
         let take = if req_one { 1 } else { extents.len() };
-        let descriptors: Vec<(u32, u32)> = extents
+        let descriptors: Vec<(u64, u32)> = extents
             .iter()
             .take(take)
             .map(|extent| {
@@ -517,12 +697,13 @@ impl Session {
                     ExtentState::Zero => NBD_STATE_ZERO,
                     ExtentState::Hole => NBD_STATE_HOLE | NBD_STATE_ZERO,
                 };
-                // Extents are clipped to the request, whose length is a u32.
-                (extent.len as u32, status)
+                // Extents are clipped to the request, whose length is 32 bits unless
+                // extended headers (and with them 64-bit descriptors) are in use.
+                (extent.len, status)
             })
             .collect();
-        let mut head = Vec::with_capacity(CHUNK_HEADER_LEN + 4 + 8 * descriptors.len());
-        encode_block_status(&mut head, cookie, context, &descriptors, true);
+        let mut head = Vec::with_capacity(frame.header_len() + 8 + 16 * descriptors.len());
+        frame.block_status(&mut head, context, &descriptors, true);
         Reply::head(head)
     }
 }

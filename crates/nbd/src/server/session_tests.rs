@@ -16,7 +16,12 @@ fn session_on(device: Device, structured: bool) -> Session {
     let export = Arc::new(Export::new("disk", "", device));
     let flags = crate::server::negotiation::transmission_flags(export.device.info(), structured);
     let context = structured.then_some(1);
-    Session::new(export, structured, context, flags)
+    let framing = if structured {
+        Framing::Structured
+    } else {
+        Framing::Simple
+    };
+    Session::new(export, framing, context, flags)
 }
 
 fn session(structured: bool) -> Session {
@@ -29,7 +34,7 @@ fn request(command: u16, flags: u16, offset: u64, len: u32) -> Request {
         command,
         cookie: 42,
         offset,
-        len,
+        len: len.into(),
     }
 }
 
@@ -43,6 +48,12 @@ fn error_of(reply: &Reply) -> u32 {
                 .0
         }
         ReplyHeader::Chunk { .. } => 0,
+        ReplyHeader::Extended { kind, .. } if kind & 0x8000 != 0 => {
+            decode_error_payload(&reply.head[EXTENDED_REPLY_LEN..])
+                .unwrap()
+                .0
+        }
+        ReplyHeader::Extended { .. } => 0,
     }
 }
 
@@ -279,6 +290,7 @@ fn parse_replies(mut bytes: &[u8], read_lens: &[(u64, usize)]) -> Vec<(u64, u32,
                 out.push(entry);
                 bytes = &bytes[len as usize..];
             }
+            ReplyHeader::Extended { .. } => panic!("extended reply without extended headers"),
         }
     }
     out
@@ -445,4 +457,173 @@ fn cached_reads_leave_by_sendfile_only_when_the_session_allows_it() {
         }
         other => panic!("resident data should leave by sendfile, got {other:?}"),
     }
+}
+
+#[test]
+fn extended_headers_frame_every_reply_and_take_payloads_only_on_writes() {
+    let export = Arc::new(Export::new(
+        "disk",
+        "",
+        Device::from_device(MemoryDevice::new(SIZE)),
+    ));
+    let flags = crate::server::negotiation::transmission_flags(export.device.info(), true);
+    let session = Session::new(export, Framing::Extended, Some(1), flags);
+    let extended = |reply: &Reply| match ReplyHeader::decode(&reply.head).unwrap().unwrap().0 {
+        ReplyHeader::Extended {
+            kind,
+            cookie,
+            offset,
+            flags,
+            ..
+        } => (kind, cookie, offset, flags),
+        other => panic!("not an extended reply: {other:?}"),
+    };
+
+    // A write announces its payload with NBD_CMD_FLAG_PAYLOAD_LEN.
+    let write = Request {
+        flags: NBD_CMD_FLAG_PAYLOAD_LEN,
+        command: NBD_CMD_WRITE,
+        cookie: 42,
+        offset: 8192,
+        len: 4096,
+    };
+    let Action::ReadPayload(request) = session.classify(&write) else {
+        panic!("write with PAYLOAD_LEN not accepted");
+    };
+    let reply = session.execute(session.write_job(&request, IoBuf::from_slice(&[9u8; 4096])));
+    // No simple replies: success is a NONE chunk carrying the request's offset.
+    assert_eq!(
+        extended(&reply),
+        (NBD_REPLY_TYPE_NONE, 42, 8192, NBD_REPLY_FLAG_DONE)
+    );
+    // qemu sends writes without the flag; the payload follows all the same.
+    let bare = Request { flags: 0, ..write };
+    assert!(matches!(session.classify(&bare), Action::ReadPayload(_)));
+
+    // Reads come back as extended OFFSET_DATA chunks.
+    let reply = run(
+        &session,
+        Request {
+            flags: 0,
+            command: NBD_CMD_READ,
+            cookie: 43,
+            offset: 8192,
+            len: 4096,
+        },
+    );
+    assert_eq!(
+        extended(&reply),
+        (NBD_REPLY_TYPE_OFFSET_DATA, 43, 8192, NBD_REPLY_FLAG_DONE)
+    );
+    assert_eq!(read_data(&reply), vec![9u8; 4096]);
+
+    // A payload on a command that takes none is consumed and refused.
+    let trim = Request {
+        flags: NBD_CMD_FLAG_PAYLOAD_LEN,
+        command: NBD_CMD_TRIM,
+        cookie: 44,
+        offset: 0,
+        len: 16,
+    };
+    match session.classify(&trim) {
+        Action::DiscardPayload { len, reply } => {
+            assert_eq!(len, 16);
+            assert_eq!(error_of(&reply), NBD_EINVAL);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+
+    // Block status answers with 64-bit descriptors, and takes a 64-bit effect length.
+    let status = Request {
+        flags: 0,
+        command: NBD_CMD_BLOCK_STATUS,
+        cookie: 45,
+        offset: 0,
+        len: SIZE,
+    };
+    let reply = run(&session, status);
+    assert_eq!(extended(&reply).0, NBD_REPLY_TYPE_BLOCK_STATUS_EXT);
+    let (context, descriptors) =
+        decode_block_status_ext(&reply.head[EXTENDED_REPLY_LEN..]).unwrap();
+    assert_eq!(context, 1);
+    assert_eq!(descriptors.iter().map(|d| d.0).sum::<u64>(), SIZE);
+    assert!(
+        descriptors.iter().any(|&(_, status)| status == 0),
+        "no data extent"
+    );
+    let huge = run(
+        &session,
+        Request {
+            len: 1 << 40,
+            ..status
+        },
+    );
+    assert_eq!(error_of(&huge), NBD_EINVAL);
+
+    // Flush echoes its offset too.
+    let flush = Request {
+        flags: 0,
+        command: NBD_CMD_FLUSH,
+        cookie: 46,
+        offset: 0,
+        len: 0,
+    };
+    assert_eq!(extended(&run(&session, flush)).0, NBD_REPLY_TYPE_NONE);
+}
+
+#[test]
+fn an_extended_session_reads_32_byte_headers_and_refuses_compact_ones() {
+    let export = Arc::new(Export::new(
+        "disk",
+        "",
+        Device::from_device(MemoryDevice::new(SIZE)),
+    ));
+    let flags = crate::server::negotiation::transmission_flags(export.device.info(), true);
+    let session = Arc::new(Session::new(export, Framing::Extended, None, flags));
+    let request = |command, cookie, len| Request {
+        flags: 0,
+        command,
+        cookie,
+        offset: 4096,
+        len,
+    };
+    // A write (its payload follows the 32-byte header), a read, then a compact
+    // header, which is garbage here: the connection ends after two replies.
+    let mut input = Vec::new();
+    request(NBD_CMD_WRITE, 1, 512).encode_extended(&mut input);
+    input.extend_from_slice(&[3u8; 512]);
+    request(NBD_CMD_READ, 2, 512).encode_extended(&mut input);
+    request(NBD_CMD_FLUSH, 3, 0).encode(&mut input);
+    input.extend_from_slice(&[0u8; 4]);
+    let sink = SharedSink::default();
+    let writer = Arc::new(ReplyWriter::new(sink.clone()));
+    let pool = WorkerPool::new("test-worker", 1);
+    let ending = transmit(session, Cursor::new(input), writer, &pool);
+    assert!(
+        matches!(ending, Ending::Violation(ref reason) if reason.contains("magic")),
+        "{ending:?}"
+    );
+    let output = sink.0.lock().unwrap().clone();
+    let (first, used) = ReplyHeader::decode(&output).unwrap().unwrap();
+    assert!(matches!(
+        first,
+        ReplyHeader::Extended {
+            kind: NBD_REPLY_TYPE_NONE,
+            cookie: 1,
+            offset: 4096,
+            ..
+        }
+    ));
+    let (second, at) = ReplyHeader::decode(&output[used..]).unwrap().unwrap();
+    let ReplyHeader::Extended {
+        kind, cookie, len, ..
+    } = second
+    else {
+        panic!("not extended: {second:?}");
+    };
+    assert_eq!(
+        (kind, cookie, len),
+        (NBD_REPLY_TYPE_OFFSET_DATA, 2, 512 + 8)
+    );
+    assert_eq!(&output[used + at + 8..], &[3u8; 512]);
 }

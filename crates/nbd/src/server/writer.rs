@@ -107,6 +107,25 @@ impl<W: ReplySink> ReplyWriter<W> {
         result
     }
 
+    /// Gives `stream` the sink to itself, for one reply sent in pieces as its data
+    /// is produced: nothing else is sent in between. A failure breaks the writer as
+    /// in [`send`](Self::send).
+    pub fn send_streamed(&self, stream: impl FnOnce(&mut W) -> io::Result<()>) -> io::Result<()> {
+        if self.is_broken() {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "connection already failed",
+            ));
+        }
+        let mut sink = self.sink.lock().unwrap_or_else(|e| e.into_inner());
+        let result = stream(&mut sink);
+        if result.is_err() {
+            self.broken.store(true, Ordering::Relaxed);
+            sink.abandon();
+        }
+        result
+    }
+
     /// Sends raw bytes (handshake).
     pub fn send_bytes(&self, bytes: &[u8]) -> io::Result<()> {
         let mut sink = self.sink.lock().unwrap_or_else(|e| e.into_inner());
