@@ -19,6 +19,17 @@ pub struct Config {
     /// `[iscsi]`: the iSCSI target's listeners, names and secrets.
     #[serde(default)]
     pub iscsi: IscsiSection,
+    /// `[metrics]`: the Prometheus endpoint.
+    #[serde(default)]
+    pub metrics: MetricsSection,
+}
+
+/// `[metrics]`: where Prometheus scrapes `serve`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSection {
+    /// `HOST:PORT` of the HTTP endpoint (`/metrics`); none: no metrics.
+    pub listen: Option<String>,
 }
 
 /// `[iscsi]`: settings shared by every export served over iSCSI.

@@ -25,6 +25,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use blockwire_blockdev::{OpenSession, SessionMeter};
+
 pub use blockwire_blockdev::workers::WorkerPool;
 pub use connection::{negotiate, transmit, Ending, RequestSource};
 pub use export::{Export, ExportSet};
@@ -61,6 +63,8 @@ pub struct ServerConfig {
     /// A client that reads no reply for this long (its socket takes no more) is cut
     /// off: the replies waiting for it stop holding the server's threads.
     pub send_timeout: Duration,
+    /// Told of each connection in transmission and each one a limit refused.
+    pub sessions: Option<Arc<dyn SessionMeter>>,
 }
 
 impl Default for ServerConfig {
@@ -73,6 +77,7 @@ impl Default for ServerConfig {
             max_handshakes_per_address: 16,
             handshake_timeout: Duration::from_secs(30),
             send_timeout: Duration::from_secs(30),
+            sessions: None,
         }
     }
 }
@@ -363,6 +368,12 @@ struct AcceptContext {
 }
 
 impl AcceptContext {
+    fn refused(&self, limit: &str) {
+        if let Some(sessions) = &self.config.sessions {
+            sessions.refused(limit);
+        }
+    }
+
     fn accept_loop(self) {
         loop {
             let accepted = self.listener.accept();
@@ -388,6 +399,7 @@ impl AcceptContext {
                     .unwrap_or_else(|e| e.into_inner());
                 if connections.len() >= self.config.max_connections {
                     tracing::warn!(peer = %stream.peer(), "too many connections ({}); closing", connections.len());
+                    self.refused("max_connections");
                     continue;
                 }
                 if !self
@@ -399,6 +411,7 @@ impl AcceptContext {
                         "too many unfinished handshakes from this address ({}); closing",
                         self.config.max_handshakes_per_address
                     );
+                    self.refused("max_handshakes_per_address");
                     continue;
                 }
                 match stream.try_clone() {
@@ -412,12 +425,20 @@ impl AcceptContext {
             let (exports, pool, shared) =
                 (self.exports.clone(), self.pool.clone(), self.shared.clone());
             let timeouts = (self.config.handshake_timeout, self.config.send_timeout);
+            let sessions = self.config.sessions.clone();
             let spawned = thread::Builder::new()
                 .name(format!("nbd-conn-{id}"))
                 .spawn(move || {
                     let address = stream.peer_ip();
                     let handshake_done = || shared.end_handshake(address);
-                    serve_connection_reporting(stream, exports, &pool, timeouts, handshake_done);
+                    serve_connection_reporting(
+                        stream,
+                        exports,
+                        &pool,
+                        timeouts,
+                        handshake_done,
+                        sessions.as_deref(),
+                    );
                     let mut connections =
                         shared.connections.lock().unwrap_or_else(|e| e.into_inner());
                     connections.remove(&id);
@@ -447,17 +468,19 @@ pub fn serve_connection(
 ) {
     let send_timeout = ServerConfig::default().send_timeout;
     let timeouts = (handshake_timeout, send_timeout);
-    serve_connection_reporting(stream, exports, pool, timeouts, || {});
+    serve_connection_reporting(stream, exports, pool, timeouts, || {}, None);
 }
 
 /// [`serve_connection`], calling `handshake_done` once the handshake has ended, in
-/// transmission or not.
+/// transmission or not, and counting the connection in `sessions` while it is in
+/// transmission.
 fn serve_connection_reporting(
     mut stream: Stream,
     exports: Arc<ExportSet>,
     pool: &WorkerPool,
     (handshake_timeout, send_timeout): (Duration, Duration),
     handshake_done: impl FnOnce(),
+    sessions: Option<&dyn SessionMeter>,
 ) {
     let peer = stream.peer();
     tracing::debug!(%peer, "connected");
@@ -475,6 +498,7 @@ fn serve_connection_reporting(
     let _ = stream.set_read_timeout(None);
     session.set_zero_copy_reads(stream.peer_is_remote());
     let export = session.export().clone();
+    let _open = sessions.map(|meter| OpenSession::open(meter, &export.name));
     tracing::info!(
         %peer,
         export = %export.name,
