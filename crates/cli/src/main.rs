@@ -1,7 +1,10 @@
 //! The `blockwire` binary: parses arguments and wires the library crates together.
 
 mod bench;
+mod check_config;
+mod completions;
 mod config;
+mod config_manual;
 mod copy;
 mod demo;
 mod info;
@@ -9,6 +12,7 @@ mod info_aoe;
 mod info_iscsi;
 mod info_stripe;
 mod lab;
+mod manpages;
 mod metrics;
 mod netserve;
 mod open;
@@ -28,7 +32,7 @@ use clap::{Parser, Subcommand};
 /// iSCSI, read them with its own initiators, and measure them.
 #[derive(Parser)]
 #[command(name = "blockwire", version, about, propagate_version = true)]
-struct Cli {
+pub struct Cli {
     /// More log output (-v debug, -vv trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
@@ -63,6 +67,14 @@ enum Command {
     Lab(lab::LabArgs),
     /// Answer the bench's network test (TCP throughput both ways) on a target host.
     Netserve(netserve::NetserveArgs),
+    /// Show what `serve --config FILE` would serve and where, or the file's first
+    /// error and its line, without opening or creating anything.
+    CheckConfig(check_config::CheckConfigArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(completions::CompletionsArgs),
+    /// Write the manual pages (blockwire(1), one per subcommand, blockwire.toml(5))
+    /// into a directory.
+    Manpages(manpages::ManpagesArgs),
 }
 
 fn init_logging(verbose: u8, quiet: bool) {
@@ -84,7 +96,10 @@ fn init_logging(verbose: u8, quiet: bool) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo prints its own story; the in-process target's log would interleave.
-    let quiet = matches!(cli.command, Command::Demo(_));
+    let quiet = matches!(
+        cli.command,
+        Command::Demo(_) | Command::Completions(_) | Command::CheckConfig(_)
+    );
     init_logging(cli.verbose, quiet);
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
@@ -94,6 +109,9 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Netserve(args) => netserve::run(args),
         Command::Lab(args) => lab::run(args),
+        Command::CheckConfig(args) => check_config::run(args),
+        Command::Completions(args) => completions::run(args),
+        Command::Manpages(args) => manpages::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

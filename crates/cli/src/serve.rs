@@ -472,16 +472,11 @@ fn plan_from_file(path: &Path, workers: usize) -> Result<Plan> {
     if let Some(max) = file.server.max_connections {
         config.max_connections = max;
     }
+    // Both checked by Config::validate.
     if let Some(max) = file.server.max_handshakes_per_address {
-        if max == 0 {
-            bail!("[server] max_handshakes_per_address must be at least 1");
-        }
         config.max_handshakes_per_address = max;
     }
     if let Some(secs) = file.server.send_timeout {
-        if !(secs > 0.0 && secs.is_finite()) {
-            bail!("[server] send_timeout must be a number of seconds above zero, not {secs}");
-        }
         config.send_timeout = Duration::from_secs_f64(secs);
     }
     Ok(Plan {
