@@ -12,6 +12,7 @@ mod info_aoe;
 mod info_iscsi;
 mod info_stripe;
 mod lab;
+mod logging;
 mod manpages;
 mod metrics;
 mod netserve;
@@ -20,7 +21,9 @@ mod open_stripe;
 mod serve;
 mod serve_iscsi;
 mod serve_metrics;
+mod serve_reload;
 mod serve_volume;
+mod service;
 mod stop_signals;
 mod throttle_args;
 
@@ -36,6 +39,11 @@ pub struct Cli {
     /// More log output (-v debug, -vv trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
+
+    /// Log as lines for people (text; without timestamps under journald) or as one
+    /// JSON object per line for log shippers (json).
+    #[arg(long, value_enum, default_value_t, global = true)]
+    log_format: logging::LogFormat,
 
     #[command(subcommand)]
     command: Command,
@@ -77,20 +85,14 @@ enum Command {
     Manpages(manpages::ManpagesArgs),
 }
 
-fn init_logging(verbose: u8, quiet: bool) {
+fn init_logging(verbose: u8, quiet: bool, format: logging::LogFormat) {
     let level = match verbose {
         0 if quiet => "warn",
         0 => "info",
         1 => "debug",
         _ => "trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+    logging::init(level, format);
 }
 
 fn main() -> ExitCode {
@@ -100,7 +102,7 @@ fn main() -> ExitCode {
         cli.command,
         Command::Demo(_) | Command::Completions(_) | Command::CheckConfig(_)
     );
-    init_logging(cli.verbose, quiet);
+    init_logging(cli.verbose, quiet, cli.log_format);
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args),

@@ -19,7 +19,9 @@ use crate::config::{
 use crate::open::{create_sparse, open, parse_reconnect, reconnect_setting, Remote, Target};
 use crate::serve_iscsi::{self, ChapSources, IscsiExport, IscsiPlan};
 use crate::serve_metrics;
+use crate::serve_reload;
 use crate::serve_volume::Volumes;
+use crate::service;
 use crate::stop_signals;
 use crate::throttle_args;
 
@@ -614,6 +616,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     // Installed first, so a signal during start-up still stops cleanly.
     let mut signals = stop_signals::install()?;
+    serve_reload::watch(args.config.clone())?;
     let (plan, metrics) = match args.metrics.as_deref().or(plan.metrics.as_deref()) {
         Some(listen) => {
             let addr = resolve(listen)?[0];
@@ -662,6 +665,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         None => None,
     };
     println!("press Ctrl-C to stop");
+    service::ready();
 
     let result = match server {
         Some(server) => {
@@ -682,6 +686,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             Ok(())
         }
     };
+    service::stopping();
     if let Some((_, thread)) = iscsi {
         match thread.join() {
             Ok(Ok(())) => {}
