@@ -16,10 +16,9 @@ use crate::service;
 pub fn watch(config: Option<PathBuf>) -> Result<()> {
     let mut signals =
         Signals::new([signal_hook::consts::SIGHUP]).context("cannot handle SIGHUP")?;
-    let running = match &config {
-        Some(path) => Some(std::fs::read_to_string(path).unwrap_or_default()),
-        None => None,
-    };
+    let running = config
+        .as_ref()
+        .map(|path| std::fs::read_to_string(path).unwrap_or_default());
     std::thread::Builder::new()
         .name("reload".into())
         .spawn(move || {
