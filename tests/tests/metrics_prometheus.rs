@@ -263,3 +263,67 @@ fn prometheus_scrapes_exact_counts_of_nbd_writes_and_aoe_reads() {
     });
     assert_eq!(served.terminate(), Some(0));
 }
+
+/// Waits until the endpoint's `series` is `expected`, failing after 10 s.
+fn wait_series(endpoint: &str, series: &str, expected: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = value(&scrape(endpoint), series);
+        if now == Some(expected) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{series} is {now:?}, not {expected}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn iscsi_sessions_and_refused_nbd_connections_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nmax_connections = 1\n\n\
+         [iscsi]\nlisten = [\"127.0.0.1:0\"]\n\n[metrics]\nlisten = \"127.0.0.1:0\"\n\n\
+         [[export]]\nname = \"disk\"\nmemory = \"16M\"\niscsi = true\n",
+    )
+    .unwrap();
+    let served = Served::start_config_ready(&config, "disk");
+    let endpoint = served.metrics.clone().expect("serve announces its metrics");
+    let iscsi = |series: &str| format!("{series}{{export=\"disk\",protocol=\"iscsi\"}}");
+    // Served over iSCSI, with no session yet: the series are there, at zero.
+    wait_series(&endpoint, &iscsi("blockwire_connections_open"), 0.0);
+
+    let uri: blockwire_iscsi::initiator::IscsiUri = served.iscsi_url().parse().unwrap();
+    let client =
+        blockwire_iscsi::initiator::IscsiClient::connect(&uri, Default::default()).expect("log in");
+    let device = Device::new(Arc::new(client));
+    device
+        .write(&vec![7u8; MIB as usize], 0, WriteFlags::NONE)
+        .unwrap();
+    wait_series(&endpoint, &iscsi("blockwire_connections_open"), 1.0);
+    wait_series(
+        &endpoint,
+        &iscsi("blockwire_written_bytes_total"),
+        MIB as f64,
+    );
+    drop(device);
+    wait_series(&endpoint, &iscsi("blockwire_connections_open"), 0.0);
+    wait_series(
+        &endpoint,
+        &iscsi("blockwire_connections_accepted_total"),
+        1.0,
+    );
+
+    // One NBD connection held in its handshake; the next is over max_connections.
+    let _first = std::net::TcpStream::connect(("127.0.0.1", served.port)).unwrap();
+    let _second = std::net::TcpStream::connect(("127.0.0.1", served.port)).unwrap();
+    wait_series(
+        &endpoint,
+        "blockwire_connections_refused_total{protocol=\"nbd\",limit=\"max_connections\"}",
+        1.0,
+    );
+}
