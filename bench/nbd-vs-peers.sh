@@ -11,6 +11,9 @@
 # usage: bench/nbd-vs-peers.sh [--size 4G] [--runtime 10] [--rounds 3] [--json FILE] [--dir DIR]
 #                              [--servers blockwire,nbdkit,qemu-nbd,nbd-server,nbdkit-null]
 #
+# blockwire-metrics is blockwire with `--metrics` on (every request counted), to
+# compare with blockwire: `--servers blockwire,blockwire-metrics`.
+#
 # nbdkit-null has no storage behind it (reads are zeroes, writes are dropped): what the
 # client reaches there is its own ceiling on this machine, printed as null/nbdkit, the
 # most any server could gain over nbdkit with this client. fio's CPU% is printed too.

@@ -16,6 +16,7 @@ peers=(
   iscsi-test-cu:libiscsi-bin iscsi-ls:libiscsi-bin iscsi-inq:libiscsi-bin
   iscsi-readcapacity16:libiscsi-bin iscsi-swp:libiscsi-bin iscsi-perf:libiscsi-bin
   tgtd:tgt tgtadm:tgt stdbuf:coreutils g++:g++
+  prometheus:prometheus systemd-analyze:systemd lintian:lintian man:man-db
 )
 missing=()
 for pair in "${peers[@]}"; do
@@ -46,6 +47,13 @@ if [ "$iscsi_module" = 0 ] && [ -n "$qemu_version" ]; then
   else
     echo "== warning: no qemu-block-extra $qemu_version; qemu-over-iSCSI tests will be skipped" >&2
   fi
+fi
+
+# cargo-deb builds the Debian package (scripts/build-deb.sh; its test skips without it).
+if ! command -v cargo-deb >/dev/null 2>&1; then
+  echo "== installing cargo-deb"
+  cargo install cargo-deb --locked --quiet ||
+    echo "== warning: cannot install cargo-deb; the package test will be skipped" >&2
 fi
 
 echo "== cargo fmt"

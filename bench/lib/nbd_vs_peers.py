@@ -94,6 +94,12 @@ def make_servers(names, blockwire, image, workdir):
         if name == "blockwire":
             argv = [blockwire, "serve", image, "--listen", f"127.0.0.1:{port}", "--name", "bench"]
             servers.append(Server(name, argv, port, "bench"))
+        elif name == "blockwire-metrics":
+            # The same with the Prometheus endpoint on: every request counted
+            # (issue 24 asks that this stay within the noise of metrics off).
+            argv = [blockwire, "serve", image, "--listen", f"127.0.0.1:{port}", "--name", "bench",
+                    "--metrics", "127.0.0.1:0"]
+            servers.append(Server(name, argv, port, "bench"))
         elif name == "nbdkit":
             argv = ["nbdkit", "--foreground", "--port", str(port), "--ipaddr", "127.0.0.1",
                     "--exportname", "bench", "file", f"file={image}"]

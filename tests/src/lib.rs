@@ -4,6 +4,7 @@
 
 pub mod aoe;
 pub mod crash;
+pub mod http;
 pub mod iscsi;
 pub mod netns;
 
@@ -85,6 +86,9 @@ pub struct Served {
     pub name: String,
     /// The iSCSI URLs it announced (`iscsi://127.0.0.1:PORT/IQN/0`), in order.
     pub iscsi: Vec<String>,
+    /// The metrics endpoint it announced (`metrics: http://HOST:PORT/metrics`), as
+    /// `HOST:PORT`; read by [`spawn_ready`](Self::spawn_ready) only.
+    pub metrics: Option<String>,
 }
 
 impl Served {
@@ -143,17 +147,26 @@ impl Served {
     pub fn spawn_ready(command: Command, name: &str) -> Served {
         let mut port = 0;
         let mut iscsi = Vec::new();
-        let (child, (port, iscsi)) = spawn_until(command, move |line| {
+        let mut metrics = None;
+        let (child, (port, iscsi, metrics)) = spawn_until(command, move |line| {
             if let Some(p) = nbd_port(line) {
                 port = p;
             }
             if let Some(url) = line.trim().strip_prefix("iscsi://") {
                 iscsi.push(format!("iscsi://{url}"));
             }
+            if let Some(addr) = line
+                .strip_prefix("metrics: http://")
+                .and_then(|rest| rest.strip_suffix("/metrics"))
+            {
+                metrics = Some(addr.to_string());
+            }
             line.contains("press Ctrl-C to stop")
-                .then(|| (port, std::mem::take(&mut iscsi)))
+                .then(|| (port, std::mem::take(&mut iscsi), metrics.take()))
         });
-        Served::new(child, port, name, iscsi)
+        let mut served = Served::new(child, port, name, iscsi);
+        served.metrics = metrics;
+        served
     }
 
     /// Starts `blockwire netserve ARGS... --listen 127.0.0.1:0` and waits until it
@@ -184,6 +197,7 @@ impl Served {
             port,
             name: name.to_string(),
             iscsi,
+            metrics: None,
         }
     }
 

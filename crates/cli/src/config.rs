@@ -5,14 +5,17 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use blockwire_blockdev::size::{format_size, parse_size};
 use blockwire_blockdev::DeviceInfo;
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 /// A whole configuration file.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// `[server]`: the NBD target's listeners and limits.
     #[serde(default)]
     pub server: ServerSection,
+    /// `[[export]]`: the exports, one table each.
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportSection>,
     /// `[[volume]]`: striped volumes that exports name with `volume = "NAME"`.
@@ -21,10 +24,21 @@ pub struct Config {
     /// `[iscsi]`: the iSCSI target's listeners, names and secrets.
     #[serde(default)]
     pub iscsi: IscsiSection,
+    /// `[metrics]`: the Prometheus endpoint.
+    #[serde(default)]
+    pub metrics: MetricsSection,
+}
+
+/// `[metrics]`: where Prometheus scrapes `serve`.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSection {
+    /// `HOST:PORT` of the HTTP endpoint (`/metrics`); none: no metrics.
+    pub listen: Option<String>,
 }
 
 /// `[iscsi]`: settings shared by every export served over iSCSI.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IscsiSection {
     /// TCP addresses; default 127.0.0.1:3260.
@@ -47,15 +61,17 @@ pub struct IscsiSection {
 }
 
 /// `iscsi = true`, or `iscsi = { iqn = "...", block_size = 4096, initiators = [...] }`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum IscsiExport {
+    /// `true`: serve with the default settings.
     Enabled(bool),
+    /// The settings, in an inline table.
     Settings(IscsiExportSettings),
 }
 
 /// The per-export iSCSI settings.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IscsiExportSettings {
     /// The target name (default: the `[iscsi]` prefix, ':' and the export name).
@@ -81,7 +97,7 @@ impl IscsiExport {
 }
 
 /// `[server]`: where to listen and how many threads to use.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ServerSection {
     /// TCP addresses; default 127.0.0.1:10809 unless only a socket is given.
@@ -90,7 +106,9 @@ pub struct ServerSection {
     /// Unix socket paths.
     #[serde(default)]
     pub socket: Vec<PathBuf>,
+    /// Threads for requests that may block (flush, FUA, cache misses); default 16.
     pub workers: Option<usize>,
+    /// NBD connections beyond this are closed at once (default 256).
     pub max_connections: Option<usize>,
     /// Connections from one client address still in the handshake beyond this are
     /// closed at once (default 16).
@@ -107,10 +125,12 @@ pub struct ServerSection {
 }
 
 /// `[[export]]`: one export.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExportSection {
+    /// The name clients ask for (NBD export name; the iSCSI target name's end).
     pub name: String,
+    /// Text shown to clients that list exports.
     #[serde(default)]
     pub description: String,
     /// A file or block device...
@@ -121,8 +141,10 @@ pub struct ExportSection {
     pub volume: Option<String>,
     /// Create `path` as a sparse file of this size if it does not exist.
     pub size: Option<String>,
+    /// Refuse every write.
     #[serde(default)]
     pub read_only: bool,
+    /// Bypass the page cache (O_DIRECT).
     #[serde(default)]
     pub direct: bool,
     /// Start writeback of sequential buffered writes every this many bytes per stream
@@ -142,9 +164,10 @@ pub struct ExportSection {
 }
 
 /// `[[volume]]`: a striped volume (RAID-0) over member devices.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeSection {
+    /// The name exports use in `volume = "NAME"`.
     pub name: String,
     /// Chunk size ("64K", "1M").
     pub chunk: String,
@@ -157,11 +180,14 @@ fn yes() -> bool {
 }
 
 /// `aoe = { interfaces = ["eth0"], shelf = 1, slot = 2 }`: an export over AoE.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AoeSection {
+    /// Network interfaces to answer on (`["eth0", "eth1"]`).
     pub interfaces: Vec<String>,
+    /// Shelf (major address, 0-65534): the target is eSHELF.SLOT.
     pub shelf: u16,
+    /// Slot (minor address, 0-254).
     pub slot: u8,
     /// Frames the target advertises it can queue (default 256).
     pub buffer_count: Option<u16>,
@@ -173,7 +199,7 @@ pub struct AoeSection {
 }
 
 /// Where the AF_XDP path's program runs (`--aoe-xdp HOOK`, `xdp = "HOOK"`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum XdpChoice {
     /// The generic receive path: any interface.
@@ -214,26 +240,66 @@ impl ServerSection {
     }
 }
 
+/// A configuration that parses but does not make sense, and the table at fault
+/// (`("export", 2)`: the third `[[export]]`), so `check-config` can give its line.
+#[derive(Debug)]
+pub struct ConfigError {
+    pub message: String,
+    pub table: Option<(&'static str, usize)>,
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn invalid(message: String, table: Option<(&'static str, usize)>) -> ConfigError {
+    ConfigError { message, table }
+}
+
 impl Config {
+    /// Reads, parses and checks the file at `path`.
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
         let config: Config = toml::from_str(&text)
             .with_context(|| format!("config file {} is not valid", path.display()))?;
-        if config.exports.is_empty() {
-            bail!("config file {} defines no [[export]]", path.display());
+        config
+            .validate()
+            .with_context(|| format!("config file {} is not valid", path.display()))?;
+        Ok(config)
+    }
+
+    /// Checks what the types cannot: every export has one source and one
+    /// protocol, volumes exist and are unique, limits are sane.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.exports.is_empty() {
+            return Err(invalid("the file defines no [[export]]".into(), None));
         }
-        for export in &config.exports {
+        for (index, export) in self.exports.iter().enumerate() {
+            let at = Some(("export", index));
+            if self.exports[..index].iter().any(|e| e.name == export.name) {
+                return Err(invalid(
+                    format!("two [[export]] tables are named '{}'", export.name),
+                    at,
+                ));
+            }
             let iscsi = export
                 .iscsi
                 .as_ref()
                 .and_then(IscsiExport::settings)
                 .is_some();
             if !export.nbd && export.aoe.is_none() && !iscsi {
-                bail!(
-                    "export '{}' is served by no protocol (nbd = false, no aoe, no iscsi)",
-                    export.name
-                );
+                return Err(invalid(
+                    format!(
+                        "export '{}' is served by no protocol (nbd = false, no aoe, no iscsi)",
+                        export.name
+                    ),
+                    at,
+                ));
             }
             let sources = [
                 export.path.is_some(),
@@ -241,26 +307,59 @@ impl Config {
                 export.volume.is_some(),
             ];
             if sources.iter().filter(|&&given| given).count() != 1 {
-                bail!(
-                    "export '{}': give exactly one of `path`, `memory` or `volume`",
-                    export.name
-                );
+                return Err(invalid(
+                    format!(
+                        "export '{}': give exactly one of `path`, `memory` or `volume`",
+                        export.name
+                    ),
+                    at,
+                ));
             }
             if let Some(volume) = &export.volume {
-                if !config.volumes.iter().any(|v| &v.name == volume) {
-                    bail!("export '{}': no [[volume]] named '{volume}'", export.name);
+                if !self.volumes.iter().any(|v| &v.name == volume) {
+                    return Err(invalid(
+                        format!("export '{}': no [[volume]] named '{volume}'", export.name),
+                        at,
+                    ));
                 }
             }
         }
-        for (i, volume) in config.volumes.iter().enumerate() {
-            if config.volumes[..i].iter().any(|v| v.name == volume.name) {
-                bail!("two [[volume]] tables are named '{}'", volume.name);
+        for (index, volume) in self.volumes.iter().enumerate() {
+            let at = Some(("volume", index));
+            if self.volumes[..index].iter().any(|v| v.name == volume.name) {
+                return Err(invalid(
+                    format!("two [[volume]] tables are named '{}'", volume.name),
+                    at,
+                ));
             }
             if volume.members.is_empty() {
-                bail!("volume '{}' has no members", volume.name);
+                return Err(invalid(
+                    format!("volume '{}' has no members", volume.name),
+                    at,
+                ));
             }
         }
-        Ok(config)
+        let server = Some(("server", 0));
+        if self.server.max_handshakes_per_address == Some(0) {
+            return Err(invalid(
+                "[server] max_handshakes_per_address must be at least 1".into(),
+                server,
+            ));
+        }
+        if let Some(secs) = self.server.send_timeout {
+            if !(secs > 0.0 && secs.is_finite()) {
+                return Err(invalid(
+                    format!(
+                        "[server] send_timeout must be a number of seconds above zero, not {secs}"
+                    ),
+                    server,
+                ));
+            }
+        }
+        if let Err(e) = self.server.unnegotiated_payload_limit() {
+            return Err(invalid(e.to_string(), server));
+        }
+        Ok(())
     }
 }
 

@@ -1,7 +1,10 @@
 //! The `blockwire` binary: parses arguments and wires the library crates together.
 
 mod bench;
+mod check_config;
+mod completions;
 mod config;
+mod config_manual;
 mod copy;
 mod demo;
 mod info;
@@ -9,12 +12,18 @@ mod info_aoe;
 mod info_iscsi;
 mod info_stripe;
 mod lab;
+mod logging;
+mod manpages;
+mod metrics;
 mod netserve;
 mod open;
 mod open_stripe;
 mod serve;
 mod serve_iscsi;
+mod serve_metrics;
+mod serve_reload;
 mod serve_volume;
+mod service;
 mod stop_signals;
 mod throttle_args;
 
@@ -26,10 +35,15 @@ use clap::{Parser, Subcommand};
 /// iSCSI, read them with its own initiators, and measure them.
 #[derive(Parser)]
 #[command(name = "blockwire", version, about, propagate_version = true)]
-struct Cli {
+pub struct Cli {
     /// More log output (-v debug, -vv trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
+
+    /// Log as lines for people (text; without timestamps under journald) or as one
+    /// JSON object per line for log shippers (json).
+    #[arg(long, value_enum, default_value_t, global = true)]
+    log_format: logging::LogFormat,
 
     #[command(subcommand)]
     command: Command,
@@ -61,29 +75,34 @@ enum Command {
     Lab(lab::LabArgs),
     /// Answer the bench's network test (TCP throughput both ways) on a target host.
     Netserve(netserve::NetserveArgs),
+    /// Show what `serve --config FILE` would serve and where, or the file's first
+    /// error and its line, without opening or creating anything.
+    CheckConfig(check_config::CheckConfigArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(completions::CompletionsArgs),
+    /// Write the manual pages (blockwire(1), one per subcommand, blockwire.toml(5))
+    /// into a directory.
+    Manpages(manpages::ManpagesArgs),
 }
 
-fn init_logging(verbose: u8, quiet: bool) {
+fn init_logging(verbose: u8, quiet: bool, format: logging::LogFormat) {
     let level = match verbose {
         0 if quiet => "warn",
         0 => "info",
         1 => "debug",
         _ => "trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+    logging::init(level, format);
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo prints its own story; the in-process target's log would interleave.
-    let quiet = matches!(cli.command, Command::Demo(_));
-    init_logging(cli.verbose, quiet);
+    let quiet = matches!(
+        cli.command,
+        Command::Demo(_) | Command::Completions(_) | Command::CheckConfig(_)
+    );
+    init_logging(cli.verbose, quiet, cli.log_format);
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args),
@@ -92,6 +111,9 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Netserve(args) => netserve::run(args),
         Command::Lab(args) => lab::run(args),
+        Command::CheckConfig(args) => check_config::run(args),
+        Command::Completions(args) => completions::run(args),
+        Command::Manpages(args) => manpages::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -18,7 +18,10 @@ use crate::config::{
 };
 use crate::open::{create_sparse, open, parse_reconnect, reconnect_setting, Remote, Target};
 use crate::serve_iscsi::{self, ChapSources, IscsiExport, IscsiPlan};
+use crate::serve_metrics;
+use crate::serve_reload;
 use crate::serve_volume::Volumes;
+use crate::service;
 use crate::stop_signals;
 use crate::throttle_args;
 
@@ -166,6 +169,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MS", value_parser = throttle_args::parse_latency, conflicts_with = "config")]
     pub disk_latency: Option<std::time::Duration>,
 
+    /// Answer Prometheus scrapes at http://HOST:PORT/metrics (overrides the config
+    /// file's [metrics] listen); port 0 takes a free port.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics: Option<String>,
+
     /// Serve the exports of this TOML file instead of PATH.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["path", "size", "name", "read_only", "direct", "aoe", "iscsi"])]
     pub config: Option<PathBuf>,
@@ -173,10 +181,12 @@ pub struct ServeArgs {
 
 /// What `serve` runs: NBD exports with their listeners, AoE targets and the iSCSI
 /// target.
-struct Plan {
-    nbd: Option<(ExportSet, ServerConfig, Vec<PathBuf>)>,
-    aoe: Vec<(String, Device, TargetConfig)>,
-    iscsi: Option<IscsiPlan>,
+pub struct Plan {
+    pub nbd: Option<(ExportSet, ServerConfig, Vec<PathBuf>)>,
+    pub aoe: Vec<(String, Device, TargetConfig)>,
+    pub iscsi: Option<IscsiPlan>,
+    /// Where to answer Prometheus (`[metrics] listen`).
+    pub metrics: Option<String>,
 }
 
 /// Opens `path`, creating a sparse file of `size` bytes if it does not exist.
@@ -441,13 +451,16 @@ fn plan_from_file(path: &Path, workers: usize) -> Result<Plan> {
             chap,
             discovery_chap: section.discovery_chap,
             workers: file.server.workers.unwrap_or(workers),
+            sessions: None,
         })
     };
+    let metrics = file.metrics.listen.clone();
     if exports.iter().next().is_none() {
         return Ok(Plan {
             nbd: None,
             aoe,
             iscsi,
+            metrics,
         });
     }
     if let Some(name) = &file.server.default_export {
@@ -461,16 +474,11 @@ fn plan_from_file(path: &Path, workers: usize) -> Result<Plan> {
     if let Some(max) = file.server.max_connections {
         config.max_connections = max;
     }
+    // Both checked by Config::validate.
     if let Some(max) = file.server.max_handshakes_per_address {
-        if max == 0 {
-            bail!("[server] max_handshakes_per_address must be at least 1");
-        }
         config.max_handshakes_per_address = max;
     }
     if let Some(secs) = file.server.send_timeout {
-        if !(secs > 0.0 && secs.is_finite()) {
-            bail!("[server] send_timeout must be a number of seconds above zero, not {secs}");
-        }
         config.send_timeout = Duration::from_secs_f64(secs);
     }
     if let Some(limit) = file.server.unnegotiated_payload_limit()? {
@@ -480,6 +488,7 @@ fn plan_from_file(path: &Path, workers: usize) -> Result<Plan> {
         nbd: Some((exports, config, file.server.socket.clone())),
         aoe,
         iscsi,
+        metrics,
     })
 }
 
@@ -536,6 +545,7 @@ fn plan_from_args(args: &ServeArgs) -> Result<Plan> {
             chap,
             discovery_chap: false,
             workers: args.workers,
+            sessions: None,
         })
     };
     let other_protocols = !args.aoe.is_empty() || iscsi.is_some();
@@ -547,7 +557,12 @@ fn plan_from_args(args: &ServeArgs) -> Result<Plan> {
     } else {
         None
     };
-    Ok(Plan { nbd, aoe, iscsi })
+    Ok(Plan {
+        nbd,
+        aoe,
+        iscsi,
+        metrics: None,
+    })
 }
 
 fn start_aoe(targets: Vec<(String, Device, TargetConfig)>) -> Result<Vec<AoeTarget>> {
@@ -604,6 +619,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     // Installed first, so a signal during start-up still stops cleanly.
     let mut signals = stop_signals::install()?;
+    serve_reload::watch(args.config.clone())?;
+    let (plan, metrics) = match args.metrics.as_deref().or(plan.metrics.as_deref()) {
+        Some(listen) => {
+            let addr = resolve(listen)?[0];
+            let (plan, endpoint) = serve_metrics::instrument(plan, addr)?;
+            (plan, Some(endpoint))
+        }
+        None => (plan, None),
+    };
     // Bound before any export is announced: whoever sees an address printed may
     // connect to every listener at once (connections wait in the backlog until the
     // server thread starts).
@@ -644,6 +668,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         None => None,
     };
     println!("press Ctrl-C to stop");
+    service::ready();
 
     let result = match server {
         Some(server) => {
@@ -664,6 +689,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             Ok(())
         }
     };
+    service::stopping();
     if let Some((_, thread)) = iscsi {
         match thread.join() {
             Ok(Ok(())) => {}
@@ -680,6 +706,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     if let Some(netserve) = netserve {
         netserve.stop().context("netserve failed")?;
+    }
+    if let Some(metrics) = metrics {
+        metrics.stop();
     }
     for target in targets {
         target

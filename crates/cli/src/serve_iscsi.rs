@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
-use blockwire_blockdev::Device;
+use blockwire_blockdev::{Device, SessionMeter};
 use blockwire_iscsi::login::ChapConfig;
 use blockwire_iscsi::{IscsiConfig, IscsiTarget, TargetDefinition};
 use blockwire_scsi::{LogicalUnit, LunConfig, ScsiTarget};
@@ -36,6 +36,8 @@ pub struct IscsiPlan {
     pub chap: Option<ChapConfig>,
     pub discovery_chap: bool,
     pub workers: usize,
+    /// Counts the target's sessions (metrics on).
+    pub sessions: Option<Arc<dyn SessionMeter>>,
 }
 
 /// Where the CHAP secrets come from.
@@ -153,6 +155,7 @@ pub fn bind(plan: IscsiPlan) -> Result<IscsiTarget> {
     }
     let mut config = IscsiConfig::new(plan.listen, targets);
     config.workers = plan.workers;
+    config.sessions = plan.sessions;
     if plan.discovery_chap {
         config.discovery_chap = plan.chap.clone();
     }

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use blockwire_blockdev::IoBuf;
+use blockwire_blockdev::{IoBuf, OpenSession};
 use blockwire_scsi::sense::{codes, key, Code};
 use blockwire_scsi::{Command, DataDirection, ResetKind, Response, Status};
 
@@ -159,6 +159,12 @@ pub(super) fn serve(stream: TcpStream, id: u64, shared: Arc<Shared>) {
         return;
     };
     let initiator = negotiated.initiator_name.clone();
+    // Discovery sessions serve no export: not counted.
+    let target = negotiated.target_name.clone();
+    let _open = match (&shared.config.sessions, &target) {
+        (Some(meter), Some(target)) => Some(OpenSession::open(meter.as_ref(), target)),
+        _ => None,
+    };
     tracing::info!(
         %peer,
         initiator = %initiator,

@@ -22,6 +22,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use blockwire_blockdev::workers::WorkerPool;
+use blockwire_blockdev::SessionMeter;
 use blockwire_scsi::ScsiTarget;
 
 use crate::login::{ChapConfig, LoginConfig, TargetEntry, TargetLimits};
@@ -64,6 +65,9 @@ pub struct IscsiConfig {
     pub send_timeout: Duration,
     /// How long a shutdown waits for initiators to log out.
     pub shutdown_grace: Duration,
+    /// Told of each connection logged in to a target (by its name) and each one a
+    /// limit refused.
+    pub sessions: Option<Arc<dyn SessionMeter>>,
 }
 
 impl IscsiConfig {
@@ -82,6 +86,7 @@ impl IscsiConfig {
             nop_timeout: Duration::from_secs(30),
             send_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),
+            sessions: None,
         }
     }
 }
@@ -319,6 +324,12 @@ impl IscsiTarget {
     }
 }
 
+fn refused(shared: &Shared, limit: &str) {
+    if let Some(sessions) = &shared.config.sessions {
+        sessions.refused(limit);
+    }
+}
+
 fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
     loop {
         let accepted = listener.accept();
@@ -338,6 +349,7 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
             let mut connections = shared.lock_connections();
             if connections.len() >= shared.config.max_connections {
                 tracing::warn!(%peer, "too many iSCSI connections ({}); closing", connections.len());
+                refused(shared, "max_connections");
                 continue;
             }
             // Connections still logging in, from this address: one address that
@@ -354,6 +366,7 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
                 .count();
             if unfinished >= shared.config.max_logins_per_address {
                 tracing::warn!(%peer, "too many unfinished iSCSI logins from this address; closing");
+                refused(shared, "max_logins_per_address");
                 continue;
             }
             match stream.try_clone() {

@@ -26,6 +26,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use blockwire_blockdev::{OpenSession, SessionMeter};
+
 pub use blockwire_blockdev::workers::WorkerPool;
 pub use connection::{negotiate, transmit, Ending, RequestSource};
 pub use export::{Export, ExportSet};
@@ -69,6 +71,8 @@ pub struct ServerConfig {
     /// streamed through bounded buffers; clients that learned them keep the
     /// advertised maximum.
     pub unnegotiated_payload_limit: u32,
+    /// Told of each connection in transmission and each one a limit refused.
+    pub sessions: Option<Arc<dyn SessionMeter>>,
 }
 
 impl Default for ServerConfig {
@@ -82,6 +86,7 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(30),
             send_timeout: Duration::from_secs(30),
             unnegotiated_payload_limit: DEFAULT_UNNEGOTIATED_PAYLOAD_LIMIT,
+            sessions: None,
         }
     }
 }
@@ -372,6 +377,12 @@ struct AcceptContext {
 }
 
 impl AcceptContext {
+    fn refused(&self, limit: &str) {
+        if let Some(sessions) = &self.config.sessions {
+            sessions.refused(limit);
+        }
+    }
+
     fn accept_loop(self) {
         loop {
             let accepted = self.listener.accept();
@@ -397,6 +408,7 @@ impl AcceptContext {
                     .unwrap_or_else(|e| e.into_inner());
                 if connections.len() >= self.config.max_connections {
                     tracing::warn!(peer = %stream.peer(), "too many connections ({}); closing", connections.len());
+                    self.refused("max_connections");
                     continue;
                 }
                 if !self
@@ -408,6 +420,7 @@ impl AcceptContext {
                         "too many unfinished handshakes from this address ({}); closing",
                         self.config.max_handshakes_per_address
                     );
+                    self.refused("max_handshakes_per_address");
                     continue;
                 }
                 match stream.try_clone() {
@@ -425,12 +438,20 @@ impl AcceptContext {
                 send_timeout: self.config.send_timeout,
                 unnegotiated_payload_limit: self.config.unnegotiated_payload_limit,
             };
+            let sessions = self.config.sessions.clone();
             let spawned = thread::Builder::new()
                 .name(format!("nbd-conn-{id}"))
                 .spawn(move || {
                     let address = stream.peer_ip();
                     let handshake_done = || shared.end_handshake(address);
-                    serve_connection_reporting(stream, exports, &pool, limits, handshake_done);
+                    serve_connection_reporting(
+                        stream,
+                        exports,
+                        &pool,
+                        limits,
+                        handshake_done,
+                        sessions.as_deref(),
+                    );
                     let mut connections =
                         shared.connections.lock().unwrap_or_else(|e| e.into_inner());
                     connections.remove(&id);
@@ -464,7 +485,7 @@ pub fn serve_connection(
         send_timeout: defaults.send_timeout,
         unnegotiated_payload_limit: defaults.unnegotiated_payload_limit,
     };
-    serve_connection_reporting(stream, exports, pool, limits, || {});
+    serve_connection_reporting(stream, exports, pool, limits, || {}, None);
 }
 
 /// What one connection takes from the server's configuration.
@@ -476,13 +497,15 @@ struct ConnectionLimits {
 }
 
 /// [`serve_connection`], calling `handshake_done` once the handshake has ended, in
-/// transmission or not.
+/// transmission or not, and counting the connection in `sessions` while it is in
+/// transmission.
 fn serve_connection_reporting(
     mut stream: Stream,
     exports: Arc<ExportSet>,
     pool: &WorkerPool,
     limits: ConnectionLimits,
     handshake_done: impl FnOnce(),
+    sessions: Option<&dyn SessionMeter>,
 ) {
     let ConnectionLimits {
         handshake_timeout,
@@ -508,6 +531,7 @@ fn serve_connection_reporting(
     let export = session.export().clone();
     // `headers` says which framing was negotiated (simple, structured, extended):
     // the interop tests read it to prove a peer did not silently fall back.
+    let _open = sessions.map(|meter| OpenSession::open(meter, &export.name));
     tracing::info!(
         %peer,
         export = %export.name,
