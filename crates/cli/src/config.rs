@@ -98,6 +98,16 @@ pub struct ServerSection {
     pub send_timeout: Option<f64>,
     /// The export an empty name selects (default: the first).
     pub default_export: Option<String>,
+    /// NBD TLS: "off", "on" or "require" (default "on" when credentials are
+    /// given, else "off").
+    pub tls: Option<String>,
+    /// Directory with server-cert.pem, server-key.pem and ca-cert.pem.
+    pub tls_certificates: Option<PathBuf>,
+    /// File of USERNAME:HEXKEY pre-shared keys.
+    pub tls_psk: Option<PathBuf>,
+    /// Require client certificates signed by tls_certificates/ca-cert.pem.
+    #[serde(default)]
+    pub tls_verify_peer: bool,
 }
 
 /// `[[export]]`: one export.

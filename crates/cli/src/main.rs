@@ -14,6 +14,7 @@ mod open;
 mod open_stripe;
 mod serve;
 mod serve_iscsi;
+mod serve_tls;
 mod serve_volume;
 mod stop_signals;
 mod throttle_args;

@@ -26,12 +26,16 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 pub use blockwire_blockdev::workers::WorkerPool;
-pub use connection::{negotiate, transmit, Ending, RequestSource};
+pub use connection::{
+    negotiate, negotiate_secure, transmit, Ending, Negotiated, RequestSource,
+};
 pub use export::{Export, ExportSet};
 pub use negotiation::{transmission_flags, HandshakeError, Negotiation, Step, BASE_ALLOCATION_ID};
 pub use session::{Action, FileSlice, Job, Reply, ReplyData, Session};
 pub use stream::Stream;
 pub use writer::{ReplySink, ReplyWriter};
+
+use crate::tls::{TargetTls, TlsStream};
 
 /// Socket send buffer for each connection. With room for a few 1 MiB replies the
 /// connection thread can queue the next reply while the client still drains the last
@@ -61,6 +65,8 @@ pub struct ServerConfig {
     /// A client that reads no reply for this long (its socket takes no more) is cut
     /// off: the replies waiting for it stop holding the server's threads.
     pub send_timeout: Duration,
+    /// TLS credentials and policy; `None` serves plain text only.
+    pub tls: Option<Arc<TargetTls>>,
 }
 
 impl Default for ServerConfig {
@@ -73,6 +79,7 @@ impl Default for ServerConfig {
             max_handshakes_per_address: 16,
             handshake_timeout: Duration::from_secs(30),
             send_timeout: Duration::from_secs(30),
+            tls: None,
         }
     }
 }
@@ -412,12 +419,21 @@ impl AcceptContext {
             let (exports, pool, shared) =
                 (self.exports.clone(), self.pool.clone(), self.shared.clone());
             let timeouts = (self.config.handshake_timeout, self.config.send_timeout);
+            let tls = self.config.tls.clone();
             let spawned = thread::Builder::new()
                 .name(format!("nbd-conn-{id}"))
                 .spawn(move || {
                     let address = stream.peer_ip();
                     let handshake_done = || shared.end_handshake(address);
-                    serve_connection_reporting(stream, exports, &pool, timeouts, handshake_done);
+                    let tls = tls.as_deref();
+                    serve_connection_reporting(
+                        stream,
+                        exports,
+                        &pool,
+                        timeouts,
+                        tls,
+                        handshake_done,
+                    );
                     let mut connections =
                         shared.connections.lock().unwrap_or_else(|e| e.into_inner());
                     connections.remove(&id);
@@ -447,51 +463,75 @@ pub fn serve_connection(
 ) {
     let send_timeout = ServerConfig::default().send_timeout;
     let timeouts = (handshake_timeout, send_timeout);
-    serve_connection_reporting(stream, exports, pool, timeouts, || {});
+    serve_connection_reporting(stream, exports, pool, timeouts, None, || {});
 }
 
-/// [`serve_connection`], calling `handshake_done` once the handshake has ended, in
-/// transmission or not.
+/// [`serve_connection`], with TLS offered when `tls` is given, calling
+/// `handshake_done` once the handshake has ended, in transmission or not.
 fn serve_connection_reporting(
     mut stream: Stream,
     exports: Arc<ExportSet>,
     pool: &WorkerPool,
     (handshake_timeout, send_timeout): (Duration, Duration),
+    tls: Option<&TargetTls>,
     handshake_done: impl FnOnce(),
 ) {
     let peer = stream.peer();
     tracing::debug!(%peer, "connected");
     let _ = stream.set_read_timeout(Some(handshake_timeout));
-    let negotiated = negotiate(&mut stream, exports, &peer);
+    let negotiated = negotiate_secure(&mut stream, exports, &peer, tls);
     handshake_done();
-    let mut session = match negotiated {
-        Ok(Some(session)) => session,
-        Ok(None) => return,
+    let (mut session, secure) = match negotiated {
+        Ok(Negotiated::Plain(session)) => (session, None),
+        Ok(Negotiated::Tls(session, secure)) => (session, Some(secure)),
+        Ok(Negotiated::Refused) => return,
         Err(e) => {
             tracing::info!(%peer, "handshake ended: {e}");
             return;
         }
     };
     let _ = stream.set_read_timeout(None);
-    session.set_zero_copy_reads(stream.peer_is_remote());
+    // sendfile(2) would put plaintext on the wire: under TLS every byte goes
+    // through the seal.
+    session.set_zero_copy_reads(secure.is_none() && stream.peer_is_remote());
     let export = session.export().clone();
     tracing::info!(
         %peer,
         export = %export.name,
         structured = session.structured(),
+        tls = secure.as_ref().map_or("off", |s| s.description()),
         "client entered transmission"
     );
     // A send that makes no progress for `send_timeout` fails; the writer then
     // shuts the socket down, which ends the connection.
     let _ = stream.set_write_timeout(Some(send_timeout));
-    let writer = match stream.try_clone() {
-        Ok(clone) => Arc::new(ReplyWriter::new(clone)),
+    let clone = match stream.try_clone() {
+        Ok(clone) => clone,
         Err(e) => {
             tracing::warn!(%peer, "cannot clone socket: {e}");
             return;
         }
     };
-    match transmit(Arc::new(session), stream, writer, pool) {
+    let session = Arc::new(session);
+    let ending = match secure {
+        None => transmit(session, stream, Arc::new(ReplyWriter::new(clone)), pool),
+        Some(secure) => {
+            let closer = stream.try_clone().ok();
+            let writer = Arc::new(ReplyWriter::new(TlsStream::new(clone, secure.clone())));
+            let ending = transmit(
+                session,
+                TlsStream::new(stream, secure.clone()),
+                writer,
+                pool,
+            );
+            if let (Ending::Disconnect, Some(socket)) = (&ending, closer) {
+                // proto.md: on NBD_CMD_DISC the server closes the TLS session first.
+                TlsStream::new(socket, secure).close();
+            }
+            ending
+        }
+    };
+    match ending {
         Ending::Disconnect | Ending::Closed => {
             tracing::info!(%peer, export = %export.name, "client disconnected")
         }
