@@ -149,7 +149,15 @@ impl InitiatorTls {
                 }
             }
         }
-        let session = handshake(ssl, socket, handshake_failure)?;
+        let session = handshake(ssl, socket, |ssl, error| {
+            let mut line = handshake_failure(ssl, error);
+            if let Some(identity) = &self.psk_identity {
+                line.push_str(&format!(
+                    " (PSK identity '{identity}': does the server hold the same key?)"
+                ));
+            }
+            line
+        })?;
         if self.psk_identity.is_some() && session.peer_certified() {
             // The server skipped our key and showed a certificate nobody checked.
             return Err(TlsError::Handshake(
