@@ -100,3 +100,6 @@ fn handshake_failure(ssl: &openssl::ssl::SslRef, error: &openssl::ssl::Error) ->
     }
     line
 }
+
+#[cfg(test)]
+mod tests;
