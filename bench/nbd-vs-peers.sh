@@ -10,6 +10,13 @@
 #
 # usage: bench/nbd-vs-peers.sh [--size 4G] [--runtime 10] [--rounds 3] [--json FILE] [--dir DIR]
 #                              [--servers blockwire,nbdkit,qemu-nbd,nbd-server,nbdkit-null]
+#                              [--tls]
+#
+# --tls measures the cost of TLS: every server requires it with one pre-shared key
+# (blockwire --tls require --tls-psk FILE, nbdkit --tls=require --tls-psk=FILE,
+# qemu-nbd with a tls-creds-psk object) and fio connects with nbds://...?tls-psk-file=
+# FILE. The servers default to blockwire,nbdkit,qemu-nbd (nbd-server's TLS needs
+# certificates and is left out).
 #
 # nbdkit-null has no storage behind it (reads are zeroes, writes are dropped): what the
 # client reaches there is its own ceiling on this machine, printed as null/nbdkit, the
@@ -33,4 +40,4 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 (cd "$root" && cargo build --release --quiet -p blockwire)
-exec python3 "$here/lib/nbd_vs_peers.py" --blockwire "$root/target/release/blockwire" "$@"
+exec python3 "$here/lib/nbd_vs_peers.py" --blockwire "${CARGO_TARGET_DIR:-$root/target}/release/blockwire" "$@"
