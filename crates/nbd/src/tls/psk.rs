@@ -98,12 +98,12 @@ impl PskFile {
 }
 
 fn decode_hex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
+    let pairs = text.as_bytes().chunks_exact(2);
+    if !pairs.remainder().is_empty() {
         return None;
     }
     let digit = |byte: u8| (byte as char).to_digit(16).map(|d| d as u8);
-    text.as_bytes()
-        .chunks(2)
+    pairs
         .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
         .collect()
 }

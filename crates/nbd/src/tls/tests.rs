@@ -39,14 +39,11 @@ fn initiator(keys: &Path) -> InitiatorTls {
     InitiatorTls::load(&settings, Some("127.0.0.1")).unwrap()
 }
 
+/// One end of a socket pair and how its handshake went.
+type End = (UnixStream, Result<TlsSession, TlsError>);
+
 /// Runs both handshakes over a socket pair; returns (target side, initiator side).
-fn pair(
-    target_keys: &Path,
-    initiator_keys: &Path,
-) -> (
-    (UnixStream, Result<TlsSession, TlsError>),
-    (UnixStream, Result<TlsSession, TlsError>),
-) {
+fn pair(target_keys: &Path, initiator_keys: &Path) -> (End, End) {
     let (mut a, mut b) = UnixStream::pair().unwrap();
     let target = target(target_keys);
     let server = thread::spawn(move || {
@@ -90,7 +87,9 @@ fn data_crosses_both_ways_while_several_threads_write() {
             helpers.push(thread::spawn(move || {
                 let len = (message.len() as u32).to_be_bytes();
                 let slices = [IoSlice::new(&len), IoSlice::new(&message)];
-                writer.lock().unwrap().write_vectored(&slices).unwrap();
+                // Our write_vectored is all or nothing: one message, one call.
+                let written = writer.lock().unwrap().write_vectored(&slices).unwrap();
+                assert_eq!(written, 4 + message.len());
             }));
             if helpers.len() >= 4 {
                 helpers.remove(0).join().unwrap();
