@@ -14,9 +14,12 @@
 #
 # --tls measures the cost of TLS: every server requires it with one pre-shared key
 # (blockwire --tls require --tls-psk FILE, nbdkit --tls=require --tls-psk=FILE,
-# qemu-nbd with a tls-creds-psk object) and fio connects with nbds://...?tls-psk-file=
-# FILE. The servers default to blockwire,nbdkit,qemu-nbd (nbd-server's TLS needs
-# certificates and is left out).
+# qemu-nbd with a tls-creds-psk object), and clients connect to nbds://...?tls-psk-file=
+# FILE. fio's nbd engine cannot take a key file (libnbd refuses local files in URIs
+# unless the program allows them), so the sequential jobs run nbdcopy over the whole
+# image instead (libnbd and GnuTLS, as fio) and the random ones `blockwire bench
+# --workload random` (our initiator): the same client for every server. The servers
+# default to blockwire,nbdkit,qemu-nbd (nbd-server's TLS needs certificates).
 #
 # nbdkit-null has no storage behind it (reads are zeroes, writes are dropped): what the
 # client reaches there is its own ceiling on this machine, printed as null/nbdkit, the

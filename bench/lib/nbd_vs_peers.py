@@ -4,6 +4,7 @@
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -177,6 +178,62 @@ def run_fio(uri, rw, bs, depth, runtime, size):
             side["clat_ns"]["percentile"].get("99.000000", 0) / 1000, client_cpu)
 
 
+def parse_bytes(text):
+    """'1M' -> 1048576, '4k' -> 4096."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    suffix = text[-1].lower()
+    return int(text[:-1]) * units[suffix] if suffix in units else int(text)
+
+
+def run_measured(argv):
+    """Runs argv to completion; returns (stdout, wall seconds, CPU seconds it used)."""
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate()
+    wall = time.monotonic() - started
+    # The child is reaped: its CPU shows in our children's resource usage.
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv[0]} failed ({proc.returncode}): {err.strip()}")
+    return out, wall, usage.ru_utime + usage.ru_stime
+
+
+def children_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_tls_job(uri, rw, bs, depth, runtime, size, image, blockwire, workdir):
+    """One job against an nbds:// URI. fio's nbd engine cannot take a PSK file (libnbd
+    refuses local files in URIs unless the program allows them, and fio does not), so
+    the sequential jobs run nbdcopy (libnbd and GnuTLS, fio's library) over the whole
+    image, and the random ones our initiator (`blockwire bench --workload random`,
+    OpenSSL): the same client for every server either way."""
+    before = children_cpu()
+    if rw in ("write", "read"):
+        if rw == "write":
+            argv = ["nbdcopy", "--connections=1", f"--requests={depth}", f"--request-size={parse_bytes(bs)}",
+                    image, uri]
+        else:
+            argv = ["nbdcopy", "--connections=1", f"--requests={depth}", f"--request-size={parse_bytes(bs)}",
+                    uri, "null:"]
+        _, wall, _ = run_measured(argv)
+        mbps = os.path.getsize(image) / wall / 1e6
+        client_cpu = (children_cpu() - before) / wall * 100
+        requests_per_s = os.path.getsize(image) / parse_bytes(bs) / wall
+        return mbps, requests_per_s, 0.0, client_cpu
+    report = os.path.join(workdir, "random.json")
+    argv = [blockwire, "bench", uri, "--workload", "random", "--random-depths", str(depth),
+            "--time", str(runtime), "--size", size, "--json", report]
+    _, wall, _ = run_measured(argv)
+    with open(report) as f:
+        results = json.load(f)["results"]
+    op = "randread" if rw == "randread" else "randwrite"
+    row = next(r for r in results if r["op"] == op)
+    client_cpu = (children_cpu() - before) / wall * 100
+    return row["mb_per_s"], row["iops"], row["latency_us"]["p99"], client_cpu
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--blockwire", required=True)
@@ -222,8 +279,13 @@ def main():
                     shift = round_ % len(servers)
                     for server in servers[shift:] + servers[:shift]:
                         before = cpu_seconds(server.pid)
-                        mbps, iops, p99, client_cpu = run_fio(server.uri, rw, bs, depth,
-                                                              args.runtime, size_arg)
+                        if args.tls:
+                            mbps, iops, p99, client_cpu = run_tls_job(
+                                server.uri, rw, bs, depth, args.runtime, size_arg, image,
+                                args.blockwire, workdir)
+                        else:
+                            mbps, iops, p99, client_cpu = run_fio(server.uri, rw, bs, depth,
+                                                                  args.runtime, size_arg)
                         time.sleep(0.3)  # let a forking server reap the connection's child
                         cpu = cpu_seconds(server.pid) - before
                         os.sync()  # each run starts with no dirty pages left by the last
@@ -258,7 +320,8 @@ def main():
     names = args.servers.split(",")
     print()
     header = f"{'job':<14}" + "".join(f"{n + ' MB/s':>18}" for n in names)
-    header += f"{'bw/nbdkit':>11}{'MB/cpu-s bw/nbdkit':>20}{'fio CPU% (bw)':>15}{'null/nbdkit':>13}"
+    client = "client CPU%" if args.tls else "fio CPU% (bw)"
+    header += f"{'bw/nbdkit':>11}{'MB/cpu-s bw/nbdkit':>20}{client:>15}{'null/nbdkit':>13}"
     print(header)
     ratios = {}
     for name, _, _, _ in jobs:
@@ -280,7 +343,9 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump({"size": args.size, "runtime_s": args.runtime, "rounds": args.rounds,
-                   "client": "fio ioengine=nbd", "tls": "psk" if args.tls else None,
+                   "client": ("nbdcopy (sequential), blockwire bench (random)" if args.tls
+                              else "fio ioengine=nbd"),
+                   "tls": "psk" if args.tls else None,
                    "results": results, "ratios_blockwire_over_nbdkit": ratios,
                    "machine": {"cpus": os.cpu_count(), "kernel": os.uname().release}}, f, indent=2)
     print(f"\nJSON written to {args.json}")

@@ -280,13 +280,21 @@ impl TlsSession {
     pub fn seal(&self, slices: &[IoSlice<'_>], cipher: &mut Vec<u8>) -> io::Result<()> {
         let mut engine = lock(&self.engine);
         for slice in slices {
-            if engine.stage.len() + slice.len() > RECORD {
-                engine.seal_stage()?;
+            let mut rest: &[u8] = slice;
+            if !engine.stage.is_empty() {
+                // Top the staged pieces (a reply header, say) up to a full record
+                // with the start of this slice, rather than sealing them alone.
+                let room = RECORD.saturating_sub(engine.stage.len()).min(rest.len());
+                engine.stage.extend_from_slice(&rest[..room]);
+                rest = &rest[room..];
+                if engine.stage.len() >= RECORD {
+                    engine.seal_stage()?;
+                }
             }
-            if slice.len() >= RECORD {
-                engine.seal(slice)?;
+            if rest.len() >= RECORD {
+                engine.seal(rest)?;
             } else {
-                engine.stage.extend_from_slice(slice);
+                engine.stage.extend_from_slice(rest);
             }
         }
         engine.seal_stage()?;
