@@ -862,3 +862,34 @@ fn blockwire_copy_over_nbds_to_our_own_target() {
     drop(served);
     assert_same_file(&disk, &src);
 }
+
+#[test]
+fn nbds_unix_with_nbdinfo_and_our_initiator() {
+    require!("openssl", "nbdinfo");
+    let dir = tempfile::tempdir().unwrap();
+    let keys = psk_file(dir.path(), "keys.psk", "alice");
+    let socket = dir.path().join("nbd.sock");
+    let _served = Served::start(
+        &[
+            "--name",
+            "demo",
+            "--socket",
+            path_str(&socket),
+            "--tls",
+            "require",
+            "--tls-psk",
+            path_str(&keys),
+        ],
+        "demo",
+    );
+    let uri = format!(
+        "nbds+unix://alice@/demo?socket={}&tls-psk-file={}",
+        socket.display(),
+        keys.display()
+    );
+    let info = text(&run("nbdinfo", &[&uri]).stdout);
+    assert!(info.contains("with TLS"), "{info}");
+    let client = NbdClient::connect(&uri.parse().unwrap(), ClientOptions::default()).unwrap();
+    let device = Device::new(Arc::new(client));
+    conformance::write_read_verify(&device);
+}

@@ -412,6 +412,30 @@ mod tests {
     }
 
     #[test]
+    fn parses_tls_keys() {
+        let text = r#"
+            [server]
+            tls = "require"
+            tls_certificates = "/etc/pki/blockwire"
+            tls_psk = "/etc/blockwire/keys.psk"
+            tls_verify_peer = true
+
+            [[export]]
+            name = "a"
+            memory = "1M"
+        "#;
+        let config: Config = toml::from_str(text).unwrap();
+        assert_eq!(config.server.tls.as_deref(), Some("require"));
+        assert_eq!(
+            config.server.tls_psk.as_deref(),
+            Some(Path::new("/etc/blockwire/keys.psk"))
+        );
+        assert!(config.server.tls_verify_peer);
+        let plain: Config = toml::from_str("[[export]]\nname = \"a\"\nmemory = \"1M\"\n").unwrap();
+        assert!(plain.server.tls.is_none() && !plain.server.tls_verify_peer);
+    }
+
+    #[test]
     fn rejects_unknown_keys() {
         let text = "[[export]]\nname = \"a\"\npath = \"/x\"\nreadonly = true\n";
         assert!(toml::from_str::<Config>(text).is_err());

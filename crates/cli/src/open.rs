@@ -224,6 +224,14 @@ mod tests {
             Target::Nbd(_)
         ));
         assert!(matches!(
+            Target::parse("nbds://alice@h/disk?tls-psk-file=/k.psk").unwrap(),
+            Target::Nbd(uri) if uri.tls.is_some()
+        ));
+        assert!(matches!(
+            Target::parse("NBDS+UNIX:///disk?socket=/tmp/s").unwrap(),
+            Target::Nbd(uri) if uri.tls.is_some()
+        ));
+        assert!(matches!(
             Target::parse("aoe://eth0,eth1/e1.2").unwrap(),
             Target::Aoe(_)
         ));

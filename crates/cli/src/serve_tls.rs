@@ -103,3 +103,31 @@ pub fn target_tls(
     }
     Ok(tls.map(Arc::new))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(text: &str) -> ServerSection {
+        toml::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn credentials_alone_turn_tls_on_and_modes_are_checked() {
+        let on = settings_from_section(&section("tls_psk = \"/k.psk\"")).unwrap();
+        assert_eq!(on.mode, TlsMode::On);
+        let off = settings_from_section(&section("")).unwrap();
+        assert_eq!(off.mode, TlsMode::Off);
+        let required = settings_from_section(&section("tls = \"require\"")).unwrap();
+        assert_eq!(required.mode, TlsMode::Require);
+        let err = settings_from_section(&section("tls = \"maybe\"")).unwrap_err();
+        assert!(err.to_string().contains("'maybe'"), "{err}");
+        let args = TlsArgs {
+            tls_certificates: Some("/pki".into()),
+            ..TlsArgs::default()
+        };
+        assert_eq!(args.settings().mode, TlsMode::On);
+        assert!(args.given());
+        assert!(!TlsArgs::default().given());
+    }
+}
