@@ -893,3 +893,99 @@ fn nbds_unix_with_nbdinfo_and_our_initiator() {
     let device = Device::new(Arc::new(client));
     conformance::write_read_verify(&device);
 }
+
+#[test]
+fn a_copy_over_nbds_rides_out_a_target_restart() {
+    require!("openssl");
+    let dir = tempfile::tempdir().unwrap();
+    let keys = psk_file(dir.path(), "keys.psk", "alice");
+    let image = sparse_file(dir.path(), "restart.img", 128 * MIB);
+    let source = patterned_file(dir.path(), "source.img", (128 * MIB) as usize, 8);
+    let port = free_port();
+    let serve = || {
+        let mut command = Command::new(blockwire_bin());
+        command
+            .arg("serve")
+            .arg(&image)
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--name",
+                "restart",
+            ])
+            .args(["--tls", "require", "--tls-psk", path_str(&keys)]);
+        Served::spawn_ready(command, "restart")
+    };
+    let served = serve();
+    let uri = format!(
+        "nbds://alice@127.0.0.1:{port}/restart?tls-psk-file={}",
+        keys.display()
+    );
+    // Every reconnect runs a new TLS handshake.
+    let copy = blockwire_tests::copy_in_background(&source, &uri, &["--connections", "2"]);
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(!copy.is_finished(), "the copy ended before the kill");
+    served.kill_hard();
+    std::thread::sleep(Duration::from_millis(300));
+    let served = serve();
+    let output = copy.join().unwrap();
+    let stderr = strip_ansi(&text(&output.stderr));
+    assert!(output.status.success(), "the copy failed: {stderr}");
+    assert!(stderr.contains("reconnected after"), "{stderr}");
+    drop(served);
+    assert_same_file(&image, &source);
+}
+
+#[test]
+fn garbage_instead_of_a_tls_handshake_closes_only_that_connection() {
+    require!("openssl", "nbdinfo");
+    let dir = tempfile::tempdir().unwrap();
+    let keys = psk_file(dir.path(), "keys.psk", "alice");
+    let served = Logged::start(
+        dir.path(),
+        &[
+            "--name",
+            "demo",
+            "--tls",
+            "require",
+            "--tls-psk",
+            path_str(&keys),
+        ],
+        "garbage",
+    );
+    let mut socket = plain_handshake(served.port());
+    let (replies, _) = ask(&mut socket, ClientOption::StartTls);
+    assert_eq!(replies, [NBD_REP_ACK]);
+    // An NBD option where a TLS ClientHello belongs.
+    let mut out = Vec::new();
+    ClientOption::List.encode(&mut out);
+    out.extend([0xffu8; 64]);
+    socket.write_all(&out).unwrap();
+    let mut rest = Vec::new();
+    let _ = socket.read_to_end(&mut rest);
+    // At most a TLS alert comes back (content type 21), never NBD data.
+    assert!(rest.is_empty() || rest[0] == 21, "{rest:?}");
+    assert_eq!(served.wait_for("TLS handshake failed").len(), 1);
+    // The server carries on.
+    let uri = format!(
+        "nbds://alice@127.0.0.1:{}/demo?tls-psk-file={}",
+        served.port(),
+        keys.display()
+    );
+    assert!(text(&run("nbdinfo", &[&uri]).stdout).contains("with TLS"));
+}
+
+#[test]
+fn our_initiator_asking_for_tls_from_a_plain_server_is_refused_with_the_reason() {
+    require!("openssl");
+    let dir = tempfile::tempdir().unwrap();
+    let keys = psk_file(dir.path(), "keys.psk", "alice");
+    let served = Served::start(&["--name", "demo"], "demo");
+    let err = NbdClient::connect(&psk_uri(served.port, &keys), ClientOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("NBD_OPT_STARTTLS") && err.contains("NBD_REP_ERR_UNSUP"),
+        "{err}"
+    );
+}
