@@ -26,9 +26,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 pub use blockwire_blockdev::workers::WorkerPool;
-pub use connection::{
-    negotiate, negotiate_secure, transmit, Ending, Negotiated, RequestSource,
-};
+pub use connection::{negotiate, negotiate_secure, transmit, Ending, Negotiated, RequestSource};
 pub use export::{Export, ExportSet};
 pub use negotiation::{transmission_flags, HandshakeError, Negotiation, Step, BASE_ALLOCATION_ID};
 pub use session::{Action, FileSlice, Job, Reply, ReplyData, Session};

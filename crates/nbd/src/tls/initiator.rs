@@ -5,7 +5,8 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use openssl::ssl::{
-    Ssl, SslContext, SslContextBuilder, SslFiletype, SslMethod, SslVerifyMode, SslVersion,
+    Ssl, SslContext, SslContextBuilder, SslFiletype, SslMethod, SslOptions, SslVerifyMode,
+    SslVersion,
 };
 
 use super::{
@@ -88,6 +89,8 @@ impl InitiatorTls {
         builder
             .set_min_proto_version(Some(SslVersion::TLS1_2))
             .map_err(setup)?;
+        // No TLS 1.2 renegotiation: see the target's context.
+        builder.set_options(SslOptions::NO_RENEGOTIATION);
         let mut psk_identity = None;
         if let Some(path) = &settings.psk_file {
             let keys = PskFile::load(path)?;

@@ -120,7 +120,10 @@ impl TargetTls {
                 "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256",
             )
             .map_err(setup)?;
-        builder.set_options(SslOptions::CIPHER_SERVER_PREFERENCE);
+        // Renegotiation (TLS 1.2) would run a handshake in the middle of transmission,
+        // whose messages the memory-driven session only sends with the next reply;
+        // nothing NBD needs, and a classic way to make a server work for nothing.
+        builder.set_options(SslOptions::CIPHER_SERVER_PREFERENCE | SslOptions::NO_RENEGOTIATION);
         let mut parts = Vec::new();
         if let Some(dir) = &settings.certificates {
             load_certificates(&mut builder, dir, settings.verify_peer)?;
