@@ -333,6 +333,7 @@ pub struct TlsStream<S> {
 }
 
 impl<S> TlsStream<S> {
+    /// `socket` (one handle on the connection) read and written through `session`.
     pub fn new(socket: S, session: std::sync::Arc<TlsSession>) -> TlsStream<S> {
         TlsStream {
             socket,
@@ -343,10 +344,12 @@ impl<S> TlsStream<S> {
         }
     }
 
+    /// The socket underneath, for what bypasses TLS (shutdown, timeouts, polling).
     pub fn socket(&self) -> &S {
         &self.socket
     }
 
+    /// The session, shared with the other handles on the same connection.
     pub fn session(&self) -> &std::sync::Arc<TlsSession> {
         &self.session
     }

@@ -55,19 +55,27 @@ impl std::str::FromStr for TlsMode {
 /// file at fault where there is one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TlsError {
+    /// A credential file that cannot be used, and why.
     #[error("{}: {reason}", path.display())]
     File { path: PathBuf, reason: String },
+    /// Settings that do not fit together, or OpenSSL refusing them.
     #[error("{0}")]
     Config(String),
+    /// The handshake with the peer failed.
     #[error("TLS handshake failed: {0}")]
     Handshake(String),
 }
 
-/// Names of the files in a certificate directory (qemu's and nbdkit's layout).
+// The files of a certificate directory, in qemu's and nbdkit's layout.
+/// The CA that signs the other side's certificate.
 pub const CA_CERT: &str = "ca-cert.pem";
+/// The target's certificate (and chain).
 pub const SERVER_CERT: &str = "server-cert.pem";
+/// The target's private key.
 pub const SERVER_KEY: &str = "server-key.pem";
+/// The initiator's certificate, shown when the target asks for one.
 pub const CLIENT_CERT: &str = "client-cert.pem";
+/// The initiator's private key.
 pub const CLIENT_KEY: &str = "client-key.pem";
 
 /// Turns OpenSSL's error stack into one line.

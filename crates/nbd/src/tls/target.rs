@@ -20,6 +20,7 @@ use super::{
 /// `--tls-verify-peer`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TargetTlsSettings {
+    /// Off, offered or required.
     pub mode: TlsMode,
     /// A directory with `server-cert.pem`, `server-key.pem` and, to check client
     /// certificates, `ca-cert.pem`.
@@ -165,6 +166,7 @@ impl TargetTls {
         }))
     }
 
+    /// Whether TLS is offered or required.
     pub fn mode(&self) -> TlsMode {
         self.mode
     }
