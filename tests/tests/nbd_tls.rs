@@ -989,3 +989,54 @@ fn our_initiator_asking_for_tls_from_a_plain_server_is_refused_with_the_reason()
         "{err}"
     );
 }
+
+#[test]
+fn keys_and_certificates_together_with_client_verification() {
+    require!("openssl", "nbdinfo");
+    let dir = tempfile::tempdir().unwrap();
+    let keys = psk_file(dir.path(), "keys.psk", "alice");
+    let (server_dir, client_dir) = certificates(dir.path());
+    let served = Served::start(
+        &[
+            "--name",
+            "demo",
+            "--tls",
+            "require",
+            "--tls-psk",
+            path_str(&keys),
+            "--tls-certificates",
+            path_str(&server_dir),
+            "--tls-verify-peer",
+        ],
+        "demo",
+    );
+    // A key authenticates its client as a certificate does.
+    let with_key = format!(
+        "nbds://alice@127.0.0.1:{}/demo?tls-psk-file={}",
+        served.port,
+        keys.display()
+    );
+    let with_certificate = format!(
+        "nbds://127.0.0.1:{}/demo?tls-certificates={}",
+        served.port,
+        client_dir.display()
+    );
+    for uri in [&with_key, &with_certificate] {
+        let size = text(&run("nbdinfo", &["--size", uri]).stdout);
+        assert_eq!(size.trim(), "1073741824", "{uri}");
+    }
+    // Neither: the server's certificate is trusted, but the client shows nothing.
+    let anonymous = dir.path().join("anonymous");
+    std::fs::create_dir(&anonymous).unwrap();
+    std::fs::copy(
+        client_dir.join("ca-cert.pem"),
+        anonymous.join("ca-cert.pem"),
+    )
+    .unwrap();
+    let uri = format!(
+        "nbds://127.0.0.1:{}/demo?tls-certificates={}",
+        served.port,
+        anonymous.display()
+    );
+    assert!(!run_unchecked("nbdinfo", &["--size", &uri]).status.success());
+}
