@@ -392,6 +392,14 @@ fn qemu_with_tls_creds_psk_and_tls_creds_x509() {
         "{}",
         text(&out.stdout)
     );
+    let info = text(
+        &run(
+            "qemu-img",
+            &["info", "--object", &object, "--image-opts", &image],
+        )
+        .stdout,
+    );
+    assert!(info.contains("8 MiB (8388608 bytes)"), "{info}");
     let wrong = run_unchecked(
         "qemu-io",
         &qemu_args(&object, &image, &["read -P 0x77 1M 4K"]),
