@@ -101,6 +101,24 @@ impl Engine {
         Ok(())
     }
 
+    /// Decrypts whatever further whole records have already arrived into `buf`, as
+    /// a socket read returns all that is there: one record holds only the few
+    /// requests the peer sent together, and a reader that came back for each would
+    /// answer them in smaller batches. Stops at the first record not all there (an
+    /// error or the end stays for the next call, which meets it again).
+    fn read_more(&mut self, buf: &mut [u8]) -> usize {
+        let mut total = 0;
+        while total < buf.len()
+            && (self.stream.get_ref().unread() > 0 || self.stream.ssl().pending() > 0)
+        {
+            match self.stream.ssl_read(&mut buf[total..]) {
+                Ok(n) => total += n,
+                Err(_) => break,
+            }
+        }
+        total
+    }
+
     fn seal_stage(&mut self) -> io::Result<()> {
         if self.stage.is_empty() {
             return Ok(());
@@ -242,7 +260,7 @@ impl TlsSession {
             {
                 let mut engine = lock(&self.engine);
                 match engine.stream.ssl_read(buf) {
-                    Ok(n) => return Ok(n),
+                    Ok(n) => return Ok(n + engine.read_more(&mut buf[n..])),
                     Err(e) if e.code() == ErrorCode::ZERO_RETURN => return Ok(0),
                     Err(e) if e.code() == ErrorCode::WANT_READ => {}
                     Err(e) => return Err(tls_io_error(e)),
