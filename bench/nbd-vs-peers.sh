@@ -10,6 +10,16 @@
 #
 # usage: bench/nbd-vs-peers.sh [--size 4G] [--runtime 10] [--rounds 3] [--json FILE] [--dir DIR]
 #                              [--servers blockwire,nbdkit,qemu-nbd,nbd-server,nbdkit-null]
+#                              [--tls]
+#
+# --tls measures the cost of TLS: every server requires it with one pre-shared key
+# (blockwire --tls require --tls-psk FILE, nbdkit --tls=require --tls-psk=FILE,
+# qemu-nbd with a tls-creds-psk object), and clients connect to nbds://...?tls-psk-file=
+# FILE. fio's nbd engine cannot take a key file (libnbd refuses local files in URIs
+# unless the program allows them), so the sequential jobs run nbdcopy over the whole
+# image instead (libnbd and GnuTLS, as fio) and the random ones `blockwire bench
+# --workload random` (our initiator): the same client for every server. The servers
+# default to blockwire,nbdkit,qemu-nbd (nbd-server's TLS needs certificates).
 #
 # blockwire-metrics is blockwire with `--metrics` on (every request counted), to
 # compare with blockwire: `--servers blockwire,blockwire-metrics`.
@@ -36,4 +46,4 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 (cd "$root" && cargo build --release --quiet -p blockwire)
-exec python3 "$here/lib/nbd_vs_peers.py" --blockwire "$root/target/release/blockwire" "$@"
+exec python3 "$here/lib/nbd_vs_peers.py" --blockwire "${CARGO_TARGET_DIR:-$root/target}/release/blockwire" "$@"

@@ -15,7 +15,7 @@ peers=(
   ip:iproute2 tc:iproute2 vblade:vblade aoe-sancheck:aoetools aoeping:aoetools tshark:tshark
   iscsi-test-cu:libiscsi-bin iscsi-ls:libiscsi-bin iscsi-inq:libiscsi-bin
   iscsi-readcapacity16:libiscsi-bin iscsi-swp:libiscsi-bin iscsi-perf:libiscsi-bin
-  tgtd:tgt tgtadm:tgt stdbuf:coreutils g++:g++
+  tgtd:tgt tgtadm:tgt stdbuf:coreutils g++:g++ openssl:openssl
   prometheus:prometheus systemd-analyze:systemd lintian:lintian man:man-db
 )
 missing=()
@@ -23,6 +23,10 @@ for pair in "${peers[@]}"; do
   program=${pair%%:*} package=${pair##*:}
   command -v "$program" >/dev/null 2>&1 || missing+=("$package")
 done
+# Build dependencies: NBD's TLS links the system's OpenSSL (the openssl crate finds
+# its headers and library through pkg-config).
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   packages=$(printf '%s\n' "${missing[@]}" | sort -u | tr '\n' ' ')
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

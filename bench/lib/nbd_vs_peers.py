@@ -4,6 +4,7 @@
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -21,6 +22,18 @@ JOBS = [
     ("rand-write-4K", "randwrite", "4k", 32),
 ]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PSK_USER = "bench"
+
+
+def make_psk(workdir):
+    """A PSK file (psktool's USERNAME:HEXKEY) in its own directory: qemu's
+    tls-creds-psk object reads DIR/keys.psk."""
+    directory = os.path.join(workdir, "psk")
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "keys.psk")
+    with open(path, "w") as f:
+        f.write(f"{PSK_USER}:{os.urandom(32).hex()}\n")
+    return path
 
 
 def free_port():
@@ -51,9 +64,10 @@ def cpu_seconds(pid):
 class Server:
     """A server process started for the benchmark and stopped by PID."""
 
-    def __init__(self, name, argv, port, export, pid_finder=None, workdir=None):
+    def __init__(self, name, argv, port, export, pid_finder=None, workdir=None, psk_file=None):
         self.name, self.argv, self.port, self.export = name, argv, port, export
         self.pid_finder, self.workdir = pid_finder, workdir
+        self.psk_file = psk_file
         self.proc = None
         self.pid = None
 
@@ -84,16 +98,24 @@ class Server:
 
     @property
     def uri(self):
+        if self.psk_file:
+            return (f"nbds://{PSK_USER}@127.0.0.1:{self.port}/{self.export}"
+                    f"?tls-psk-file={self.psk_file}")
         return f"nbd://127.0.0.1:{self.port}/{self.export}"
 
 
-def make_servers(names, blockwire, image, workdir):
+def make_servers(names, blockwire, image, workdir, psk=None):
+    """The servers to compare; with `psk` (a PSK file), each requires TLS with it."""
     servers = []
     for name in names:
         port = free_port()
+        if psk and name not in ("blockwire", "nbdkit", "nbdkit-null", "qemu-nbd"):
+            raise SystemExit(f"--tls: {name} is not set up for TLS here")
         if name == "blockwire":
             argv = [blockwire, "serve", image, "--listen", f"127.0.0.1:{port}", "--name", "bench"]
-            servers.append(Server(name, argv, port, "bench"))
+            if psk:
+                argv += ["--tls", "require", "--tls-psk", psk]
+            servers.append(Server(name, argv, port, "bench", psk_file=psk))
         elif name == "blockwire-metrics":
             # The same with the Prometheus endpoint on: every request counted
             # (issue 24 asks that this stay within the noise of metrics off).
@@ -102,20 +124,30 @@ def make_servers(names, blockwire, image, workdir):
             servers.append(Server(name, argv, port, "bench"))
         elif name == "nbdkit":
             argv = ["nbdkit", "--foreground", "--port", str(port), "--ipaddr", "127.0.0.1",
-                    "--exportname", "bench", "file", f"file={image}"]
-            servers.append(Server(name, argv, port, "bench"))
+                    "--exportname", "bench"]
+            if psk:
+                argv += ["--tls=require", f"--tls-psk={psk}"]
+            argv += ["file", f"file={image}"]
+            servers.append(Server(name, argv, port, "bench", psk_file=psk))
         elif name == "nbdkit-null":
             # No storage behind it: reads are zeroes, writes are dropped. What fio
             # reaches here is the most this client gets from any server on this
             # machine, so it shows how much room a faster server can have.
             argv = ["nbdkit", "--foreground", "--port", str(port), "--ipaddr", "127.0.0.1",
-                    "--exportname", "bench", "null", f"size={os.path.getsize(image)}"]
-            servers.append(Server(name, argv, port, "bench"))
+                    "--exportname", "bench"]
+            if psk:
+                argv += ["--tls=require", f"--tls-psk={psk}"]
+            argv += ["null", f"size={os.path.getsize(image)}"]
+            servers.append(Server(name, argv, port, "bench", psk_file=psk))
         elif name == "qemu-nbd":
             argv = ["qemu-nbd", "--format=raw", "--port", str(port), "--bind", "127.0.0.1",
                     "--export-name", "bench", "--shared", "16", "--persistent",
-                    "--cache=writeback", "--aio=threads", image]
-            servers.append(Server(name, argv, port, "bench"))
+                    "--cache=writeback", "--aio=threads"]
+            if psk:
+                argv += ["--object", f"tls-creds-psk,id=tls0,endpoint=server,dir={os.path.dirname(psk)}",
+                         "--tls-creds", "tls0"]
+            argv += [image]
+            servers.append(Server(name, argv, port, "bench", psk_file=psk))
         elif name == "nbd-server":
             conf = os.path.join(workdir, "nbd-server.conf")
             with open(conf, "w") as f:
@@ -152,6 +184,62 @@ def run_fio(uri, rw, bs, depth, runtime, size):
             side["clat_ns"]["percentile"].get("99.000000", 0) / 1000, client_cpu)
 
 
+def parse_bytes(text):
+    """'1M' -> 1048576, '4k' -> 4096."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    suffix = text[-1].lower()
+    return int(text[:-1]) * units[suffix] if suffix in units else int(text)
+
+
+def run_measured(argv):
+    """Runs argv to completion; returns (stdout, wall seconds, CPU seconds it used)."""
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate()
+    wall = time.monotonic() - started
+    # The child is reaped: its CPU shows in our children's resource usage.
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv[0]} failed ({proc.returncode}): {err.strip()}")
+    return out, wall, usage.ru_utime + usage.ru_stime
+
+
+def children_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_tls_job(uri, rw, bs, depth, runtime, size, image, blockwire, workdir):
+    """One job against an nbds:// URI. fio's nbd engine cannot take a PSK file (libnbd
+    refuses local files in URIs unless the program allows them, and fio does not), so
+    the sequential jobs run nbdcopy (libnbd and GnuTLS, fio's library) over the whole
+    image, and the random ones our initiator (`blockwire bench --workload random`,
+    OpenSSL): the same client for every server either way."""
+    before = children_cpu()
+    if rw in ("write", "read"):
+        if rw == "write":
+            argv = ["nbdcopy", "--connections=1", f"--requests={depth}", f"--request-size={parse_bytes(bs)}",
+                    image, uri]
+        else:
+            argv = ["nbdcopy", "--connections=1", f"--requests={depth}", f"--request-size={parse_bytes(bs)}",
+                    uri, "null:"]
+        _, wall, _ = run_measured(argv)
+        mbps = os.path.getsize(image) / wall / 1e6
+        client_cpu = (children_cpu() - before) / wall * 100
+        requests_per_s = os.path.getsize(image) / parse_bytes(bs) / wall
+        return mbps, requests_per_s, 0.0, client_cpu
+    report = os.path.join(workdir, "random.json")
+    argv = [blockwire, "bench", uri, "--workload", "random", "--random-depths", str(depth),
+            "--time", str(runtime), "--size", size, "--json", report]
+    _, wall, _ = run_measured(argv)
+    with open(report) as f:
+        results = json.load(f)["results"]
+    op = "randread" if rw == "randread" else "randwrite"
+    row = next(r for r in results if r["op"] == op)
+    client_cpu = (children_cpu() - before) / wall * 100
+    return row["mb_per_s"], row["iops"], row["latency_us"]["p99"], client_cpu
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--blockwire", required=True)
@@ -160,9 +248,18 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="runs per server and job (median)")
     parser.add_argument("--json", default="bench/results/nbd-vs-peers.json")
     parser.add_argument("--dir", default=None, help="where the test image goes (default: a temp dir)")
-    parser.add_argument("--servers", default="blockwire,nbdkit,qemu-nbd,nbd-server,nbdkit-null")
+    parser.add_argument("--servers", default=None,
+                        help="default blockwire,nbdkit,qemu-nbd,nbd-server,nbdkit-null "
+                             "(with --tls: blockwire,nbdkit,qemu-nbd)")
+    parser.add_argument("--tls", action="store_true",
+                        help="every server requires TLS with the same pre-shared key")
     parser.add_argument("--jobs", default=",".join(j[0] for j in JOBS))
     args = parser.parse_args()
+    if args.servers is None:
+        args.servers = ("blockwire,nbdkit,qemu-nbd" if args.tls
+                        else "blockwire,nbdkit,qemu-nbd,nbd-server,nbdkit-null")
+    if args.tls and args.json == parser.get_default("json"):
+        args.json = "bench/results/nbd-vs-peers-tls.json"
 
     workdir = tempfile.mkdtemp(prefix="bw-bench-", dir=args.dir)
     image = os.path.join(workdir, "image.raw")
@@ -174,7 +271,8 @@ def main():
                         "--output-format=terse"], check=True, capture_output=True)
         os.sync()  # write-back of the prefill must not run during the first server's jobs
         jobs = [j for j in JOBS if j[0] in args.jobs.split(",")]
-        servers = make_servers(args.servers.split(","), args.blockwire, image, workdir)
+        psk = make_psk(workdir) if args.tls else None
+        servers = make_servers(args.servers.split(","), args.blockwire, image, workdir, psk)
         # Every server runs at once (idle ones cost nothing) and each job is run by
         # each server in turn, round after round with the order rotated: a shared,
         # noisy machine then disturbs all of them alike. Medians are reported.
@@ -187,8 +285,13 @@ def main():
                     shift = round_ % len(servers)
                     for server in servers[shift:] + servers[:shift]:
                         before = cpu_seconds(server.pid)
-                        mbps, iops, p99, client_cpu = run_fio(server.uri, rw, bs, depth,
-                                                              args.runtime, size_arg)
+                        if args.tls:
+                            mbps, iops, p99, client_cpu = run_tls_job(
+                                server.uri, rw, bs, depth, args.runtime, size_arg, image,
+                                args.blockwire, workdir)
+                        else:
+                            mbps, iops, p99, client_cpu = run_fio(server.uri, rw, bs, depth,
+                                                                  args.runtime, size_arg)
                         time.sleep(0.3)  # let a forking server reap the connection's child
                         cpu = cpu_seconds(server.pid) - before
                         os.sync()  # each run starts with no dirty pages left by the last
@@ -223,7 +326,8 @@ def main():
     names = args.servers.split(",")
     print()
     header = f"{'job':<14}" + "".join(f"{n + ' MB/s':>18}" for n in names)
-    header += f"{'bw/nbdkit':>11}{'MB/cpu-s bw/nbdkit':>20}{'fio CPU% (bw)':>15}{'null/nbdkit':>13}"
+    client = "client CPU%" if args.tls else "fio CPU% (bw)"
+    header += f"{'bw/nbdkit':>11}{'MB/cpu-s bw/nbdkit':>20}{client:>15}{'null/nbdkit':>13}"
     print(header)
     ratios = {}
     for name, _, _, _ in jobs:
@@ -245,7 +349,9 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump({"size": args.size, "runtime_s": args.runtime, "rounds": args.rounds,
-                   "client": "fio ioengine=nbd",
+                   "client": ("nbdcopy (sequential), blockwire bench (random)" if args.tls
+                              else "fio ioengine=nbd"),
+                   "tls": "psk" if args.tls else None,
                    "results": results, "ratios_blockwire_over_nbdkit": ratios,
                    "machine": {"cpus": os.cpu_count(), "kernel": os.uname().release}}, f, indent=2)
     print(f"\nJSON written to {args.json}")

@@ -282,10 +282,12 @@ impl Drop for Served {
     }
 }
 
-/// The port of an announcement line `  nbd://127.0.0.1:PORT/NAME`.
+/// The port of an announcement line `  nbd://127.0.0.1:PORT/NAME` (`nbds://` when
+/// the server requires TLS).
 fn nbd_port(line: &str) -> Option<u16> {
-    line.trim()
-        .strip_prefix("nbd://127.0.0.1:")
+    let line = line.trim();
+    line.strip_prefix("nbd://127.0.0.1:")
+        .or_else(|| line.strip_prefix("nbds://127.0.0.1:"))
         .and_then(|rest| rest.split('/').next())
         .and_then(|port| port.parse::<u16>().ok())
 }

@@ -122,6 +122,16 @@ pub struct ServerSection {
     pub unnegotiated_payload_limit: Option<String>,
     /// The export an empty name selects (default: the first).
     pub default_export: Option<String>,
+    /// NBD TLS: "off", "on" or "require" (default "on" when credentials are
+    /// given, else "off").
+    pub tls: Option<String>,
+    /// Directory with server-cert.pem, server-key.pem and ca-cert.pem.
+    pub tls_certificates: Option<PathBuf>,
+    /// File of USERNAME:HEXKEY pre-shared keys.
+    pub tls_psk: Option<PathBuf>,
+    /// Require client certificates signed by tls_certificates/ca-cert.pem.
+    #[serde(default)]
+    pub tls_verify_peer: bool,
 }
 
 /// `[[export]]`: one export.
@@ -551,6 +561,30 @@ mod tests {
         assert!(err.contains("volume 'v' has no members"), "{err}");
         let err = load("[[export]]\nname = \"a\"\nmemory = \"1M\"\nvolume = \"v\"\n").unwrap_err();
         assert!(err.contains("exactly one of"), "{err}");
+    }
+
+    #[test]
+    fn parses_tls_keys() {
+        let text = r#"
+            [server]
+            tls = "require"
+            tls_certificates = "/etc/pki/blockwire"
+            tls_psk = "/etc/blockwire/keys.psk"
+            tls_verify_peer = true
+
+            [[export]]
+            name = "a"
+            memory = "1M"
+        "#;
+        let config: Config = toml::from_str(text).unwrap();
+        assert_eq!(config.server.tls.as_deref(), Some("require"));
+        assert_eq!(
+            config.server.tls_psk.as_deref(),
+            Some(Path::new("/etc/blockwire/keys.psk"))
+        );
+        assert!(config.server.tls_verify_peer);
+        let plain: Config = toml::from_str("[[export]]\nname = \"a\"\nmemory = \"1M\"\n").unwrap();
+        assert!(plain.server.tls.is_none() && !plain.server.tls_verify_peer);
     }
 
     #[test]

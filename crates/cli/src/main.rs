@@ -22,6 +22,7 @@ mod serve;
 mod serve_iscsi;
 mod serve_metrics;
 mod serve_reload;
+mod serve_tls;
 mod serve_volume;
 mod service;
 mod stop_signals;
@@ -52,7 +53,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Export a file, a block device or memory over NBD, AoE and iSCSI.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Measure a path or a remote device: throughput, IOPS, latency, CPU.
     ///
     /// A file, block device or directory, an NBD, AoE or iSCSI target, or a striped
@@ -104,7 +105,7 @@ fn main() -> ExitCode {
     );
     init_logging(cli.verbose, quiet, cli.log_format);
     let result = match cli.command {
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Bench(args) => bench::run(args),
         Command::Info(args) => info::run(args),
         Command::Copy(args) => copy::run(args),

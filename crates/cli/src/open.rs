@@ -34,7 +34,12 @@ impl Target {
         if let Some(rest) = spec.strip_prefix(crate::open_stripe::PREFIX) {
             return Ok(Target::Stripe(StripeSpec::parse(rest)?));
         }
-        if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://") {
+        let scheme = spec
+            .split("://")
+            .next()
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        if matches!(scheme.as_str(), "nbd" | "nbd+unix" | "nbds" | "nbds+unix") {
             let uri: NbdUri = spec.parse().map_err(|e| anyhow!("{e}"))?;
             return Ok(Target::Nbd(uri));
         }
@@ -53,7 +58,7 @@ impl Target {
             return Ok(Target::Path(PathBuf::from(path)));
         }
         if spec.contains("://") {
-            bail!("'{spec}': unknown URI scheme (expected a path, file://, nbd://, nbd+unix://, aoe:// or iscsi://)");
+            bail!("'{spec}': unknown URI scheme (expected a path, file://, nbd://, nbd+unix://, nbds://, nbds+unix://, aoe:// or iscsi://)");
         }
         Ok(Target::Path(PathBuf::from(spec)))
     }
@@ -217,6 +222,14 @@ mod tests {
         assert!(matches!(
             Target::parse("nbd+unix:///disk?socket=/tmp/s").unwrap(),
             Target::Nbd(_)
+        ));
+        assert!(matches!(
+            Target::parse("nbds://alice@h/disk?tls-psk-file=/k.psk").unwrap(),
+            Target::Nbd(uri) if uri.tls.is_some()
+        ));
+        assert!(matches!(
+            Target::parse("NBDS+UNIX:///disk?socket=/tmp/s").unwrap(),
+            Target::Nbd(uri) if uri.tls.is_some()
         ));
         assert!(matches!(
             Target::parse("aoe://eth0,eth1/e1.2").unwrap(),

@@ -20,6 +20,7 @@ use crate::open::{create_sparse, open, parse_reconnect, reconnect_setting, Remot
 use crate::serve_iscsi::{self, ChapSources, IscsiExport, IscsiPlan};
 use crate::serve_metrics;
 use crate::serve_reload;
+use crate::serve_tls;
 use crate::serve_volume::Volumes;
 use crate::service;
 use crate::stop_signals;
@@ -177,6 +178,9 @@ pub struct ServeArgs {
     /// Serve the exports of this TOML file instead of PATH.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["path", "size", "name", "read_only", "direct", "aoe", "iscsi"])]
     pub config: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub tls: serve_tls::TlsArgs,
 }
 
 /// What `serve` runs: NBD exports with their listeners, AoE targets and the iSCSI
@@ -399,7 +403,7 @@ fn aoe_config(section: &AoeSection) -> TargetConfig {
     config
 }
 
-fn plan_from_file(path: &Path, workers: usize) -> Result<Plan> {
+fn plan_from_file(path: &Path, workers: usize, tls: &serve_tls::TlsArgs) -> Result<Plan> {
     let file = Config::load(path)?;
     let mut exports = ExportSet::new();
     let mut aoe = Vec::new();
@@ -484,6 +488,7 @@ fn plan_from_file(path: &Path, workers: usize) -> Result<Plan> {
     if let Some(limit) = file.server.unnegotiated_payload_limit()? {
         config.unnegotiated_payload_limit = limit;
     }
+    config.tls = serve_tls::target_tls(tls, Some(&file.server))?;
     Ok(Plan {
         nbd: Some((exports, config, file.server.socket.clone())),
         aoe,
@@ -550,7 +555,8 @@ fn plan_from_args(args: &ServeArgs) -> Result<Plan> {
     };
     let other_protocols = !args.aoe.is_empty() || iscsi.is_some();
     let nbd = if !other_protocols || !args.listen.is_empty() || !args.socket.is_empty() {
-        let config = listen_config(&args.listen, &args.socket, args.workers)?;
+        let mut config = listen_config(&args.listen, &args.socket, args.workers)?;
+        config.tls = serve_tls::target_tls(&args.tls, None)?;
         let mut exports = ExportSet::new();
         exports.add(export).map_err(|e| anyhow!(e))?;
         Some((exports, config, args.socket.clone()))
@@ -589,7 +595,9 @@ fn uri_host(addr: &SocketAddr) -> String {
     }
 }
 
-fn announce(server: &Server, sockets: &[PathBuf]) {
+/// Prints each export's URIs: `nbds` when the target requires TLS.
+fn announce(server: &Server, sockets: &[PathBuf], tls_required: bool) {
+    let scheme = if tls_required { "nbds" } else { "nbd" };
     for export in server.exports().iter() {
         let info = export.device.info();
         let mode = if info.read_only {
@@ -604,17 +612,21 @@ fn announce(server: &Server, sockets: &[PathBuf]) {
             format_size(info.size)
         );
         for addr in server.tcp_addrs() {
-            println!("  nbd://{}/{}", uri_host(&addr), export.name);
+            println!("  {scheme}://{}/{}", uri_host(&addr), export.name);
         }
         for socket in sockets {
-            println!("  nbd+unix:///{}?socket={}", export.name, socket.display());
+            println!(
+                "  {scheme}+unix:///{}?socket={}",
+                export.name,
+                socket.display()
+            );
         }
     }
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
     let plan = match &args.config {
-        Some(path) => plan_from_file(path, args.workers)?,
+        Some(path) => plan_from_file(path, args.workers, &args.tls)?,
         None => plan_from_args(&args)?,
     };
     // Installed first, so a signal during start-up still stops cleanly.
@@ -638,8 +650,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .transpose()?;
     let server = match plan.nbd {
         Some((exports, config, sockets)) => {
+            let tls_required = config
+                .tls
+                .as_ref()
+                .is_some_and(|tls| tls.mode() == blockwire_nbd::tls::TlsMode::Require);
             let server = Server::bind(exports, config)?;
-            announce(&server, &sockets);
+            announce(&server, &sockets, tls_required);
             Some(server)
         }
         None => None,

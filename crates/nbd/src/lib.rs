@@ -4,11 +4,13 @@
 //!   requests and replies as bytes in, typed messages out, and back;
 //! - [`errors`]: the one table mapping our neutral error kinds to NBD error values;
 //! - [`server`]: the NBD target, serving any [`blockwire_blockdev::Device`];
-//! - [`client`]: the NBD initiator, an export as a [`blockwire_blockdev::BlockDevice`].
+//! - [`client`]: the NBD initiator, an export as a [`blockwire_blockdev::BlockDevice`];
+//! - [`tls`]: NBD_OPT_STARTTLS's TLS for both, on OpenSSL.
 
 pub mod client;
 pub mod errors;
 pub mod server;
+pub mod tls;
 pub mod wire;
 
 pub use server::{Export, ExportSet, Server, ServerConfig};

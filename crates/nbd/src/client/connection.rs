@@ -138,7 +138,12 @@ impl Shared {
             len: 0,
         }
         .encode_framed(self.framing, &mut head);
-        let _ = lock(&self.writer).write_all_vectored(&head, &[]);
+        let mut writer = lock(&self.writer);
+        if writer.write_all_vectored(&head, &[]).is_ok() {
+            // proto.md: the TLS session closes before the connection.
+            writer.close_tls();
+        }
+        drop(writer);
         self.shutdown();
     }
 }
@@ -390,10 +395,12 @@ impl Connection {
         // Held throughout: requests must not interleave in the stream. Reading
         // replies meanwhile cannot need it: the requests being sent are in flight,
         // so the read side never finds the connection idle and disconnects.
-        let writer = lock(&self.shared.writer);
-        while !slices.is_empty() {
+        let mut writer = lock(&self.shared.writer);
+        // Inside TLS, bytes taken are sealed at once; what the socket did not take
+        // yet is still ours to send.
+        while !slices.is_empty() || writer.has_unsent() {
             match writer.send_now(slices) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(0) if !slices.is_empty() => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => IoSlice::advance_slices(&mut slices, n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     let mut fds = [libc::pollfd {

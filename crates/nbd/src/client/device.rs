@@ -17,7 +17,7 @@ use super::handshake::{self, Wanted};
 use super::queue::NbdQueue;
 use super::reconnect::{self, Recovery};
 use super::reply::Outcome;
-use super::socket::{address_of, Socket};
+use super::socket::{address_of, connect_and, Socket};
 use super::uri::NbdUri;
 use crate::wire::*;
 pub use blockwire_blockdev::paths::DEFAULT_RECONNECT;
@@ -94,22 +94,24 @@ pub(crate) fn open(
     uri: &NbdUri,
     options: &ClientOptions,
 ) -> Result<(Socket, ExportDetails), ClientError> {
-    let address = address_of(uri);
-    let io = |source| ClientError::Io {
-        address: address.clone(),
-        source,
-    };
-    let mut socket = Socket::connect(uri)?;
-    socket
-        .set_read_timeout(Some(options.handshake_timeout))
-        .map_err(io)?;
     let wanted = Wanted {
         structured: options.structured,
         extended: options.structured && options.extended_headers,
         base_allocation: options.base_allocation,
     };
-    let details = handshake::negotiate(&mut socket, &address, &uri.export, wanted)?;
-    socket.set_read_timeout(None).map_err(io)?;
+    let (socket, details) = connect_and(
+        uri,
+        options.handshake_timeout,
+        |socket, address, starttls| {
+            handshake::negotiate_secure(socket, address, &uri.export, wanted, starttls)
+        },
+    )?;
+    socket
+        .set_read_timeout(None)
+        .map_err(|source| ClientError::Io {
+            address: address_of(uri),
+            source,
+        })?;
     Ok((socket, details))
 }
 

@@ -30,6 +30,8 @@ pub enum ClientError {
         reply: &'static str,
         message: String,
     },
+    #[error("TLS with {address}: {reason}")]
+    Tls { address: String, reason: String },
     #[error("{address} does not support {what} (it only speaks plain newstyle)")]
     Unsupported { address: String, what: String },
     #[error("connection {index} to {address} disagrees with the first: {reason}")]
@@ -67,7 +69,7 @@ pub fn reply_name(reply: u32) -> &'static str {
         NBD_REP_ERR_POLICY => "NBD_REP_ERR_POLICY (forbidden by policy)",
         NBD_REP_ERR_INVALID => "NBD_REP_ERR_INVALID (invalid)",
         NBD_REP_ERR_PLATFORM => "NBD_REP_ERR_PLATFORM (not on this platform)",
-        NBD_REP_ERR_TLS_REQD => "NBD_REP_ERR_TLS_REQD (TLS required; not supported)",
+        NBD_REP_ERR_TLS_REQD => "NBD_REP_ERR_TLS_REQD (TLS required: use an nbds:// URI)",
         NBD_REP_ERR_UNKNOWN => "NBD_REP_ERR_UNKNOWN (no such export)",
         NBD_REP_ERR_SHUTDOWN => "NBD_REP_ERR_SHUTDOWN (server shutting down)",
         NBD_REP_ERR_BLOCK_SIZE_REQD => "NBD_REP_ERR_BLOCK_SIZE_REQD (block sizes required)",

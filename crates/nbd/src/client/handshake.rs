@@ -30,10 +30,15 @@ pub(crate) struct Wanted {
     pub base_allocation: bool,
 }
 
+/// Upgrades a stream to TLS once the server acknowledged NBD_OPT_STARTTLS.
+pub(crate) type StartTls<'a, S> = &'a mut dyn FnMut(&mut S) -> Result<(), ClientError>;
+
 /// The client side of option haggling over one stream.
 struct Haggle<'a, S> {
     stream: &'a mut S,
     address: &'a str,
+    /// The server's handshake flags, once the greeting is read.
+    handshake_flags: u16,
     /// The option the last request was, for messages.
     last_option: &'static str,
 }
@@ -47,6 +52,7 @@ fn option_name(option: u32) -> &'static str {
         NBD_OPT_STRUCTURED_REPLY => "NBD_OPT_STRUCTURED_REPLY",
         NBD_OPT_EXTENDED_HEADERS => "NBD_OPT_EXTENDED_HEADERS",
         NBD_OPT_SET_META_CONTEXT => "NBD_OPT_SET_META_CONTEXT",
+        NBD_OPT_STARTTLS => "NBD_OPT_STARTTLS",
         _ => "an option",
     }
 }
@@ -110,6 +116,12 @@ impl<S: Read + Write> Haggle<'_, S> {
 
     /// Reads the greeting; returns the server's handshake flags.
     fn greeting(&mut self) -> Result<u16, ClientError> {
+        let flags = self.read_greeting()?;
+        self.handshake_flags = flags;
+        Ok(flags)
+    }
+
+    fn read_greeting(&mut self) -> Result<u16, ClientError> {
         let mut bytes = [0u8; GREETING_LEN];
         self.stream.read_exact(&mut bytes).map_err(|e| {
             if e.kind() == io::ErrorKind::UnexpectedEof {
@@ -204,6 +216,27 @@ impl<S: Read + Write> Haggle<'_, S> {
     fn refused(&mut self, what: String, reply: u32, payload: &[u8]) -> ClientError {
         self.abort();
         ClientError::refused(self.address, what, reply, &String::from_utf8_lossy(payload))
+    }
+
+    /// NBD_OPT_STARTTLS, then `upgrade` runs the TLS handshake on the stream. Sent
+    /// first, so every other option travels inside TLS (proto.md); a server that
+    /// refuses TLS ends the negotiation, since the URI asked for it.
+    fn start_tls(&mut self, upgrade: StartTls<'_, S>) -> Result<(), ClientError> {
+        if self.handshake_flags & NBD_FLAG_FIXED_NEWSTYLE == 0 {
+            return Err(ClientError::Unsupported {
+                address: self.address.to_string(),
+                what: "TLS".into(),
+            });
+        }
+        self.send(&ClientOption::StartTls)?;
+        let (reply, payload) = self.reply(NBD_OPT_STARTTLS)?;
+        match reply {
+            NBD_REP_ACK => upgrade(self.stream),
+            error if error & NBD_REP_FLAG_ERROR != 0 => {
+                Err(self.refused("TLS (NBD_OPT_STARTTLS)".into(), error, &payload))
+            }
+            other => Err(self.unexpected(NBD_OPT_STARTTLS, other)),
+        }
     }
 
     /// NBD_OPT_STRUCTURED_REPLY; true when the server agreed.
@@ -377,19 +410,36 @@ fn checked_flags(flags: u16) -> u16 {
 }
 
 /// Negotiates `export` on a fresh connection and leaves it in transmission.
+#[cfg(test)]
 pub(crate) fn negotiate<S: Read + Write>(
     stream: &mut S,
     address: &str,
     export: &str,
     wanted: Wanted,
 ) -> Result<ExportDetails, ClientError> {
+    negotiate_secure(stream, address, export, wanted, None)
+}
+
+/// Negotiates `export` on a fresh connection and leaves it in transmission; with
+/// `starttls`, inside TLS (NBD_OPT_STARTTLS first).
+pub(crate) fn negotiate_secure<S: Read + Write>(
+    stream: &mut S,
+    address: &str,
+    export: &str,
+    wanted: Wanted,
+    starttls: Option<StartTls<'_, S>>,
+) -> Result<ExportDetails, ClientError> {
     let mut haggle = Haggle {
         stream,
         address,
+        handshake_flags: 0,
         last_option: "the greeting",
     };
     let handshake_flags = haggle.greeting()?;
     haggle.client_flags(handshake_flags)?;
+    if let Some(upgrade) = starttls {
+        haggle.start_tls(upgrade)?;
+    }
     let no_zeroes = handshake_flags & NBD_FLAG_NO_ZEROES != 0;
     let mut details = ExportDetails {
         name: export.to_string(),
@@ -441,10 +491,12 @@ pub(crate) fn negotiate<S: Read + Write>(
 pub(crate) fn list<S: Read + Write>(
     stream: &mut S,
     address: &str,
+    starttls: Option<StartTls<'_, S>>,
 ) -> Result<Vec<(String, String)>, ClientError> {
     let mut haggle = Haggle {
         stream,
         address,
+        handshake_flags: 0,
         last_option: "the greeting",
     };
     let handshake_flags = haggle.greeting()?;
@@ -454,6 +506,9 @@ pub(crate) fn list<S: Read + Write>(
             address: address.to_string(),
             what: "listing exports".into(),
         });
+    }
+    if let Some(upgrade) = starttls {
+        haggle.start_tls(upgrade)?;
     }
     haggle.send(&ClientOption::List)?;
     let mut exports = Vec::new();

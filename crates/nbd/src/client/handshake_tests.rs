@@ -336,7 +336,7 @@ fn list_collects_exports_then_aborts() {
     ]
     .concat();
     let mut script = Script::new(server);
-    let exports = list(&mut script, "h:1").unwrap();
+    let exports = list(&mut script, "h:1", None).unwrap();
     assert!(script.all_read());
     assert_eq!(
         exports,
@@ -361,7 +361,7 @@ fn list_collects_exports_then_aborts() {
         reply(NBD_OPT_LIST, NBD_REP_ACK, &[]),
     ]
     .concat();
-    assert_eq!(list(&mut Script::new(server), "h:1").unwrap(), vec![]);
+    assert_eq!(list(&mut Script::new(server), "h:1", None).unwrap(), vec![]);
 }
 
 fn our_server() -> Arc<ExportSet> {
@@ -417,7 +417,7 @@ fn negotiates_with_our_target() {
     let err = against_our_server(|s| negotiate(s, "pair", "nope", WANT_ALL)).unwrap_err();
     assert!(err.to_string().contains("NBD_REP_ERR_UNKNOWN"), "{err}");
 
-    let exports = against_our_server(|s| list(s, "pair")).unwrap();
+    let exports = against_our_server(|s| list(s, "pair", None)).unwrap();
     let names: Vec<_> = exports.iter().map(|(name, _)| name.as_str()).collect();
     assert_eq!(names, ["disk", "ro"]);
     assert_eq!(exports[0].1, "a memory disk");

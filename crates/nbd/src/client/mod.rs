@@ -56,13 +56,9 @@ pub use uri::{Endpoint, NbdUri, UriError, DEFAULT_PORT};
 /// The exports a server offers, as (name, description) pairs (NBD_OPT_LIST; the
 /// export name in the URI is ignored).
 pub fn list_exports(uri: &NbdUri) -> Result<Vec<(String, String)>, ClientError> {
-    let address = socket::address_of(uri);
-    let mut socket = socket::Socket::connect(uri)?;
-    socket
-        .set_read_timeout(Some(ClientOptions::default().handshake_timeout))
-        .map_err(|source| ClientError::Io {
-            address: address.clone(),
-            source,
-        })?;
-    handshake::list(&mut socket, &address)
+    let timeout = ClientOptions::default().handshake_timeout;
+    let (_, exports) = socket::connect_and(uri, timeout, |socket, address, starttls| {
+        handshake::list(socket, address, starttls)
+    })?;
+    Ok(exports)
 }

@@ -169,7 +169,9 @@ pub(crate) fn pump(shared: &Shared, wait_for_lock: bool) -> Pumped {
         let Some(reader) = guard.as_mut() else {
             return Pumped::Ended;
         };
-        if reader.input.buffer().is_empty() && !readable_now(side.fd) {
+        let buffered =
+            !reader.input.buffer().is_empty() || reader.input.get_ref().has_buffered_input();
+        if !buffered && !readable_now(side.fd) {
             return Pumped::Read(read);
         }
         let step = match reader.input.fill_buf() {

@@ -1,4 +1,5 @@
-//! The initiator's end of a connection, TCP or Unix, behind one type.
+//! The initiator's end of a connection, TCP or Unix, in plain text or inside TLS,
+//! behind one type.
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
@@ -7,13 +8,26 @@ use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use super::error::ClientError;
+use super::handshake::StartTls;
 use super::uri::{Endpoint, NbdUri};
+use crate::tls::{InitiatorTls, TlsStream};
 
 /// A connected socket.
-#[derive(Debug)]
 pub(crate) enum Socket {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// A socket after NBD_OPT_STARTTLS: reads decrypt, writes seal (tls/engine.rs).
+    Tls(Box<TlsStream<Socket>>),
+}
+
+impl std::fmt::Debug for Socket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Socket::Tcp(s) => s.fmt(f),
+            Socket::Unix(s) => s.fmt(f),
+            Socket::Tls(s) => write!(f, "TLS ({:?}) over {:?}", s.session(), s.socket()),
+        }
+    }
 }
 
 /// The most slices one `sendmsg` takes on Linux; the rest go in the next call.
@@ -29,6 +43,51 @@ pub(crate) fn address_of(uri: &NbdUri) -> String {
         Endpoint::Tcp { host, port } => format!("{host}:{port}"),
         Endpoint::Unix { socket } => socket.display().to_string(),
     }
+}
+
+/// The TLS credentials an `nbds` URI names, loaded (`None` for plain `nbd`).
+pub(crate) fn initiator_tls(uri: &NbdUri) -> Result<Option<InitiatorTls>, ClientError> {
+    let Some(settings) = &uri.tls else {
+        return Ok(None);
+    };
+    let host = match &uri.endpoint {
+        Endpoint::Tcp { host, .. } => Some(host.as_str()),
+        Endpoint::Unix { .. } => None,
+    };
+    InitiatorTls::load(settings, host)
+        .map(Some)
+        .map_err(|e| ClientError::Tls {
+            address: address_of(uri),
+            reason: e.to_string(),
+        })
+}
+
+/// Connects to the server `uri` names and runs `negotiate` on the socket, handing
+/// it the TLS upgrade when the URI asks for TLS.
+pub(crate) fn connect_and<T>(
+    uri: &NbdUri,
+    handshake_timeout: Duration,
+    negotiate: impl FnOnce(&mut Socket, &str, Option<StartTls<'_, Socket>>) -> Result<T, ClientError>,
+) -> Result<(Socket, T), ClientError> {
+    let address = address_of(uri);
+    let tls = initiator_tls(uri)?;
+    let mut socket = Socket::connect(uri)?;
+    socket
+        .set_read_timeout(Some(handshake_timeout))
+        .map_err(|source| ClientError::Io {
+            address: address.clone(),
+            source,
+        })?;
+    let mut upgrade = |socket: &mut Socket| match &tls {
+        Some(tls) => socket.start_tls(tls, &address),
+        None => Ok(()),
+    };
+    let starttls: Option<StartTls<'_, Socket>> = match tls {
+        Some(_) => Some(&mut upgrade),
+        None => None,
+    };
+    let negotiated = negotiate(&mut socket, &address, starttls)?;
+    Ok((socket, negotiated))
 }
 
 impl Socket {
@@ -62,10 +121,15 @@ impl Socket {
         }
     }
 
+    /// Another handle on the same connection (and TLS session).
     pub(crate) fn try_clone(&self) -> io::Result<Socket> {
         Ok(match self {
             Socket::Tcp(s) => Socket::Tcp(s.try_clone()?),
             Socket::Unix(s) => Socket::Unix(s.try_clone()?),
+            Socket::Tls(s) => Socket::Tls(Box::new(TlsStream::new(
+                s.socket().try_clone()?,
+                s.session().clone(),
+            ))),
         })
     }
 
@@ -73,6 +137,7 @@ impl Socket {
         match self {
             Socket::Tcp(s) => s.shutdown(how),
             Socket::Unix(s) => s.shutdown(how),
+            Socket::Tls(s) => s.socket().shutdown(how),
         }
     }
 
@@ -80,12 +145,76 @@ impl Socket {
         match self {
             Socket::Tcp(s) => s.set_read_timeout(timeout),
             Socket::Unix(s) => s.set_read_timeout(timeout),
+            Socket::Tls(s) => s.socket().set_read_timeout(timeout),
+        }
+    }
+
+    /// Upgrades the connection to TLS (after the server acknowledged
+    /// NBD_OPT_STARTTLS): runs the handshake and from then on reads and writes
+    /// through the session.
+    pub(crate) fn start_tls(
+        &mut self,
+        tls: &InitiatorTls,
+        address: &str,
+    ) -> Result<(), ClientError> {
+        if matches!(self, Socket::Tls(_)) {
+            return Ok(());
+        }
+        let session = tls.connect(self).map_err(|e| ClientError::Tls {
+            address: address.to_string(),
+            reason: e.to_string(),
+        })?;
+        tracing::debug!("{address}: TLS started: {}", session.description());
+        let plain = self.try_clone().map_err(|source| ClientError::Io {
+            address: address.to_string(),
+            source,
+        })?;
+        *self = Socket::Tls(Box::new(TlsStream::new(
+            plain,
+            std::sync::Arc::new(session),
+        )));
+        Ok(())
+    }
+
+    /// Whether data already read from the socket waits inside TLS, so that a reader
+    /// must not wait for the socket before taking it.
+    pub(crate) fn has_buffered_input(&self) -> bool {
+        match self {
+            Socket::Tls(s) => s.session().has_buffered_input(),
+            _ => false,
+        }
+    }
+
+    /// Whether sealed bytes from an earlier [`send_now`](Self::send_now) are still
+    /// waiting to be sent (call it again, with no slices if need be).
+    pub(crate) fn has_unsent(&self) -> bool {
+        match self {
+            Socket::Tls(s) => s.has_unsent(),
+            _ => false,
+        }
+    }
+
+    /// Ends a TLS session with close_notify; nothing for plain sockets.
+    pub(crate) fn close_tls(&mut self) {
+        if let Socket::Tls(s) = self {
+            s.close();
         }
     }
 
     /// Writes what the socket takes now of `slices`, without waiting; returns the
-    /// bytes written (an [`io::ErrorKind::WouldBlock`] error when none fit).
-    pub(crate) fn send_now(&self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+    /// bytes written (an [`io::ErrorKind::WouldBlock`] error when none fit). Inside
+    /// TLS the bytes taken are sealed at once and what the socket does not take
+    /// waits for the next call ([`has_unsent`](Self::has_unsent)).
+    pub(crate) fn send_now(&mut self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+        if let Socket::Tls(s) = self {
+            return s.send_now(slices, |socket, cipher| {
+                socket.send_plain_now(&[IoSlice::new(cipher)])
+            });
+        }
+        self.send_plain_now(slices)
+    }
+
+    fn send_plain_now(&self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
         // SAFETY: an all-zero msghdr is valid (no name, no control data).
         let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
         // IoSlice is ABI-compatible with iovec.
@@ -137,6 +266,7 @@ impl AsRawFd for Socket {
         match self {
             Socket::Tcp(s) => s.as_raw_fd(),
             Socket::Unix(s) => s.as_raw_fd(),
+            Socket::Tls(s) => s.socket().as_raw_fd(),
         }
     }
 }
@@ -177,6 +307,7 @@ impl Read for Socket {
         match self {
             Socket::Tcp(s) => s.read(buf),
             Socket::Unix(s) => s.read(buf),
+            Socket::Tls(s) => s.read(buf),
         }
     }
 }
@@ -186,6 +317,7 @@ impl Write for Socket {
         match self {
             Socket::Tcp(s) => s.write(buf),
             Socket::Unix(s) => s.write(buf),
+            Socket::Tls(s) => s.write(buf),
         }
     }
 
@@ -193,6 +325,7 @@ impl Write for Socket {
         match self {
             Socket::Tcp(s) => s.write_vectored(bufs),
             Socket::Unix(s) => s.write_vectored(bufs),
+            Socket::Tls(s) => s.write_vectored(bufs),
         }
     }
 

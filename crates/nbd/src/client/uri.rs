@@ -2,15 +2,21 @@
 //!
 //! - `nbd://host[:port]/export` — TCP; the port defaults to 10809, the export to the
 //!   empty name (`nbd://host` and `nbd://host/` both select the server's default);
-//! - `nbd+unix:///export?socket=PATH` — a Unix domain socket.
+//! - `nbd+unix:///export?socket=PATH` — a Unix domain socket;
+//! - `nbds://[user@]host[:port]/export`, `nbds+unix://[user@]/export?socket=PATH` —
+//!   the same inside TLS, with libnbd's parameters `tls-certificates=DIR`,
+//!   `tls-psk-file=FILE`, `tls-username=USER` (or the user part), `tls-verify-peer=
+//!   false` and `tls-hostname=NAME`.
 //!
 //! The export name is the path without its first `/`, percent-decoded, so
-//! `nbd://host//abs` names the export `/abs`. TLS (`nbds`), vsock and the TLS query
-//! parameters are refused with a clear message rather than silently ignored.
+//! `nbd://host//abs` names the export `/abs`. Vsock, and TLS parameters on a URI
+//! without TLS, are refused with a clear message rather than silently ignored.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+
+use crate::tls::InitiatorTlsSettings;
 
 /// The NBD port registered with IANA.
 pub const DEFAULT_PORT: u16 = 10809;
@@ -30,6 +36,8 @@ pub struct NbdUri {
     pub endpoint: Endpoint,
     /// The export name; empty selects the server's default export.
     pub export: String,
+    /// TLS settings for `nbds` URIs; `None` speaks plain text.
+    pub tls: Option<InitiatorTlsSettings>,
 }
 
 /// Why a string is not a usable NBD URI.
@@ -41,8 +49,10 @@ pub enum UriError {
     NotUri(String),
     #[error("scheme '{0}' is not NBD (expected nbd:// or nbd+unix://)")]
     Scheme(String),
-    #[error("'{0}' needs TLS, which the initiator does not support yet")]
+    #[error("TLS parameters such as '{0}' need an nbds:// or nbds+unix:// URI")]
     Tls(String),
+    #[error("tls-verify-peer must be true or false, not '{0}'")]
+    VerifyPeer(String),
     #[error("'{0}' is a vsock address, which the initiator does not support")]
     Vsock(String),
     #[error("the URI names no host (nbd://HOST[:PORT]/EXPORT)")]
@@ -51,7 +61,7 @@ pub enum UriError {
     Port(String),
     #[error("IPv6 address '{0}' must be written in brackets: nbd://[{0}]/export")]
     UnbracketedIpv6(String),
-    #[error("user names in NBD URIs are only used with TLS, which is not supported")]
+    #[error("user names in NBD URIs are only used with TLS (nbds://USER@HOST/...)")]
     UserInfo,
     #[error("nbd+unix:// URIs take no host ('{0}'); write nbd+unix:///export?socket=PATH")]
     UnixHost(String),
@@ -78,6 +88,7 @@ impl NbdUri {
                 port,
             },
             export: export.into(),
+            tls: None,
         }
     }
 
@@ -88,7 +99,14 @@ impl NbdUri {
                 socket: socket.as_ref().to_path_buf(),
             },
             export: export.into(),
+            tls: None,
         }
+    }
+
+    /// The same address inside TLS with these settings.
+    pub fn with_tls(mut self, tls: InitiatorTlsSettings) -> NbdUri {
+        self.tls = Some(tls);
+        self
     }
 
     /// The same server with another export name.
@@ -96,6 +114,7 @@ impl NbdUri {
         NbdUri {
             endpoint: self.endpoint.clone(),
             export: export.into(),
+            tls: self.tls.clone(),
         }
     }
 }
@@ -107,11 +126,12 @@ impl FromStr for NbdUri {
         let (scheme, rest) = text
             .split_once("://")
             .ok_or_else(|| UriError::NotUri(text.to_string()))?;
-        let unix = match scheme.to_ascii_lowercase().as_str() {
-            "nbd" => false,
-            "nbd+unix" => true,
-            "nbds" | "nbds+unix" | "nbds+vsock" => return Err(UriError::Tls(text.to_string())),
-            "nbd+vsock" => return Err(UriError::Vsock(text.to_string())),
+        let (unix, secure) = match scheme.to_ascii_lowercase().as_str() {
+            "nbd" => (false, false),
+            "nbd+unix" => (true, false),
+            "nbds" => (false, true),
+            "nbds+unix" => (true, true),
+            "nbd+vsock" | "nbds+vsock" => return Err(UriError::Vsock(text.to_string())),
             _ => return Err(UriError::Scheme(scheme.to_string())),
         };
         if rest.contains('#') {
@@ -125,12 +145,19 @@ impl FromStr for NbdUri {
             Some(slash) => (&rest[..slash], &rest[slash + 1..]),
             None => (rest, ""),
         };
-        if authority.contains('@') {
-            return Err(UriError::UserInfo);
-        }
+        let (user, authority) = match authority.rsplit_once('@') {
+            Some(_) if !secure => return Err(UriError::UserInfo),
+            Some((user, rest)) => (Some(percent_decode(user)?), rest),
+            None => (None, authority),
+        };
         let export = percent_decode(path)?;
 
         let mut socket = None;
+        let mut tls = InitiatorTlsSettings {
+            username: user,
+            ..InitiatorTlsSettings::default()
+        };
+        let mut seen = Vec::new();
         for pair in query.into_iter().flat_map(|q| q.split('&')) {
             if pair.is_empty() {
                 continue;
@@ -141,9 +168,24 @@ impl FromStr for NbdUri {
                 "socket" if !unix => return Err(UriError::SocketWithTcp),
                 "socket" if socket.is_some() => return Err(UriError::DuplicateParameter(key)),
                 "socket" => socket = Some(PathBuf::from(percent_decode(value)?)),
-                name if name.starts_with("tls") => return Err(UriError::Tls(text.to_string())),
+                name if name.starts_with("tls-") && !secure => return Err(UriError::Tls(key)),
+                name if name.starts_with("tls-") && seen.contains(&key) => {
+                    return Err(UriError::DuplicateParameter(key))
+                }
+                "tls-certificates" => tls.certificates = Some(percent_decode(value)?.into()),
+                "tls-psk-file" => tls.psk_file = Some(percent_decode(value)?.into()),
+                "tls-username" => tls.username = Some(percent_decode(value)?),
+                "tls-hostname" => tls.hostname = Some(percent_decode(value)?),
+                "tls-verify-peer" => {
+                    tls.verify_peer = match percent_decode(value)?.to_ascii_lowercase().as_str() {
+                        "true" | "1" | "yes" | "on" => true,
+                        "false" | "0" | "no" | "off" => false,
+                        other => return Err(UriError::VerifyPeer(other.to_string())),
+                    }
+                }
                 _ => return Err(UriError::Parameter(key)),
             }
+            seen.push(key);
         }
 
         let endpoint = if unix {
@@ -158,7 +200,11 @@ impl FromStr for NbdUri {
             let (host, port) = parse_authority(authority)?;
             Endpoint::Tcp { host, port }
         };
-        Ok(NbdUri { endpoint, export })
+        Ok(NbdUri {
+            endpoint,
+            export,
+            tls: secure.then_some(tls),
+        })
     }
 }
 
@@ -254,9 +300,16 @@ fn percent_encode(out: &mut String, text: &str, query: bool) {
 impl fmt::Display for NbdUri {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut out = String::new();
+        let secure = if self.tls.is_some() { "s" } else { "" };
+        let user = self.tls.as_ref().and_then(|tls| tls.username.as_deref());
+        let mut query = Vec::new();
         match &self.endpoint {
             Endpoint::Tcp { host, port } => {
-                out.push_str("nbd://");
+                out.push_str(&format!("nbd{secure}://"));
+                if let Some(user) = user {
+                    percent_encode(&mut out, user, true);
+                    out.push('@');
+                }
                 if host.contains(':') {
                     out.push('[');
                     out.push_str(host);
@@ -271,11 +324,37 @@ impl fmt::Display for NbdUri {
                 percent_encode(&mut out, &self.export, false);
             }
             Endpoint::Unix { socket } => {
-                out.push_str("nbd+unix:///");
+                out.push_str(&format!("nbd{secure}+unix://"));
+                if let Some(user) = user {
+                    percent_encode(&mut out, user, true);
+                    out.push('@');
+                }
+                out.push('/');
                 percent_encode(&mut out, &self.export, false);
-                out.push_str("?socket=");
-                percent_encode(&mut out, &socket.to_string_lossy(), true);
+                query.push(("socket", socket.to_string_lossy().into_owned()));
             }
+        }
+        if let Some(tls) = &self.tls {
+            let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
+            for (key, value) in [
+                ("tls-certificates", path(&tls.certificates)),
+                ("tls-psk-file", path(&tls.psk_file)),
+                ("tls-hostname", tls.hostname.clone()),
+                (
+                    "tls-verify-peer",
+                    (!tls.verify_peer).then(|| "false".to_string()),
+                ),
+            ] {
+                if let Some(value) = value {
+                    query.push((key, value));
+                }
+            }
+        }
+        for (i, (key, value)) in query.iter().enumerate() {
+            out.push(if i == 0 { '?' } else { '&' });
+            out.push_str(key);
+            out.push('=');
+            percent_encode(&mut out, value, true);
         }
         f.write_str(&out)
     }
@@ -351,8 +430,19 @@ mod tests {
                 UriError::NotUri("example.com/disk".into()),
             ),
             ("http://h/d", UriError::Scheme("http".into())),
-            ("nbds://h/d", UriError::Tls("nbds://h/d".into())),
             ("nbd+vsock://1/d", UriError::Vsock("nbd+vsock://1/d".into())),
+            (
+                "nbds+vsock://1/d",
+                UriError::Vsock("nbds+vsock://1/d".into()),
+            ),
+            (
+                "nbds://h/d?tls-verify-peer=maybe",
+                UriError::VerifyPeer("maybe".into()),
+            ),
+            (
+                "nbds://h/d?tls-psk-file=/a&tls-psk-file=/b",
+                UriError::DuplicateParameter("tls-psk-file".into()),
+            ),
             ("nbd:///disk", UriError::MissingHost),
             ("nbd://:10809/disk", UriError::MissingHost),
             ("nbd://h:0/d", UriError::Port("0".into())),
@@ -363,7 +453,7 @@ mod tests {
             ("nbd://h/d?socket=/s", UriError::SocketWithTcp),
             (
                 "nbd://h/d?tls-certificates=/x",
-                UriError::Tls("nbd://h/d?tls-certificates=/x".into()),
+                UriError::Tls("tls-certificates".into()),
             ),
             ("nbd://h/d?frob=1", UriError::Parameter("frob".into())),
             ("nbd://h/d#frag", UriError::Fragment),
@@ -392,6 +482,25 @@ mod tests {
     }
 
     #[test]
+    fn tls_forms() {
+        let uri = parse("nbds://alice@example.com/disk?tls-psk-file=/etc/keys.psk");
+        assert_eq!(uri.endpoint, tcp("example.com", 10809, "").endpoint);
+        let tls = uri.tls.unwrap();
+        assert_eq!(tls.username.as_deref(), Some("alice"));
+        assert_eq!(tls.psk_file.as_deref(), Some(Path::new("/etc/keys.psk")));
+        assert!(tls.verify_peer);
+        let uri = parse(
+            "NBDS+UNIX:///d?socket=/s&tls-certificates=/c&tls-username=bob&tls-verify-peer=false",
+        );
+        assert_eq!(uri.endpoint, NbdUri::unix("/s", "d").endpoint);
+        let tls = uri.tls.unwrap();
+        assert_eq!(tls.certificates.as_deref(), Some(Path::new("/c")));
+        assert_eq!(tls.username.as_deref(), Some("bob"));
+        assert!(!tls.verify_peer);
+        assert!(parse("nbd://h/d").tls.is_none());
+    }
+
+    #[test]
     fn display_round_trips() {
         for text in [
             "nbd://example.com/disk",
@@ -402,6 +511,10 @@ mod tests {
             "nbd://h/a%20b%3Fc%23d%25",
             "nbd+unix:///disk?socket=/tmp/nbd.sock",
             "nbd+unix:///?socket=/tmp/a%26b%20c.sock",
+            "nbds://h/d",
+            "nbds://alice@h:10810/d?tls-psk-file=/etc/keys.psk",
+            "nbds://h/d?tls-certificates=/etc/pki/nbd&tls-hostname=disk.example&tls-verify-peer=false",
+            "nbds+unix://alice@/d?socket=/run/nbd.sock&tls-psk-file=/k.psk",
         ] {
             let uri = parse(text);
             assert_eq!(uri.to_string(), text);

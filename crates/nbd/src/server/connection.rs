@@ -20,6 +20,7 @@ use super::negotiation::{Negotiation, Step};
 use super::offload::{OffloadPolicy, Transfer};
 use super::session::{Action, Reply, Session};
 use super::writer::{ReplySink, ReplyWriter, BATCH_BYTES, BATCH_REPLIES};
+use crate::tls::{TargetTls, TlsMode, TlsSession, TlsStream};
 use crate::wire::*;
 use blockwire_blockdev::workers::{InFlight, WorkerPool};
 
@@ -32,13 +33,38 @@ const READ_BUFFER: usize = 256 * 1024;
 /// Requests one connection may have waiting on workers.
 const MAX_IN_FLIGHT: usize = 128;
 
-/// Runs the handshake. Returns the session when the client entered transmission,
-/// `None` when it left or was refused (the reason is logged).
+/// Runs the handshake without TLS. Returns the session when the client entered
+/// transmission, `None` when it left or was refused (the reason is logged).
 pub fn negotiate<S: Read + Write>(
     stream: &mut S,
     exports: Arc<ExportSet>,
     peer: &str,
 ) -> io::Result<Option<Session>> {
+    Ok(match negotiate_secure(stream, exports, peer, None)? {
+        Negotiated::Plain(session) => Some(session),
+        // Only a target with TLS credentials starts TLS.
+        Negotiated::Refused | Negotiated::Tls(..) => None,
+    })
+}
+
+/// How a handshake ended.
+pub enum Negotiated {
+    /// The client left or was refused (the reason is logged).
+    Refused,
+    /// Transmission in plain text.
+    Plain(Session),
+    /// Transmission inside TLS: read and write the connection through this session.
+    Tls(Session, Arc<TlsSession>),
+}
+
+/// Runs the handshake, offering (or requiring) TLS when `tls` is given: after
+/// NBD_OPT_STARTTLS the TLS handshake runs and option haggling goes on inside it.
+pub fn negotiate_secure<S: Read + Write>(
+    stream: &mut S,
+    exports: Arc<ExportSet>,
+    peer: &str,
+    tls: Option<&TargetTls>,
+) -> io::Result<Negotiated> {
     let mut out = Vec::with_capacity(256);
     encode_greeting(&mut out, NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES);
     stream.write_all(&out)?;
@@ -48,9 +74,56 @@ pub fn negotiate<S: Read + Write>(
         Ok(negotiation) => negotiation,
         Err(e) => {
             tracing::warn!(%peer, "refusing client: {e}");
-            return Ok(None);
+            return Ok(Negotiated::Refused);
         }
     };
+    let Some(tls) = tls else {
+        return Ok(match haggle(stream, &mut negotiation, peer)? {
+            Haggled::Transmission(session) => Negotiated::Plain(session),
+            Haggled::Close | Haggled::StartTls => Negotiated::Refused,
+        });
+    };
+    negotiation.offer_tls(tls.mode() == TlsMode::Require);
+    match haggle(stream, &mut negotiation, peer)? {
+        Haggled::Transmission(session) => return Ok(Negotiated::Plain(session)),
+        Haggled::Close => return Ok(Negotiated::Refused),
+        Haggled::StartTls => {}
+    }
+    let session = match tls.accept(stream) {
+        Ok(session) => Arc::new(session),
+        Err(e) => {
+            tracing::warn!(%peer, "{e}");
+            return Ok(Negotiated::Refused);
+        }
+    };
+    tracing::debug!(%peer, "TLS started: {}", session.description());
+    negotiation.tls_started();
+    let mut secure = TlsStream::new(&mut *stream, session.clone());
+    match haggle(&mut secure, &mut negotiation, peer)? {
+        Haggled::Transmission(transmission) => Ok(Negotiated::Tls(transmission, session)),
+        // A second STARTTLS is refused by the negotiation, so this is a close.
+        Haggled::Close | Haggled::StartTls => {
+            secure.close();
+            Ok(Negotiated::Refused)
+        }
+    }
+}
+
+/// Where option haggling stopped.
+enum Haggled {
+    Close,
+    Transmission(Session),
+    StartTls,
+}
+
+/// Reads options and answers them until the client enters transmission, leaves,
+/// or asks for TLS.
+fn haggle<S: Read + Write>(
+    stream: &mut S,
+    negotiation: &mut Negotiation,
+    peer: &str,
+) -> io::Result<Haggled> {
+    let mut out = Vec::with_capacity(256);
     loop {
         let mut header = [0u8; OPTION_HEADER_LEN];
         stream.read_exact(&mut header)?;
@@ -58,14 +131,14 @@ pub fn negotiate<S: Read + Write>(
             Ok(header) => header,
             Err(e) => {
                 tracing::warn!(%peer, "closing: bad option header: {e}");
-                return Ok(None);
+                return Ok(Haggled::Close);
             }
         };
         out.clear();
         if header.len > MAX_OPTION_DATA {
             if header.len > MAX_OPTION_DISCARD {
                 tracing::warn!(%peer, "closing: option {} carries {} bytes", header.option, header.len);
-                return Ok(None);
+                return Ok(Haggled::Close);
             }
             io::copy(
                 &mut Read::by_ref(stream).take(header.len.into()),
@@ -86,8 +159,9 @@ pub fn negotiate<S: Read + Write>(
         stream.write_all(&out)?;
         match step {
             Step::Continue => {}
-            Step::Close => return Ok(None),
-            Step::Transmission(session) => return Ok(Some(session)),
+            Step::Close => return Ok(Haggled::Close),
+            Step::Transmission(session) => return Ok(Haggled::Transmission(session)),
+            Step::StartTls => return Ok(Haggled::StartTls),
         }
     }
 }

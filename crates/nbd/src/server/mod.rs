@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use blockwire_blockdev::{OpenSession, SessionMeter};
 
 pub use blockwire_blockdev::workers::WorkerPool;
-pub use connection::{negotiate, transmit, Ending, RequestSource};
+pub use connection::{negotiate, negotiate_secure, transmit, Ending, Negotiated, RequestSource};
 pub use export::{Export, ExportSet};
 pub use negotiation::{transmission_flags, HandshakeError, Negotiation, Step, BASE_ALLOCATION_ID};
 pub use session::{
@@ -37,6 +37,8 @@ pub use session::{
 };
 pub use stream::Stream;
 pub use writer::{ReplySink, ReplyWriter};
+
+use crate::tls::{TargetTls, TlsStream};
 
 /// Socket send buffer for each connection. With room for a few 1 MiB replies the
 /// connection thread can queue the next reply while the client still drains the last
@@ -73,6 +75,8 @@ pub struct ServerConfig {
     pub unnegotiated_payload_limit: u32,
     /// Told of each connection in transmission and each one a limit refused.
     pub sessions: Option<Arc<dyn SessionMeter>>,
+    /// TLS credentials and policy; `None` serves plain text only.
+    pub tls: Option<Arc<TargetTls>>,
 }
 
 impl Default for ServerConfig {
@@ -87,6 +91,7 @@ impl Default for ServerConfig {
             send_timeout: Duration::from_secs(30),
             unnegotiated_payload_limit: DEFAULT_UNNEGOTIATED_PAYLOAD_LIMIT,
             sessions: None,
+            tls: None,
         }
     }
 }
@@ -439,16 +444,19 @@ impl AcceptContext {
                 unnegotiated_payload_limit: self.config.unnegotiated_payload_limit,
             };
             let sessions = self.config.sessions.clone();
+            let tls = self.config.tls.clone();
             let spawned = thread::Builder::new()
                 .name(format!("nbd-conn-{id}"))
                 .spawn(move || {
                     let address = stream.peer_ip();
                     let handshake_done = || shared.end_handshake(address);
+                    let tls = tls.as_deref();
                     serve_connection_reporting(
                         stream,
                         exports,
                         &pool,
                         limits,
+                        tls,
                         handshake_done,
                         sessions.as_deref(),
                     );
@@ -485,7 +493,7 @@ pub fn serve_connection(
         send_timeout: defaults.send_timeout,
         unnegotiated_payload_limit: defaults.unnegotiated_payload_limit,
     };
-    serve_connection_reporting(stream, exports, pool, limits, || {}, None);
+    serve_connection_reporting(stream, exports, pool, limits, None, || {}, None);
 }
 
 /// What one connection takes from the server's configuration.
@@ -496,14 +504,15 @@ struct ConnectionLimits {
     unnegotiated_payload_limit: u32,
 }
 
-/// [`serve_connection`], calling `handshake_done` once the handshake has ended, in
-/// transmission or not, and counting the connection in `sessions` while it is in
-/// transmission.
+/// [`serve_connection`], with TLS offered when `tls` is given, calling
+/// `handshake_done` once the handshake has ended, in transmission or not, and
+/// counting the connection in `sessions` while it is in transmission.
 fn serve_connection_reporting(
     mut stream: Stream,
     exports: Arc<ExportSet>,
     pool: &WorkerPool,
     limits: ConnectionLimits,
+    tls: Option<&TargetTls>,
     handshake_done: impl FnOnce(),
     sessions: Option<&dyn SessionMeter>,
 ) {
@@ -515,42 +524,65 @@ fn serve_connection_reporting(
     let peer = stream.peer();
     tracing::debug!(%peer, "connected");
     let _ = stream.set_read_timeout(Some(handshake_timeout));
-    let negotiated = negotiate(&mut stream, exports, &peer);
+    let negotiated = negotiate_secure(&mut stream, exports, &peer, tls);
     handshake_done();
-    let mut session = match negotiated {
-        Ok(Some(session)) => session,
-        Ok(None) => return,
+    let (mut session, secure) = match negotiated {
+        Ok(Negotiated::Plain(session)) => (session, None),
+        Ok(Negotiated::Tls(session, secure)) => (session, Some(secure)),
+        Ok(Negotiated::Refused) => return,
         Err(e) => {
             tracing::info!(%peer, "handshake ended: {e}");
             return;
         }
     };
     let _ = stream.set_read_timeout(None);
-    session.set_zero_copy_reads(stream.peer_is_remote());
+    // sendfile(2) would put plaintext on the wire: under TLS every byte goes
+    // through the seal.
+    session.set_zero_copy_reads(secure.is_none() && stream.peer_is_remote());
     session.set_unnegotiated_payload_limit(unnegotiated_payload_limit);
     let export = session.export().clone();
+    let _open = sessions.map(|meter| OpenSession::open(meter, &export.name));
     // `headers` says which framing was negotiated (simple, structured, extended):
     // the interop tests read it to prove a peer did not silently fall back.
-    let _open = sessions.map(|meter| OpenSession::open(meter, &export.name));
     tracing::info!(
         %peer,
         export = %export.name,
         structured = session.structured(),
         headers = ?session.framing(),
         sizes_negotiated = session.sizes_negotiated(),
+        tls = secure.as_ref().map_or("off", |s| s.description()),
         "client entered transmission"
     );
     // A send that makes no progress for `send_timeout` fails; the writer then
     // shuts the socket down, which ends the connection.
     let _ = stream.set_write_timeout(Some(send_timeout));
-    let writer = match stream.try_clone() {
-        Ok(clone) => Arc::new(ReplyWriter::new(clone)),
+    let clone = match stream.try_clone() {
+        Ok(clone) => clone,
         Err(e) => {
             tracing::warn!(%peer, "cannot clone socket: {e}");
             return;
         }
     };
-    match transmit(Arc::new(session), stream, writer, pool) {
+    let session = Arc::new(session);
+    let ending = match secure {
+        None => transmit(session, stream, Arc::new(ReplyWriter::new(clone)), pool),
+        Some(secure) => {
+            let closer = stream.try_clone().ok();
+            let writer = Arc::new(ReplyWriter::new(TlsStream::new(clone, secure.clone())));
+            let ending = transmit(
+                session,
+                TlsStream::new(stream, secure.clone()),
+                writer,
+                pool,
+            );
+            if let (Ending::Disconnect, Some(socket)) = (&ending, closer) {
+                // proto.md: on NBD_CMD_DISC the server closes the TLS session first.
+                TlsStream::new(socket, secure).close();
+            }
+            ending
+        }
+    };
+    match ending {
         Ending::Disconnect | Ending::Closed => {
             tracing::info!(%peer, export = %export.name, "client disconnected")
         }

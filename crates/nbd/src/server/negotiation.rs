@@ -32,6 +32,20 @@ pub enum Step {
     Close,
     /// Enter the transmission phase.
     Transmission(Session),
+    /// Run the TLS handshake (after sending the NBD_REP_ACK produced), then go on
+    /// reading options inside TLS ([`Negotiation::tls_started`]).
+    StartTls,
+}
+
+/// Where a connection stands with TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TlsState {
+    /// Not offered: NBD_OPT_STARTTLS is unsupported.
+    Unavailable,
+    /// Offered; `required` refuses every other option until it is up.
+    Offered { required: bool },
+    /// Negotiated: everything since travels inside TLS.
+    Active,
 }
 
 /// Negotiation state for one connection.
@@ -44,6 +58,7 @@ pub struct Negotiation {
     extended: bool,
     /// The export the last SET_META_CONTEXT named, if it selected base:allocation.
     base_allocation_for: Option<Arc<Export>>,
+    tls: TlsState,
 }
 
 /// The transmission flags for a device, given what was negotiated.
@@ -92,11 +107,72 @@ impl Negotiation {
             structured: false,
             extended: false,
             base_allocation_for: None,
+            tls: TlsState::Unavailable,
         })
+    }
+
+    /// Offers NBD_OPT_STARTTLS; with `required`, every option but STARTTLS and
+    /// ABORT is refused with NBD_REP_ERR_TLS_REQD until TLS is up.
+    pub fn offer_tls(&mut self, required: bool) {
+        self.tls = TlsState::Offered { required };
+    }
+
+    /// The TLS handshake succeeded: options from now on arrive inside TLS.
+    pub fn tls_started(&mut self) {
+        self.tls = TlsState::Active;
+    }
+
+    /// Whether TLS is up.
+    pub fn tls_active(&self) -> bool {
+        self.tls == TlsState::Active
+    }
+
+    /// FORCEDTLS (proto.md): refuses `option` before TLS; `None` lets it through.
+    fn refuse_before_tls(&self, option: u32, out: &mut Vec<u8>) -> Option<Step> {
+        if self.tls != (TlsState::Offered { required: true })
+            || matches!(option, NBD_OPT_STARTTLS | NBD_OPT_ABORT)
+        {
+            return None;
+        }
+        if option == NBD_OPT_EXPORT_NAME {
+            // It has no error reply: the only refusal is to close.
+            tracing::warn!("client asked for an export before TLS (NBD_OPT_EXPORT_NAME); closing");
+            return Some(Step::Close);
+        }
+        let message = b"TLS is required: send NBD_OPT_STARTTLS first";
+        encode_option_reply(out, option, NBD_REP_ERR_TLS_REQD, message);
+        Some(Step::Continue)
+    }
+
+    fn start_tls(&mut self, out: &mut Vec<u8>) -> Step {
+        match self.tls {
+            TlsState::Unavailable => {
+                let message = b"TLS is not enabled on this server";
+                encode_option_reply(out, NBD_OPT_STARTTLS, NBD_REP_ERR_UNSUP, message);
+                Step::Continue
+            }
+            TlsState::Active => {
+                let message = b"TLS is already running";
+                encode_option_reply(out, NBD_OPT_STARTTLS, NBD_REP_ERR_INVALID, message);
+                Step::Continue
+            }
+            TlsState::Offered { .. } => {
+                // What was haggled in plain text may have been tampered with; the
+                // client negotiates again inside TLS.
+                self.structured = false;
+                self.extended = false;
+                self.base_allocation_for = None;
+                encode_option_reply(out, NBD_OPT_STARTTLS, NBD_REP_ACK, &[]);
+                Step::StartTls
+            }
+        }
     }
 
     /// Handles one option request, appending the replies to `out`.
     pub fn handle(&mut self, option: u32, data: &[u8], out: &mut Vec<u8>) -> Step {
+        if let Some(step) = self.refuse_before_tls(option, out) {
+            return step;
+        }
         let parsed = match ClientOption::parse(option, data) {
             Ok(parsed) => parsed,
             Err(e) if option == NBD_OPT_EXPORT_NAME => {
@@ -128,11 +204,7 @@ impl Negotiation {
                 encode_option_reply(out, option, NBD_REP_ACK, &[]);
                 Step::Continue
             }
-            ClientOption::StartTls => {
-                let message = b"TLS is not enabled on this server";
-                encode_option_reply(out, option, NBD_REP_ERR_UNSUP, message);
-                Step::Continue
-            }
+            ClientOption::StartTls => self.start_tls(out),
             ClientOption::StructuredReply if self.extended => {
                 // Extended headers stay; the protocol's answer to a downgrade.
                 let message = b"extended headers are already in use";

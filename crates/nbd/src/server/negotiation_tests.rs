@@ -399,3 +399,72 @@ fn only_a_go_that_asks_for_block_sizes_negotiates_them() {
     assert!(!session.sizes_negotiated());
     assert_eq!(session.framing(), Framing::Simple);
 }
+
+#[test]
+fn required_tls_refuses_every_option_but_starttls_and_abort() {
+    let mut negotiation = start();
+    negotiation.offer_tls(true);
+    for option in [
+        ClientOption::List,
+        ClientOption::StructuredReply,
+        ClientOption::Info {
+            name: "disk".into(),
+            requests: vec![],
+        },
+        go("disk"),
+        ClientOption::ListMetaContext {
+            name: "disk".into(),
+            queries: vec![],
+        },
+        ClientOption::Unknown(77),
+    ] {
+        let name = format!("{option:?}");
+        let (step, replies) = send(&mut negotiation, option);
+        assert!(matches!(step, Step::Continue), "{name}");
+        assert_eq!(replies.len(), 1, "{name}");
+        assert_eq!(replies[0].1, NBD_REP_ERR_TLS_REQD, "{name}");
+    }
+    // NBD_OPT_EXPORT_NAME cannot be refused with a reply: the connection closes
+    // without a byte of export data.
+    let mut closing = start();
+    closing.offer_tls(true);
+    let (step, replies) = send(&mut closing, ClientOption::ExportName("disk".into()));
+    assert!(matches!(step, Step::Close));
+    assert!(replies.is_empty());
+    let (step, replies) = send(&mut closing, ClientOption::Abort);
+    assert!(matches!(step, Step::Close));
+    assert_eq!(replies[0].1, NBD_REP_ACK);
+
+    let (step, replies) = send(&mut negotiation, ClientOption::StartTls);
+    assert!(matches!(step, Step::StartTls));
+    assert_eq!(replies, [(NBD_OPT_STARTTLS, NBD_REP_ACK, vec![])]);
+    negotiation.tls_started();
+    assert!(negotiation.tls_active());
+    // Inside TLS everything works, and a second STARTTLS is invalid.
+    let (_, replies) = send(&mut negotiation, ClientOption::StartTls);
+    assert_eq!(replies[0].1, NBD_REP_ERR_INVALID);
+    let (_, replies) = send(&mut negotiation, ClientOption::List);
+    assert_eq!(replies.last().unwrap().1, NBD_REP_ACK);
+    let (step, _) = send(&mut negotiation, go("disk"));
+    assert!(matches!(step, Step::Transmission(_)));
+}
+
+#[test]
+fn offered_tls_lets_plain_clients_in_and_starttls_forgets_plain_text_haggling() {
+    let mut negotiation = start();
+    negotiation.offer_tls(false);
+    let (_, replies) = send(&mut negotiation, ClientOption::StructuredReply);
+    assert_eq!(replies[0].1, NBD_REP_ACK);
+    let (_, replies) = send(&mut negotiation, ClientOption::List);
+    assert_eq!(replies.last().unwrap().1, NBD_REP_ACK);
+    let (step, _) = send(&mut negotiation, ClientOption::StartTls);
+    assert!(matches!(step, Step::StartTls));
+    negotiation.tls_started();
+    // Structured replies were agreed in plain text, where anyone could have
+    // added them; inside TLS they must be asked for again.
+    let (step, _) = send(&mut negotiation, go("disk"));
+    match step {
+        Step::Transmission(session) => assert!(!session.structured()),
+        other => panic!("expected transmission, got {other:?}"),
+    }
+}

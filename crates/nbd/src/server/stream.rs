@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::connection::RequestSource;
 use super::writer::{short_file, ReplySink};
+use crate::tls::TlsStream;
 
 /// A client connection.
 #[derive(Debug)]
@@ -152,6 +153,14 @@ impl ReplySink for Stream {
     }
 }
 
+/// A connection's write side inside TLS. Replies go through the seal; file data is
+/// read and sealed (the default `send_file`), never sent with sendfile(2).
+impl ReplySink for TlsStream<Stream> {
+    fn abandon(&mut self) {
+        let _ = self.socket().shutdown(std::net::Shutdown::Both);
+    }
+}
+
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
@@ -187,6 +196,14 @@ impl RequestSource for Stream {
         // SAFETY: FIONREAD writes one int, the bytes waiting in the receive queue.
         let rc = unsafe { libc::ioctl(self.raw_fd(), libc::FIONREAD, &mut pending) };
         rc == 0 && pending > 0
+    }
+}
+
+/// Inside TLS, requests may wait already decrypted (or as ciphertext) in the
+/// session as well as in the socket.
+impl RequestSource for TlsStream<Stream> {
+    fn input_pending(&self) -> bool {
+        self.session().has_buffered_input() || self.socket().input_pending()
     }
 }
 
