@@ -1492,7 +1492,21 @@ fn a_client_that_never_reads_its_replies_is_cut_off() {
             }
         }
     });
-    std::thread::sleep(Duration::from_secs(3));
+    // The server's end leaves ESTABLISHED when it cuts the connection: 1 s after
+    // its sends stop making progress, later on a loaded machine.
+    let client_port = stalled.local_addr().unwrap().port();
+    assert!(
+        tcp_state(port, client_port).is_some(),
+        "the connection is not in /proc/net/tcp"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tcp_state(port, client_port) == Some(TCP_ESTABLISHED) {
+        assert!(
+            Instant::now() < deadline,
+            "the stalled connection is still open after 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // Meanwhile another client is served.
     let mut other = handshake(port, NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES);
     send_option(&mut other, &ClientOption::ExportName(EXPORT.into()));
@@ -1520,6 +1534,23 @@ fn a_client_that_never_reads_its_replies_is_cut_off() {
         "{drained} bytes of replies: not cut off"
     );
     sending.join().unwrap();
+}
+
+/// /proc/net/tcp's code for an established connection.
+const TCP_ESTABLISHED: u8 = 1;
+
+/// The state of the loopback connection from local port `local` to `remote`, as
+/// /proc/net/tcp lists it; `None` once it is gone.
+fn tcp_state(local: u16, remote: u16) -> Option<u8> {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
+    let port = |address: &str| u16::from_str_radix(address.rsplit(':').next()?, 16).ok();
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (from, to, state) = (fields.get(1)?, fields.get(2)?, fields.get(3)?);
+        (port(from)? == local && port(to)? == remote)
+            .then(|| u8::from_str_radix(state, 16).ok())
+            .flatten()
+    })
 }
 
 /// The server's peak resident memory (VmHWM), in bytes.
