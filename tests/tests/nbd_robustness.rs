@@ -1446,6 +1446,63 @@ fn half_open_connections_from_one_address_do_not_lock_the_others_out() {
     drop(idle);
 }
 
+/// `max_connections_per_address` caps the connections of one address, finished
+/// handshakes or not; other addresses are still served, and a slot freed is usable.
+#[test]
+fn one_address_holds_at_most_its_share_of_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = sparse_file(dir.path(), "share.img", 1 << 20);
+    let config = dir.path().join("share.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = [\"127.0.0.1:0\"]\nmax_connections_per_address = 3\n\n\
+             [[export]]\nname = \"{EXPORT}\"\npath = \"{}\"\n",
+            image.display()
+        ),
+    )
+    .unwrap();
+    let served = Served::start_config(&config, EXPORT);
+    let port = served.port;
+    let in_transmission = |from: [u8; 4]| {
+        let mut stream = connect_from(from, port);
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut greeting = [0u8; 18];
+        stream.read_exact(&mut greeting).ok()?;
+        stream
+            .write_all(&(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES).to_be_bytes())
+            .ok()?;
+        send_option(&mut stream, &ClientOption::ExportName(EXPORT.into()));
+        let mut export = [0u8; 10];
+        stream.read_exact(&mut export).ok()?;
+        Some(stream)
+    };
+    let mut held: Vec<TcpStream> = (0..3)
+        .map(|i| in_transmission([127, 0, 0, 3]).unwrap_or_else(|| panic!("connection {i}")))
+        .collect();
+    assert!(
+        in_transmission([127, 0, 0, 3]).is_none(),
+        "a fourth connection from the same address was served"
+    );
+    assert!(
+        in_transmission([127, 0, 0, 4]).is_some(),
+        "another address was refused"
+    );
+    // One leaves; its slot is free again once the server has seen it go.
+    drop(held.pop());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        if let Some(stream) = in_transmission([127, 0, 0, 3]) {
+            break stream;
+        }
+        assert!(Instant::now() < deadline, "the freed slot was never reused");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop((held, again));
+}
+
 /// Shared/FINDINGS.md, 2026-11-25: a client that sends 2000 reads of 1 MiB and never
 /// reads a reply stayed connected. Now, once its socket has taken nothing for the
 /// send timeout (1 s here), the server cuts it off; another client is served

@@ -113,6 +113,9 @@ pub struct ServerSection {
     /// Connections from one client address still in the handshake beyond this are
     /// closed at once (default 16).
     pub max_handshakes_per_address: Option<usize>,
+    /// NBD connections from one client address beyond this are closed at once
+    /// (default 128).
+    pub max_connections_per_address: Option<usize>,
     /// Seconds a client may leave replies unread (its socket taking nothing) before
     /// it is cut off (default 30).
     pub send_timeout: Option<f64>,
@@ -350,6 +353,12 @@ impl Config {
             }
         }
         let server = Some(("server", 0));
+        if self.server.max_connections_per_address == Some(0) {
+            return Err(invalid(
+                "[server] max_connections_per_address must be at least 1".into(),
+                server,
+            ));
+        }
         if self.server.max_handshakes_per_address == Some(0) {
             return Err(invalid(
                 "[server] max_handshakes_per_address must be at least 1".into(),

@@ -209,6 +209,7 @@ mod tests {
             "[iscsi]",
             "[metrics]",
             "max_handshakes_per_address",
+            "max_connections_per_address",
             "send_timeout",
             "write_behind",
             "config_string",

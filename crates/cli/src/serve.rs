@@ -479,6 +479,9 @@ fn plan_from_file(path: &Path, workers: usize, tls: &serve_tls::TlsArgs) -> Resu
         config.max_connections = max;
     }
     // Both checked by Config::validate.
+    if let Some(max) = file.server.max_connections_per_address {
+        config.max_connections_per_address = max;
+    }
     if let Some(max) = file.server.max_handshakes_per_address {
         config.max_handshakes_per_address = max;
     }

@@ -63,6 +63,9 @@ pub struct ServerConfig {
     /// at once: one address that opens many and never finishes them must not lock
     /// everybody else out.
     pub max_handshakes_per_address: usize,
+    /// Connections from one address beyond this are closed at once, so one client
+    /// cannot take every connection the server allows.
+    pub max_connections_per_address: usize,
     /// A client must finish the handshake within this time.
     pub handshake_timeout: Duration,
     /// A client that reads no reply for this long (its socket takes no more) is cut
@@ -87,6 +90,7 @@ impl Default for ServerConfig {
             workers: 16,
             max_connections: 256,
             max_handshakes_per_address: 16,
+            max_connections_per_address: 128,
             handshake_timeout: Duration::from_secs(30),
             send_timeout: Duration::from_secs(30),
             unnegotiated_payload_limit: DEFAULT_UNNEGOTIATED_PAYLOAD_LIMIT,
@@ -138,18 +142,24 @@ struct Shared {
     connections: Mutex<HashMap<u64, Stream>>,
     connections_changed: Condvar,
     /// Connections in the handshake, by the client's address.
-    handshaking: Mutex<HashMap<IpAddr, usize>>,
+    handshaking: AddressCounts,
+    /// Open connections, by the client's address.
+    per_address: AddressCounts,
 }
 
-impl Shared {
-    /// Counts a connection from `stream`'s address into the handshake, unless that
-    /// address already has `limit` there. Unix sockets are not limited.
-    fn start_handshake(&self, stream: &Stream, limit: usize) -> bool {
-        let Some(address) = stream.peer_ip() else {
+/// How many connections each client address holds. Unix sockets have no address
+/// and are never limited.
+#[derive(Default)]
+struct AddressCounts(Mutex<HashMap<IpAddr, usize>>);
+
+impl AddressCounts {
+    /// Counts one more for `address`, unless it already has `limit`.
+    fn try_add(&self, address: Option<IpAddr>, limit: usize) -> bool {
+        let Some(address) = address else {
             return true;
         };
-        let mut handshaking = self.handshaking.lock().unwrap_or_else(|e| e.into_inner());
-        let count = handshaking.entry(address).or_default();
+        let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let count = counts.entry(address).or_default();
         if *count >= limit {
             return false;
         }
@@ -157,16 +167,16 @@ impl Shared {
         true
     }
 
-    /// A connection from `address` has left the handshake.
-    fn end_handshake(&self, address: Option<IpAddr>) {
+    /// Counts one less for `address`.
+    fn remove(&self, address: Option<IpAddr>) {
         let Some(address) = address else {
             return;
         };
-        let mut handshaking = self.handshaking.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = handshaking.get_mut(&address) {
+        let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = counts.get_mut(&address) {
             *count -= 1;
             if *count == 0 {
-                handshaking.remove(&address);
+                counts.remove(&address);
             }
         }
     }
@@ -418,8 +428,23 @@ impl AcceptContext {
                 }
                 if !self
                     .shared
-                    .start_handshake(&stream, self.config.max_handshakes_per_address)
+                    .per_address
+                    .try_add(peer_ip, self.config.max_connections_per_address)
                 {
+                    tracing::warn!(
+                        peer = %stream.peer(),
+                        "too many connections from this address ({}); closing",
+                        self.config.max_connections_per_address
+                    );
+                    self.refused("max_connections_per_address");
+                    continue;
+                }
+                if !self
+                    .shared
+                    .handshaking
+                    .try_add(peer_ip, self.config.max_handshakes_per_address)
+                {
+                    self.shared.per_address.remove(peer_ip);
                     tracing::warn!(
                         peer = %stream.peer(),
                         "too many unfinished handshakes from this address ({}); closing",
@@ -432,6 +457,8 @@ impl AcceptContext {
                     Ok(clone) => connections.insert(id, clone),
                     Err(e) => {
                         tracing::warn!("cannot track connection: {e}");
+                        self.shared.handshaking.remove(peer_ip);
+                        self.shared.per_address.remove(peer_ip);
                         continue;
                     }
                 };
@@ -448,8 +475,7 @@ impl AcceptContext {
             let spawned = thread::Builder::new()
                 .name(format!("nbd-conn-{id}"))
                 .spawn(move || {
-                    let address = stream.peer_ip();
-                    let handshake_done = || shared.end_handshake(address);
+                    let handshake_done = || shared.handshaking.remove(peer_ip);
                     let tls = tls.as_deref();
                     serve_connection_reporting(
                         stream,
@@ -460,6 +486,7 @@ impl AcceptContext {
                         handshake_done,
                         sessions.as_deref(),
                     );
+                    shared.per_address.remove(peer_ip);
                     let mut connections =
                         shared.connections.lock().unwrap_or_else(|e| e.into_inner());
                     connections.remove(&id);
@@ -467,7 +494,8 @@ impl AcceptContext {
                 });
             if let Err(e) = spawned {
                 tracing::error!("cannot start a connection thread: {e}");
-                self.shared.end_handshake(peer_ip);
+                self.shared.handshaking.remove(peer_ip);
+                self.shared.per_address.remove(peer_ip);
                 let mut connections = self
                     .shared
                     .connections
