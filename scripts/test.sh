@@ -16,6 +16,8 @@ peers=(
   iscsi-test-cu:libiscsi-bin iscsi-ls:libiscsi-bin iscsi-inq:libiscsi-bin
   iscsi-readcapacity16:libiscsi-bin iscsi-swp:libiscsi-bin iscsi-perf:libiscsi-bin
   tgtd:tgt tgtadm:tgt stdbuf:coreutils g++:g++
+  # the RBD tests start a throwaway one-node Ceph cluster (one mon, one OSD)
+  ceph-mon:ceph-mon ceph-osd:ceph-osd ceph:ceph-common rbd:ceph-common
 )
 missing=()
 for pair in "${peers[@]}"; do

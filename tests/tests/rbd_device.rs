@@ -47,6 +47,7 @@ fn an_rbd_image_is_a_conforming_device() {
         );
         device.flush().unwrap();
     }
+    exclusive_lock_keeps_a_second_writer_out(&cluster);
     snapshot_is_read_only(&cluster);
     open_errors_name_what_is_wrong(&cluster);
 }
@@ -87,6 +88,36 @@ fn queued_requests_in_flight(device: &Device) {
             "queued read {i} differs"
         );
     }
+}
+
+/// With `exclusive`, the lock stays with the first gateway: a second exclusive
+/// open fails in one line, and a second plain writer's writes fail.
+fn exclusive_lock_keeps_a_second_writer_out(cluster: &Cluster) {
+    let mut exclusive = spec(cluster, "conformance");
+    exclusive.exclusive = true;
+    let first = open(&exclusive, false);
+    first.write(&[3; 4096], 0, WriteFlags::FUA).unwrap();
+    let error = RbdDevice::open(&exclusive, false)
+        .err()
+        .expect("a second exclusive open succeeded");
+    let text = error.to_string();
+    assert!(text.contains("exclusive lock"), "{text}");
+    assert!(!text.contains('\n'), "{text}");
+    let mut plain = spec(cluster, "conformance");
+    plain.timeout = Some(std::time::Duration::from_secs(5));
+    let second = open(&plain, false);
+    let refused = second.write(&[4; 4096], 0, WriteFlags::FUA);
+    eprintln!("a second writer while the lock is kept: {refused:?}");
+    assert!(
+        refused.is_err(),
+        "a second writer wrote past the exclusive lock"
+    );
+    let mut back = [0u8; 4096];
+    first.read(&mut back, 0).unwrap();
+    assert!(
+        back.iter().all(|&b| b == 3),
+        "the first writer's data changed"
+    );
 }
 
 fn snapshot_is_read_only(cluster: &Cluster) {

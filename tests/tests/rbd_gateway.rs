@@ -132,6 +132,21 @@ fn an_rbd_image_served_over_nbd_and_iscsi_matches_what_ceph_reads() {
         );
     }
 
+    // --exclusive: the first gateway keeps the lock; a second one fails in one line.
+    {
+        let _first = Served::start(&[&spec, "--exclusive"], "gw");
+        let mut second = Command::new(blockwire_bin());
+        second.args(["serve", &spec, "--exclusive", "--listen", "127.0.0.1:0"]);
+        let refused = run_bounded(second, LIMIT);
+        let said = text(&refused.stderr);
+        assert!(
+            !refused.status.success(),
+            "a second exclusive gateway started"
+        );
+        assert!(said.contains("exclusive lock"), "{said}");
+        assert_eq!(said.trim().lines().count(), 1, "{said}");
+    }
+
     // A missing image and a wrong key: one line naming what is wrong.
     let mut info = Command::new(blockwire_bin());
     info.args(["info", &cluster.spec("nosuchimage")]);

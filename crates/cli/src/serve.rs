@@ -77,6 +77,11 @@ pub struct ServeArgs {
     #[arg(long)]
     pub read_only: bool,
 
+    /// For an rbd: image: take librbd's exclusive lock and keep it, so a second
+    /// gateway cannot write the image (it fails in one line); same as :exclusive=true.
+    #[arg(long)]
+    pub exclusive: bool,
+
     /// Bypass the page cache (O_DIRECT); requests must then be aligned as the file
     /// system says (512 B or 4 KiB; advertised to NBD clients).
     #[arg(long)]
@@ -354,7 +359,12 @@ fn plain_export_from_args(args: &ServeArgs) -> Result<Export> {
         }
         Some(path) if remote_target(path)?.is_some() => {
             // A gateway: a remote device (through our initiator) served again.
-            let target = remote_target(path)?.expect("checked above");
+            let mut target = remote_target(path)?.expect("checked above");
+            match &mut target {
+                Target::Rbd(spec) => spec.exclusive |= args.exclusive,
+                _ if args.exclusive => bail!("--exclusive applies to rbd: images"),
+                _ => {}
+            }
             if args.size.is_some() || args.direct {
                 bail!(
                     "--size and --direct apply to files, not to {}",

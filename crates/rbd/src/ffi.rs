@@ -124,15 +124,17 @@ pub fn check_loadable() -> Result<(), String> {
     api().map(|_| ())
 }
 
+/// Loads one library, or says in one line which Debian package provides it.
+fn open_library(name: &str, package: &str) -> Result<Library, String> {
+    // SAFETY: loading librados/librbd runs their static constructors, which only
+    // initialise the libraries' own state.
+    unsafe { Library::new(name) }
+        .map_err(|e| format!("cannot load {name} (install the Debian package {package}): {e}"))
+}
+
 fn load() -> Result<Api, String> {
-    let open = |name: &str, package: &str| {
-        // SAFETY: loading librados/librbd runs their static constructors, which only
-        // initialise the libraries' own state.
-        unsafe { Library::new(name) }
-            .map_err(|e| format!("cannot load {name} (install the Debian package {package}): {e}"))
-    };
-    let rados = open(LIBRADOS, "librados2")?;
-    let rbd = open(LIBRBD, "librbd1")?;
+    let rados = open_library(LIBRADOS, "librados2")?;
+    let rbd = open_library(LIBRBD, "librbd1")?;
     macro_rules! sym {
         ($lib:expr, $name:ident) => {
             // SAFETY: the field's type is the function's signature in the header
@@ -724,5 +726,22 @@ impl Drop for EventFd {
     fn drop(&mut self) {
         // SAFETY: we own the descriptor and close it once.
         unsafe { libc::close(self.0) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_missing_library_names_the_package_in_one_line() {
+        let error = super::open_library("libblockwire-absent.so.1", "librbd1")
+            .err()
+            .expect("an absent library loaded");
+        assert!(
+            error.starts_with(
+                "cannot load libblockwire-absent.so.1 (install the Debian package librbd1)"
+            ),
+            "{error}"
+        );
+        assert!(!error.contains('\n'), "{error}");
     }
 }
