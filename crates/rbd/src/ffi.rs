@@ -734,8 +734,7 @@ mod tests {
     #[test]
     fn a_missing_library_names_the_package_in_one_line() {
         let error = super::open_library("libblockwire-absent.so.1", "librbd1")
-            .err()
-            .expect("an absent library loaded");
+            .expect_err("an absent library loaded");
         assert!(
             error.starts_with(
                 "cannot load libblockwire-absent.so.1 (install the Debian package librbd1)"
