@@ -194,7 +194,8 @@ def iscsi_perf(url, job, seconds):
 class Blockwire:
     def __init__(self, binary, spec, iscsi):
         listen = ["--iscsi", "127.0.0.1:0"] if iscsi else ["--listen", "127.0.0.1:0"]
-        self.proc = subprocess.Popen([binary, "serve", spec, "--name", "img", *listen],
+        extra = os.environ.get("BLOCKWIRE_SERVE_ARGS", "").split()
+        self.proc = subprocess.Popen([binary, "serve", spec, "--name", "img", *listen, *extra],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True)
         self.url = None
