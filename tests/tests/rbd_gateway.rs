@@ -147,6 +147,33 @@ fn an_rbd_image_served_over_nbd_and_iscsi_matches_what_ceph_reads() {
         assert_eq!(said.trim().lines().count(), 1, "{said}");
     }
 
+    // A config file's export names the image as its path; read-only there too.
+    {
+        let config = dir.path().join("rbd.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\nlisten = [\"127.0.0.1:0\"]\n\
+                 [[export]]\nname = \"vm\"\npath = \"{}\"\nread_only = true\n",
+                cluster.spec("imported")
+            ),
+        )
+        .unwrap();
+        let served = Served::start_config(&config, "vm");
+        let info = ok("nbdinfo", &["--json", &served.uri()]);
+        assert!(
+            info.contains(&format!("\"export-size\": {}", 8 * MIB)),
+            "{info}"
+        );
+        assert!(info.contains("\"is_read_only\": true"), "{info}");
+        let read = dir.path().join("read.bin");
+        ok("nbdcopy", &[&served.uri(), path_str(&read)]);
+        assert!(
+            std::fs::read(&read).unwrap() == std::fs::read(&imported).unwrap(),
+            "the config file's rbd export reads back different"
+        );
+    }
+
     // A missing image and a wrong key: one line naming what is wrong.
     let mut info = Command::new(blockwire_bin());
     info.args(["info", &cluster.spec("nosuchimage")]);
