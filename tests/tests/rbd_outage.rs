@@ -5,8 +5,36 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use blockwire_blockdev::{Device, IoBuf, QueuedOp, Submission, WriteFlags};
+use blockwire_rbd::{RbdDevice, RbdSpec};
 use blockwire_tests::ceph::Cluster;
-use blockwire_tests::{require, require_ceph, run_bounded, text, Served, MIB};
+use blockwire_tests::{
+    path_str, require, require_ceph, run_bounded, run_queued, text, Served, MIB,
+};
+
+/// A queued read and a queued FUA write of 64 KiB at offset 0; their results.
+fn queued_pair(device: &Device) -> Vec<Result<(), String>> {
+    let mut queue = device.queue().expect("an RBD image has a queue");
+    let subs = vec![
+        Submission {
+            tag: 0,
+            op: QueuedOp::Read,
+            buf: IoBuf::new(64 * 1024),
+            offset: 0,
+        },
+        Submission {
+            tag: 1,
+            op: QueuedOp::Write(WriteFlags::FUA),
+            buf: IoBuf::from_slice(&[9u8; 64 * 1024]),
+            offset: 64 * 1024,
+        },
+    ];
+    let mut done = run_queued(&mut *queue, subs, 2);
+    done.sort_by_key(|c| c.tag);
+    done.into_iter()
+        .map(|c| c.result.map_err(|e| e.to_string()))
+        .collect()
+}
 
 fn qemu_io(uri: &str, commands: &[&str]) -> (bool, String, Duration) {
     let mut command = Command::new("qemu-io");
@@ -33,6 +61,14 @@ fn requests_fail_after_the_timeout_while_the_osd_is_down_and_work_again_after() 
     let uri = served.uri();
     let (ok, said, _) = qemu_io(&uri, &["write -P 1 0 1M", "flush", "read -P 1 0 1M"]);
     assert!(ok, "before the outage: {said}");
+    // A client in this process driving the device's request queue, on an image of
+    // its own (on the same image the two writers would pass the lock back and forth).
+    cluster.create_image("queued", 16 * MIB);
+    let mut direct = RbdSpec::new(&cluster.pool, "queued");
+    direct.conf = Some(path_str(&cluster.conf()).to_string());
+    direct.timeout = Some(Duration::from_secs(3));
+    let device = Device::from_device(RbdDevice::open(&direct, false).unwrap());
+    assert!(queued_pair(&device).iter().all(Result::is_ok));
 
     cluster.stop_osd();
     // A read of written data (librbd caches no reads) and a write must both
@@ -53,6 +89,20 @@ fn requests_fail_after_the_timeout_while_the_osd_is_down_and_work_again_after() 
         served.child.try_wait().expect("wait").is_none(),
         "the server exited during the outage"
     );
+    let started = Instant::now();
+    let results = queued_pair(&device);
+    eprintln!(
+        "queued, with the OSD down, after {:?}: {results:?}",
+        started.elapsed()
+    );
+    assert!(
+        results.iter().all(Result::is_err),
+        "queued I/O succeeded: {results:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "queued requests hung"
+    );
 
     cluster.resume_osd();
     // The placement groups peer again within seconds of the OSD's return.
@@ -70,5 +120,11 @@ fn requests_fail_after_the_timeout_while_the_osd_is_down_and_work_again_after() 
     }
     let (ok, said, _) = qemu_io(&uri, &["read -P 1 64k 960k"]);
     assert!(ok, "data written before the outage: {said}");
+    let results = queued_pair(&device);
+    assert!(
+        results.iter().all(Result::is_ok),
+        "queued I/O after: {results:?}"
+    );
+    drop(device);
     drop(served);
 }

@@ -277,6 +277,6 @@ impl BlockDevice for RbdDevice {
     }
 
     fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
-        Some(Box::new(RbdQueue::new(&self.shared)))
+        Some(Box::new(RbdQueue::new(&self.shared, self.deadline)))
     }
 }
