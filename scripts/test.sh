@@ -17,6 +17,8 @@ peers=(
   iscsi-readcapacity16:libiscsi-bin iscsi-swp:libiscsi-bin iscsi-perf:libiscsi-bin
   tgtd:tgt tgtadm:tgt stdbuf:coreutils g++:g++ openssl:openssl
   prometheus:prometheus systemd-analyze:systemd lintian:lintian man:man-db
+  # the RBD tests start a throwaway one-node Ceph cluster (one mon, one OSD)
+  ceph-mon:ceph-mon ceph-osd:ceph-osd ceph:ceph-common rbd:ceph-common
 )
 missing=()
 for pair in "${peers[@]}"; do

@@ -3,6 +3,7 @@
 //! test (saying why) when a peer program is missing.
 
 pub mod aoe;
+pub mod ceph;
 pub mod crash;
 pub mod http;
 pub mod iscsi;

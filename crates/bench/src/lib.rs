@@ -150,6 +150,8 @@ pub fn run(request: &RunRequest, note: &mut dyn FnMut(&str)) -> Result<RunReport
         TargetSpec::Remote(remote) => {
             if config.wants(Workload::Network) && remote.scheme == "aoe" {
                 note("network: skipped (AoE is layer 2: there is no IP host for a TCP test)");
+            } else if config.wants(Workload::Network) && remote.scheme == "rbd" {
+                note("network: skipped (librbd talks to every OSD of the cluster: there is no one host)");
             } else if config.wants(Workload::Network) && remote.scheme == "stripe" {
                 note("network: skipped (a stripe has one host per member: measure each member's URI)");
             } else if config.wants(Workload::Network) {
@@ -177,6 +179,9 @@ pub fn run(request: &RunRequest, note: &mut dyn FnMut(&str)) -> Result<RunReport
                                 note(&line);
                                 config.target_cpu = Some(source);
                             }
+                            None if remote.scheme == "rbd" => note(
+                                "target CPU: librbd runs in this process (its CPU is the client's)",
+                            ),
                             None if remote.scheme == "aoe" || remote.scheme == "stripe" => note(
                                 "target CPU: not seen (give --target-pid on the target's host)",
                             ),

@@ -93,6 +93,16 @@ impl TargetSpec {
                 port: None,
             });
         }
+        // A Ceph RBD image (`rbd:POOL/IMAGE...`) is opened by the caller through
+        // librbd, which talks to the whole cluster: no one host either.
+        if text.starts_with("rbd:") {
+            return TargetSpec::Remote(RemoteTarget {
+                uri: text.to_string(),
+                scheme: "rbd".into(),
+                host: String::new(),
+                port: None,
+            });
+        }
         if let Some(path) = text.strip_prefix("file://") {
             return TargetSpec::Path(PathBuf::from(path));
         }
@@ -599,6 +609,17 @@ mod tests {
         assert!(magic_signature(&head).unwrap().contains("swap"));
         // A short device cannot hold a btrfs superblock.
         assert_eq!(magic_signature(&[0u8; 100]), None);
+    }
+
+    #[test]
+    fn an_rbd_image_is_remote_with_no_one_host() {
+        match TargetSpec::parse("rbd:rbd/vm1:conf=/etc/ceph/ceph.conf") {
+            TargetSpec::Remote(remote) => {
+                assert_eq!(remote.scheme, "rbd");
+                assert!(remote.host.is_empty());
+            }
+            other => panic!("rbd: parsed as {other:?}"),
+        }
     }
 
     #[test]

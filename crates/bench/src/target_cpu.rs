@@ -56,8 +56,9 @@ fn probe_config() -> ClientConfig {
 /// the local process listening on its socket. Returns the source and a line for
 /// the user saying which it is.
 pub fn discover(remote: &RemoteTarget, netserve_port: Option<u16>) -> Option<(TargetCpu, String)> {
-    if remote.scheme == "aoe" || remote.scheme == "stripe" {
-        // Layer 2: no host to ask and no socket to look up; a stripe has several.
+    if remote.scheme == "aoe" || remote.scheme == "stripe" || remote.scheme == "rbd" {
+        // Layer 2: no host to ask and no socket to look up; a stripe has several;
+        // librbd talks to the whole cluster.
         return None;
     }
     if !remote.host.is_empty() {

@@ -18,7 +18,9 @@ pub struct InfoArgs {
     /// The export: nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH or
     /// aoe://IFACE[,IFACE]/eSHELF.SLOT (with --list, aoe://IFACE is enough) or
     /// iscsi://[USER@]HOST[:PORT]/IQN/LUN (iscsi://HOST[:PORT] lists the targets)
-    /// or a striped volume, stripe:CHUNK:MEMBER,MEMBER,... (its members and layout).
+    /// or a striped volume, stripe:CHUNK:MEMBER,MEMBER,... (its members and layout)
+    /// or a Ceph RBD image, rbd:POOL/IMAGE[@SNAP][:conf=PATH] (size, object size,
+    /// features, snapshots).
     pub uri: String,
 
     /// List the server's exports with their descriptions (the URI's export name is
@@ -41,6 +43,9 @@ pub fn run(args: InfoArgs) -> Result<()> {
             return crate::info_iscsi::map(&args.uri, args.json);
         }
         return crate::info_iscsi::run(&args.uri, args.json);
+    }
+    if args.uri.starts_with(blockwire_rbd::PREFIX) {
+        return crate::info_rbd::run(&args.uri, args.list, args.map, args.json);
     }
     if args.uri.starts_with(crate::open_stripe::PREFIX) {
         return crate::info_stripe::run(&args.uri, args.list, args.map, args.json);

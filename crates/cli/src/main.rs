@@ -10,6 +10,7 @@ mod demo;
 mod info;
 mod info_aoe;
 mod info_iscsi;
+mod info_rbd;
 mod info_stripe;
 mod lab;
 mod logging;

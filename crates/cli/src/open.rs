@@ -1,8 +1,9 @@
 //! Opening what a command names: a path (`/srv/disk.img`, `file:///srv/disk.img`), an
 //! NBD URI (`nbd://host[:port]/export`, `nbd+unix:///export?socket=PATH`) or an AoE
 //! URI (`aoe://eth0/e1.2`, `aoe://eth0,eth1/e1.2`) or an iSCSI URI
-//! (`iscsi://[user@]host[:port]/IQN/LUN`), or a striped volume of any of them
-//! (`stripe:CHUNK:MEMBER,MEMBER,...`).
+//! (`iscsi://[user@]host[:port]/IQN/LUN`), a Ceph RBD image
+//! (`rbd:POOL[/NAMESPACE]/IMAGE[@SNAP][:id=NAME][:conf=PATH][:keyring=PATH]`), or a
+//! striped volume of any of them (`stripe:CHUNK:MEMBER,MEMBER,...`).
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,7 @@ use blockwire_blockdev::paths::DEFAULT_RECONNECT;
 use blockwire_blockdev::{Device, FileDevice, FileOptions};
 use blockwire_iscsi::initiator::{IscsiClient, IscsiOptions, IscsiUri};
 use blockwire_nbd::client::{ClientOptions, NbdClient, NbdUri};
+use blockwire_rbd::{RbdDevice, RbdSpec};
 
 use crate::open_stripe::StripeSpec;
 
@@ -25,6 +27,8 @@ pub enum Target {
     Nbd(NbdUri),
     Aoe(AoeUri),
     Iscsi(IscsiUri),
+    /// A Ceph RBD image: `rbd:POOL[/NAMESPACE]/IMAGE[@SNAP][:KEY=VALUE]...`.
+    Rbd(RbdSpec),
     /// A striped volume: `stripe:CHUNK:MEMBER,MEMBER,...` (see open_stripe.rs).
     Stripe(StripeSpec),
 }
@@ -33,6 +37,9 @@ impl Target {
     pub fn parse(spec: &str) -> Result<Target> {
         if let Some(rest) = spec.strip_prefix(crate::open_stripe::PREFIX) {
             return Ok(Target::Stripe(StripeSpec::parse(rest)?));
+        }
+        if spec.starts_with(blockwire_rbd::PREFIX) {
+            return Ok(Target::Rbd(RbdSpec::parse(spec).map_err(|e| anyhow!(e))?));
         }
         let scheme = spec
             .split("://")
@@ -157,6 +164,7 @@ pub fn open(target: &Target, read_only: bool, remote: Remote) -> Result<Device> 
             }
             Ok(device)
         }
+        Target::Rbd(spec) => open_rbd(spec, read_only, remote),
         Target::Stripe(spec) => spec.open(read_only, remote),
     }
 }
@@ -166,6 +174,16 @@ impl Target {
     pub fn is_remote(&self) -> bool {
         !matches!(self, Target::Path(_))
     }
+}
+
+/// Opens an RBD image; `--timeout` overrides the spec's (default 30 s).
+fn open_rbd(spec: &RbdSpec, read_only: bool, remote: Remote) -> Result<Device> {
+    let mut spec = spec.clone();
+    if let Some(timeout) = remote.timeout {
+        spec.timeout = Some(timeout);
+    }
+    let device = RbdDevice::open(&spec, read_only).map_err(|e| anyhow!("{e}"))?;
+    Ok(Device::new(Arc::new(device)))
 }
 
 fn open_path(path: &Path, read_only: bool) -> Result<Device> {
@@ -242,6 +260,11 @@ mod tests {
         ));
         assert!(Target::parse("iscsi://host").is_err());
         assert!(Target::parse("iscsi://host/iqn.x").is_err());
+        assert!(matches!(
+            Target::parse("rbd:pool/image@snap:id=gw").unwrap(),
+            Target::Rbd(_)
+        ));
+        assert!(Target::parse("rbd:image-without-pool").is_err());
     }
 
     #[test]

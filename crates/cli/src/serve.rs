@@ -30,7 +30,10 @@ use crate::throttle_args;
 /// or a striped volume.
 fn remote_target(path: &Path) -> Result<Option<Target>> {
     match path.to_str() {
-        Some(text) if text.starts_with(crate::open_stripe::PREFIX) => {
+        Some(text)
+            if text.starts_with(crate::open_stripe::PREFIX)
+                || text.starts_with(blockwire_rbd::PREFIX) =>
+        {
             Ok(Some(Target::parse(text)?))
         }
         Some(text) if text.contains("://") && !text.starts_with("file://") => {
@@ -77,6 +80,11 @@ pub struct ServeArgs {
     /// Refuse every write.
     #[arg(long)]
     pub read_only: bool,
+
+    /// For an rbd: image: take librbd's exclusive lock and keep it, so a second
+    /// gateway cannot write the image (it fails in one line); same as :exclusive=true.
+    #[arg(long)]
+    pub exclusive: bool,
 
     /// Bypass the page cache (O_DIRECT); requests must then be aligned as the file
     /// system says (512 B or 4 KiB; advertised to NBD clients).
@@ -286,6 +294,21 @@ fn export_from_section(section: &ExportSection, volumes: &mut Volumes) -> Result
                 device
             }
         }
+        // A Ceph RBD image: `path = "rbd:POOL/IMAGE[@SNAP][:conf=...]"`.
+        (Some(path), _)
+            if path
+                .to_str()
+                .is_some_and(|p| p.starts_with(blockwire_rbd::PREFIX)) =>
+        {
+            let target = remote_target(path)?.expect("an rbd: spec");
+            let device = open(&target, section.read_only, Remote::default())
+                .with_context(|| format!("export '{}'", section.name))?;
+            if section.read_only {
+                device.read_only()
+            } else {
+                device
+            }
+        }
         (Some(path), _) => {
             let size = section
                 .size
@@ -350,7 +373,12 @@ fn plain_export_from_args(args: &ServeArgs) -> Result<Export> {
         }
         Some(path) if remote_target(path)?.is_some() => {
             // A gateway: a remote device (through our initiator) served again.
-            let target = remote_target(path)?.expect("checked above");
+            let mut target = remote_target(path)?.expect("checked above");
+            match &mut target {
+                Target::Rbd(spec) => spec.exclusive |= args.exclusive,
+                _ if args.exclusive => bail!("--exclusive applies to rbd: images"),
+                _ => {}
+            }
             if args.size.is_some() || args.direct {
                 bail!(
                     "--size and --direct apply to files, not to {}",
@@ -367,11 +395,12 @@ fn plain_export_from_args(args: &ServeArgs) -> Result<Export> {
             } else {
                 device
             };
-            let default = match target {
-                Target::Stripe(_) => "volume",
-                _ => "remote",
+            let default = match &target {
+                Target::Stripe(_) => "volume".to_string(),
+                Target::Rbd(spec) => spec.image.clone(),
+                _ => "remote".to_string(),
             };
-            let name = args.name.clone().unwrap_or_else(|| default.into());
+            let name = args.name.clone().unwrap_or(default);
             Export::new(name, args.description.clone(), device)
         }
         Some(path) => {

@@ -1,0 +1,370 @@
+#!/usr/bin/env python3
+"""Ceph RBD behind blockwire against librbd in-process and tgtd's rbd store; see
+rbd-gateway.sh."""
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# (job name, fio rw, request bytes, requests in flight)
+JOBS = [
+    ("rand-read-4K-qd32", "randread", 4096, 32),
+    ("rand-write-4K-qd32", "randwrite", 4096, 32),
+    ("seq-read-1M-qd16", "read", 1 << 20, 16),
+    ("seq-write-1M-qd16", "write", 1 << 20, 16),
+]
+SERVERS = ["direct", "nbd", "iscsi", "tgt-rbd"]
+TGT_IQN = "iqn.2026-11.dev.blockwire.bench:tgt-rbd"
+LIMIT = 120  # seconds any ceph command may take (without a mgr some wait forever)
+
+
+def log(*args):
+    print(*args, file=sys.stderr, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid):
+    """utime + stime of a whole process (all its threads) so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def stop(proc, grace=10):
+    """SIGTERM, then SIGKILL after `grace` seconds, our own child by PID."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run(*cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=LIMIT,
+                          **kw).stdout
+
+
+class Cluster:
+    """One mon, one BlueStore OSD on a sparse file, no mgr, cephx on, all in a temp
+    dir on loopback; the same layout as tests/src/ceph.rs."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="bw-rbd-bench-")
+        d = self.dir
+        for sub in ("mon/ceph-a", "osd/ceph-0", "run", "log"):
+            os.makedirs(os.path.join(d, sub))
+        self.conf = os.path.join(d, "ceph.conf")
+        port = free_port()
+        fsid = str(uuid.uuid4())
+        with open(self.conf, "w") as f:
+            f.write(f"""[global]
+fsid = {fsid}
+mon host = v2:127.0.0.1:{port}
+public addr = 127.0.0.1
+ms bind msgr1 = false
+auth cluster required = cephx
+auth service required = cephx
+auth client required = cephx
+keyring = {d}/keyring
+run dir = {d}/run
+admin socket = {d}/run/$name.asok
+log file = {d}/log/$name.log
+mon data = {d}/mon/$cluster-$id
+osd data = {d}/osd/$cluster-$id
+osd pool default size = 1
+osd pool default min size = 1
+osd pool default pg autoscale mode = off
+mon allow pool size one = true
+mon warn on pool no redundancy = false
+osd crush chooseleaf type = 0
+osd objectstore = bluestore
+bluestore block path = {d}/osd/block
+bluestore block create = true
+bluestore block size = 21474836480
+bluestore block db create = false
+bluestore block wal create = false
+[osd]
+keyring = {d}/osd/$cluster-$id/keyring
+""")
+        self.procs = []
+        run("ceph-authtool", "--create-keyring", f"{d}/mon.keyring", "--gen-key", "-n",
+            "mon.", "--cap", "mon", "allow *")
+        run("ceph-authtool", "--create-keyring", f"{d}/keyring", "--gen-key", "-n",
+            "client.admin", "--cap", "mon", "allow *", "--cap", "osd", "allow *",
+            "--cap", "mgr", "allow *")
+        run("ceph-authtool", f"{d}/mon.keyring", "--import-keyring", f"{d}/keyring")
+        run("monmaptool", "--create", "--addv", "a", f"[v2:127.0.0.1:{port}]", "--fsid",
+            fsid, f"{d}/monmap")
+        run("ceph-mon", "-c", self.conf, "--mkfs", "-i", "a", "--monmap", f"{d}/monmap",
+            "--keyring", f"{d}/mon.keyring")
+        self.daemon("ceph-mon", "-i", "a")
+        self.wait(lambda: self.ceph("mon", "stat", check=False) is not None)
+        osd_uuid = str(uuid.uuid4())
+        secret = run("ceph-authtool", "--gen-print-key").strip()
+        with open(f"{d}/osd-secret.json", "w") as f:
+            json.dump({"cephx_secret": secret}, f)
+        self.ceph("osd", "new", osd_uuid, "-i", f"{d}/osd-secret.json")
+        run("ceph-authtool", "--create-keyring", f"{d}/osd/ceph-0/keyring", "--name", "osd.0",
+            "--add-key", secret)
+        run("ceph-osd", "-c", self.conf, "-i", "0", "--mkfs", "--osd-uuid", osd_uuid)
+        self.daemon("ceph-osd", "-i", "0")
+        self.wait(lambda: '"num_up_osds":1' in (self.ceph("osd", "stat", "--format", "json",
+                                                         check=False) or ""))
+        self.ceph("osd", "pool", "create", "rbd", "32", "32")
+        self.ceph("osd", "pool", "application", "enable", "rbd", "rbd")
+
+    def daemon(self, program, *args):
+        out = open(os.path.join(self.dir, "log", f"{program}.out"), "w")
+        self.procs.append(subprocess.Popen([program, "-c", self.conf, *args, "-f"],
+                                           stdout=out, stderr=out))
+
+    def wait(self, ready):
+        deadline = time.time() + LIMIT
+        while not ready():
+            if time.time() > deadline:
+                raise SystemExit(f"the cluster did not come up; logs in {self.dir}/log")
+            time.sleep(0.25)
+
+    def ceph(self, *args, check=True):
+        try:
+            return run("ceph", "-c", self.conf, *args)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            if check:
+                raise
+            return None
+
+    def rbd(self, *args):
+        return run("rbd", "-c", self.conf, *args)
+
+    def close(self):
+        # Clients are gone by now; the OSD first, then the monitor.
+        for proc in reversed(self.procs):
+            stop(proc)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def fio(args, job, seconds, size, env=None):
+    """One fio run; returns MB/s, IOPS, fio's own CPU seconds."""
+    name, rw, request, depth = job
+    cmd = ["fio", "--name", name, "--rw", rw, "--bs", str(request), "--iodepth", str(depth),
+           "--time_based", "--runtime", str(seconds), "--size", str(size),
+           "--randrepeat=0", "--output-format=json", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=seconds + LIMIT)
+    if proc.returncode != 0:
+        raise SystemExit(f"fio failed: {' '.join(cmd)}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    out = json.loads(proc.stdout[proc.stdout.index("{"):])
+    j = out["jobs"][0]
+    side = j["read"] if "read" in rw else j["write"]
+    return side["bw_bytes"] / 1e6, side["iops"]
+
+
+def iscsi_perf(url, job, seconds):
+    name, rw, request, depth = job
+    cmd = ["iscsi-perf", "-t", str(seconds), "-m", str(depth), "-b", str(request // 512),
+           *(["-r"] if rw.startswith("rand") else []), url]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + LIMIT)
+    text = (proc.stdout + proc.stderr).replace("\r", "\n")
+    m = re.findall(r"^iops average (\d+)", text, re.M)
+    if not m:
+        raise SystemExit(f"iscsi-perf failed: {' '.join(cmd)}\n{text[-2000:]}")
+    iops = int(m[-1])
+    return iops * request / 1e6, iops
+
+
+class Blockwire:
+    def __init__(self, binary, spec, iscsi):
+        listen = ["--iscsi", "127.0.0.1:0"] if iscsi else ["--listen", "127.0.0.1:0"]
+        extra = os.environ.get("BLOCKWIRE_SERVE_ARGS", "").split()
+        self.proc = subprocess.Popen([binary, "serve", spec, "--name", "img", *listen, *extra],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True)
+        self.url = None
+        for line in self.proc.stdout:
+            m = re.search(r"((?:nbd|iscsi)://\S+)", line)
+            if m and self.url is None:
+                self.url = m.group(1)
+            if "press Ctrl-C to stop" in line:
+                break
+        if self.url is None:
+            stop(self.proc)
+            raise SystemExit("blockwire serve did not announce its URL")
+        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
+        self.pid = self.proc.pid
+
+    def close(self):
+        stop(self.proc)
+
+
+class TgtRbd:
+    def __init__(self, conf):
+        self.control = 10000 + (os.getpid() * 31) % 22000
+        self.port = free_port()
+        self.log = open(f"/tmp/bw-rbd-bench-tgtd-{self.control}.log", "w+")
+        self.proc = subprocess.Popen(["tgtd", "-f", "-C", str(self.control), "--iscsi",
+                                      f"portal=127.0.0.1:{self.port}"],
+                                     stdout=self.log, stderr=self.log)
+        self.pid = self.proc.pid
+        deadline = time.time() + 20
+        while subprocess.run(self.adm("--mode", "target", "--op", "show"),
+                             capture_output=True).returncode != 0:
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise SystemExit("tgtd did not start")
+            time.sleep(0.05)
+        for args in (
+            ["--mode", "target", "--op", "new", "--tid", "1", "--targetname", TGT_IQN],
+            ["--mode", "logicalunit", "--op", "new", "--tid", "1", "--lun", "1", "--bstype",
+             "rbd", "--backing-store", "rbd/img", "--bsopts", f"conf={conf};id=admin"],
+            ["--mode", "target", "--op", "bind", "--tid", "1", "--initiator-address", "ALL"],
+        ):
+            subprocess.run(self.adm(*args), check=True, timeout=LIMIT)
+        self.url = f"iscsi://127.0.0.1:{self.port}/{TGT_IQN}/1"
+
+    def adm(self, *args):
+        return ["tgtadm", "-C", str(self.control), "--lld", "iscsi", *args]
+
+    def close(self):
+        stop(self.proc, grace=5)
+        self.log.close()
+        for suffix in ("", ".lock"):
+            try:
+                os.remove(f"/var/run/tgtd/socket.{self.control}{suffix}")
+            except FileNotFoundError:
+                pass
+
+
+def parse_size(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("B").rstrip("I")
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--blockwire", default="target/release/blockwire")
+    ap.add_argument("--size", default="1G")
+    ap.add_argument("--time", type=int, default=10, help="seconds per run")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--servers", default=",".join(SERVERS))
+    ap.add_argument("--json", default=os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results",
+        "rbd-gateway.json"))
+    args = ap.parse_args()
+    servers = [s for s in args.servers.split(",") if s]
+    for s in servers:
+        if s not in SERVERS:
+            raise SystemExit(f"unknown server {s!r}: choose from {','.join(SERVERS)}")
+    size = parse_size(args.size)
+    cluster = Cluster()
+    env = dict(os.environ, CEPH_CONF=cluster.conf)
+    runs = []
+    try:
+        log(f"cluster up in {cluster.dir}; creating and prefilling a {args.size} image")
+        cluster.rbd("create", "--size", f"{size >> 20}M", "rbd/img")
+        direct = ["--ioengine=rbd", "--clientname=admin", "--pool=rbd", "--rbdname=img"]
+        subprocess.run(["fio", "--name=prefill", "--rw=write", "--bs=4M", "--iodepth=16",
+                        f"--size={size}", *direct], check=True, env=env,
+                       capture_output=True, timeout=3600)
+        spec = f"rbd:rbd/img:conf={cluster.conf}"
+        for rnd in range(1, args.rounds + 1):
+            for server in servers:
+                target = None
+                if server == "nbd":
+                    target = Blockwire(args.blockwire, spec, iscsi=False)
+                elif server == "iscsi":
+                    target = Blockwire(args.blockwire, spec, iscsi=True)
+                elif server == "tgt-rbd":
+                    target = TgtRbd(cluster.conf)
+                try:
+                    for job in JOBS:
+                        name, rw, request, depth = job
+                        if server in ("iscsi", "tgt-rbd") and "write" in rw:
+                            continue  # iscsi-perf only reads
+                        before = cpu_seconds(target.pid) if target else 0.0
+                        if server == "direct":
+                            mbps, iops = fio(direct, job, args.time, size, env)
+                        elif server == "nbd":
+                            mbps, iops = fio(["--ioengine=nbd", f"--uri={target.url}"], job,
+                                             args.time, size)
+                        else:
+                            mbps, iops = iscsi_perf(target.url, job, args.time)
+                        cpu = cpu_seconds(target.pid) - before if target else None
+                        gb = mbps * args.time / 1000
+                        r = {"server": server, "job": name, "round": rnd,
+                             "mb_per_s": round(mbps, 1), "iops": round(iops),
+                             "server_cpu_s": round(cpu, 2) if cpu is not None else None,
+                             "server_cpu_s_per_gb": round(cpu / gb, 2) if cpu and gb else None}
+                        runs.append(r)
+                        log(f"round {rnd} {server:8} {name:19} {mbps:9.1f} MB/s {iops:9.0f} IOPS"
+                            + (f"  server CPU {cpu:6.2f} s" if cpu is not None else ""))
+                finally:
+                    if target:
+                        target.close()
+    finally:
+        cluster.close()
+
+    medians = {}
+    for r in runs:
+        medians.setdefault(r["server"], {}).setdefault(r["job"], []).append(r)
+    table = {}
+    for server, jobs in medians.items():
+        for job, rs in jobs.items():
+            per_gb = [r["server_cpu_s_per_gb"] for r in rs if r["server_cpu_s_per_gb"]]
+            table.setdefault(server, {})[job] = {
+                "mb_per_s": round(statistics.median(r["mb_per_s"] for r in rs), 1),
+                "iops": int(statistics.median(r["iops"] for r in rs)),
+                "server_cpu_s_per_gb": round(statistics.median(per_gb), 2) if per_gb else None,
+            }
+    print(f"\nCeph RBD, one-node cluster on this host, {args.size} image, {args.time} s per "
+          f"run, median of {args.rounds} interleaved rounds")
+    print(f"{'job':19} {'server':8} {'MB/s':>9} {'IOPS':>9} {'x direct':>9} {'x tgt-rbd':>10} "
+          f"{'srv CPU s/GB':>13}")
+    for name, *_ in JOBS:
+        for server in servers:
+            m = table.get(server, {}).get(name)
+            if not m:
+                continue
+            d = table.get("direct", {}).get(name)
+            t = table.get("tgt-rbd", {}).get(name)
+            xd = f"{m['mb_per_s'] / d['mb_per_s']:.2f}" if d and d["mb_per_s"] else "-"
+            xt = f"{m['mb_per_s'] / t['mb_per_s']:.2f}" if t and t["mb_per_s"] else "-"
+            cpu = f"{m['server_cpu_s_per_gb']:.2f}" if m["server_cpu_s_per_gb"] else "-"
+            print(f"{name:19} {server:8} {m['mb_per_s']:9.1f} {m['iops']:9} {xd:>9} {xt:>10} "
+                  f"{cpu:>13}")
+    result = {
+        "benchmark": "rbd-gateway",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"cpus": os.cpu_count(), "kernel": platform.release()},
+        "config": {"size": args.size, "seconds": args.time, "rounds": args.rounds,
+                   "servers": servers},
+        "medians": table,
+        "runs": runs,
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")
+    print(f"\nJSON: {args.json}")
+
+
+if __name__ == "__main__":
+    main()
