@@ -23,6 +23,7 @@ mod serve;
 mod serve_iscsi;
 mod serve_metrics;
 mod serve_reload;
+mod serve_status;
 mod serve_tls;
 mod serve_volume;
 mod service;

@@ -20,6 +20,7 @@ use crate::open::{create_sparse, open, parse_reconnect, reconnect_setting, Remot
 use crate::serve_iscsi::{self, ChapSources, IscsiExport, IscsiPlan};
 use crate::serve_metrics;
 use crate::serve_reload;
+use crate::serve_status;
 use crate::serve_tls;
 use crate::serve_volume::Volumes;
 use crate::service;
@@ -715,6 +716,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Some(server) => Some(server.spawn()?),
         None => None,
     };
+    serve_status::watch(server.as_ref().map(Server::shutdown_handle))?;
     println!("press Ctrl-C to stop");
     service::ready();
 

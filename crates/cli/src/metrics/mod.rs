@@ -10,7 +10,7 @@ mod histogram;
 mod http;
 mod io;
 mod labels;
-mod process;
+pub mod process;
 mod sessions;
 
 use std::collections::HashMap;

@@ -33,7 +33,7 @@ impl ProcessCollector {
 }
 
 /// Resident set size in bytes (/proc/self/statm counts pages).
-fn resident_bytes() -> Option<i64> {
+pub fn resident_bytes() -> Option<i64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: i64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     // SAFETY: sysconf has no preconditions.
@@ -41,7 +41,7 @@ fn resident_bytes() -> Option<i64> {
     Some(pages * i64::from(page_size as i32))
 }
 
-fn threads() -> Option<i64> {
+pub fn threads() -> Option<i64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     status
         .lines()
@@ -49,7 +49,7 @@ fn threads() -> Option<i64> {
         .and_then(|n| n.trim().parse().ok())
 }
 
-fn open_fds() -> Option<i64> {
+pub fn open_fds() -> Option<i64> {
     // The directory's own descriptor is open while it is read: not counted.
     let count = std::fs::read_dir("/proc/self/fd").ok()?.count() as i64;
     Some(count - 1)

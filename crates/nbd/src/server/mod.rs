@@ -187,6 +187,15 @@ impl AddressCounts {
 pub struct ShutdownHandle(Arc<Shared>);
 
 impl ShutdownHandle {
+    /// How many client connections are open now, in the handshake or after it.
+    pub fn open_connections(&self) -> usize {
+        self.0
+            .connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
     pub fn shutdown(&self) {
         self.0.stopping.store(true, Ordering::SeqCst);
         *self.0.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
