@@ -8,7 +8,6 @@ import json
 import os
 import platform
 import re
-import signal
 import socket
 import statistics
 import subprocess
@@ -16,7 +15,8 @@ import sys
 import threading
 import time
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+from procs import CLOCK_TICKS, cpu_seconds, free_port, log, parse_size, stop  # noqa: F401
+
 # (job name, request bytes, requests in flight, random?)
 JOBS = [
     ("rand-read-4K-qd32", 4096, 32, True),
@@ -29,34 +29,6 @@ TGT_IQN = "iqn.2026-11.dev.blockwire.bench:tgt"
 CPUS = os.cpu_count() or 1
 PIN_SERVER = ["taskset", "-c", "0"] if CPUS >= 2 else []
 PIN_CLIENT = ["taskset", "-c", f"1-{CPUS - 1}"] if CPUS >= 2 else []
-
-
-def log(*args):
-    print(*args, file=sys.stderr, flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_seconds(pid):
-    """utime + stime of a whole process (all its threads) so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def stop(proc, grace=5):
-    """SIGTERM, then SIGKILL after `grace` seconds, our own child by PID."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 class Blockwire:
@@ -188,14 +160,6 @@ def prefill(path, size):
         f.write(chunk[: size % (1 << 20)])
         f.flush()
         os.fsync(f.fileno())
-
-
-def parse_size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    text = text.strip().upper().rstrip("B").rstrip("I")
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
 
 
 def main():

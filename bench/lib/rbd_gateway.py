@@ -8,7 +8,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -18,7 +17,8 @@ import threading
 import time
 import uuid
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+from procs import CLOCK_TICKS, cpu_seconds, free_port, log, parse_size, stop  # noqa: F401
+
 # (job name, fio rw, request bytes, requests in flight)
 JOBS = [
     ("rand-read-4K-qd32", "randread", 4096, 32),
@@ -29,34 +29,6 @@ JOBS = [
 SERVERS = ["direct", "nbd", "iscsi", "tgt-rbd"]
 TGT_IQN = "iqn.2026-11.dev.blockwire.bench:tgt-rbd"
 LIMIT = 120  # seconds any ceph command may take (without a mgr some wait forever)
-
-
-def log(*args):
-    print(*args, file=sys.stderr, flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_seconds(pid):
-    """utime + stime of a whole process (all its threads) so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def stop(proc, grace=10):
-    """SIGTERM, then SIGKILL after `grace` seconds, our own child by PID."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def run(*cmd, **kw):
@@ -159,7 +131,7 @@ keyring = {d}/osd/$cluster-$id/keyring
     def close(self):
         # Clients are gone by now; the OSD first, then the monitor.
         for proc in reversed(self.procs):
-            stop(proc)
+            stop(proc, grace=10)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -206,13 +178,13 @@ class Blockwire:
             if "press Ctrl-C to stop" in line:
                 break
         if self.url is None:
-            stop(self.proc)
+            stop(self.proc, grace=10)
             raise SystemExit("blockwire serve did not announce its URL")
         threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
         self.pid = self.proc.pid
 
     def close(self):
-        stop(self.proc)
+        stop(self.proc, grace=10)
 
 
 class TgtRbd:
@@ -250,12 +222,6 @@ class TgtRbd:
                 os.remove(f"/var/run/tgtd/socket.{self.control}{suffix}")
             except FileNotFoundError:
                 pass
-
-
-def parse_size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().rstrip("B").rstrip("I")
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
 
 
 def main():
