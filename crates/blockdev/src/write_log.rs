@@ -153,9 +153,10 @@ impl WriteLog {
     ///
     /// The device may have seen the write in other pieces than the client sent: a
     /// target that gathers consecutive requests into one device write (AoE's runs)
-    /// or splits one into several. So every byte is checked on its own: the latest
-    /// change to reach it must be a write that carried that byte, completed, and is
-    /// durable.
+    /// or splits one into several, or that writes a retransmitted request again.
+    /// So every byte is checked on its own: going back from the latest change to
+    /// reach it, every change must have carried that byte, until one that completed
+    /// and is durable.
     pub fn is_durable(&self, offset: u64, data: &[u8]) -> bool {
         let records = self.records();
         let durable = |id: usize, fua: bool| {
@@ -194,8 +195,15 @@ impl WriteLog {
                 };
                 let carried = &written[(lo - start) as usize..(hi - start) as usize];
                 let wanted = &data[(lo - offset) as usize..(hi - offset) as usize];
-                if carried != wanted || !durable(*id, *fua) {
+                if carried != wanted {
                     return false;
+                }
+                if !durable(*id, *fua) {
+                    // The same bytes again, not durable yet (an AoE frame sent
+                    // twice, say): a crash leaves these bytes either way, so an
+                    // earlier durable write of them still counts.
+                    still_open.push((from, to));
+                    continue;
                 }
                 if from < lo {
                     still_open.push((from, lo));

@@ -205,3 +205,18 @@ fn durability_follows_bytes_through_gathered_and_split_writes() {
     assert!(!log.is_durable(4096, &c));
     assert!(log.is_durable(4608, &c[512..]));
 }
+
+/// An AoE initiator may send a frame again after its answer was late: the target
+/// then writes the same bytes a second time, after the flush that made the first
+/// durable. Those bytes are still durable; different bytes would not be.
+#[test]
+fn the_same_bytes_written_again_stay_durable() {
+    let (log, _) = logged();
+    let data = [9u8; 4096];
+    log.write_at(&data, 0, WriteFlags::NONE).unwrap();
+    log.flush().unwrap();
+    log.write_at(&data, 0, WriteFlags::NONE).unwrap();
+    assert!(log.is_durable(0, &data));
+    log.write_at(&[1u8; 4096], 0, WriteFlags::NONE).unwrap();
+    assert!(!log.is_durable(0, &data), "overwritten by other bytes");
+}
