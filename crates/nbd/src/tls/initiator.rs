@@ -2,16 +2,15 @@
 
 use std::io::{Read, Write};
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use openssl::ssl::{
-    Ssl, SslContext, SslContextBuilder, SslFiletype, SslMethod, SslOptions, SslVerifyMode,
-    SslVersion,
+    Ssl, SslContext, SslContextBuilder, SslMethod, SslOptions, SslVerifyMode, SslVersion,
 };
 
 use super::{
-    handshake, handshake_failure, one_line, PskFile, TlsError, TlsSession, CA_CERT, CLIENT_CERT,
-    CLIENT_KEY,
+    file_error, handshake, handshake_failure, one_line, use_identity, PskFile, TlsError,
+    TlsSession, CA_CERT, CLIENT_CERT, CLIENT_KEY,
 };
 
 /// What an `nbds://` URI asks for (libnbd's parameters).
@@ -68,13 +67,6 @@ fn login_name() -> Option<String> {
     ["USER", "LOGNAME"]
         .iter()
         .find_map(|var| std::env::var(var).ok().filter(|name| !name.is_empty()))
-}
-
-fn file_error(path: &Path, errors: &openssl::error::ErrorStack) -> TlsError {
-    TlsError::File {
-        path: path.to_path_buf(),
-        reason: one_line(errors),
-    }
 }
 
 impl InitiatorTls {
@@ -200,16 +192,7 @@ fn load_certificates(
             }
             let (cert, key) = (dir.join(CLIENT_CERT), dir.join(CLIENT_KEY));
             if cert.exists() {
-                builder
-                    .set_certificate_chain_file(&cert)
-                    .map_err(|e| file_error(&cert, &e))?;
-                builder
-                    .set_private_key_file(&key, SslFiletype::PEM)
-                    .map_err(|e| file_error(&key, &e))?;
-                builder.check_private_key().map_err(|_| TlsError::File {
-                    path: key.clone(),
-                    reason: format!("is not the key of {}", cert.display()),
-                })?;
+                use_identity(builder, &cert, &key)?;
             }
         }
         None => builder

@@ -78,6 +78,33 @@ pub const CLIENT_CERT: &str = "client-cert.pem";
 /// The initiator's private key.
 pub const CLIENT_KEY: &str = "client-key.pem";
 
+/// A credential file OpenSSL refused, with its one-line reason.
+fn file_error(path: &std::path::Path, errors: &openssl::error::ErrorStack) -> TlsError {
+    TlsError::File {
+        path: path.to_path_buf(),
+        reason: one_line(errors),
+    }
+}
+
+/// Shows `cert` (with any chain) and proves it with `key`, checking that they are a
+/// pair: the same for a target and for an initiator asked for its certificate.
+fn use_identity(
+    builder: &mut openssl::ssl::SslContextBuilder,
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<(), TlsError> {
+    builder
+        .set_certificate_chain_file(cert)
+        .map_err(|e| file_error(cert, &e))?;
+    builder
+        .set_private_key_file(key, openssl::ssl::SslFiletype::PEM)
+        .map_err(|e| file_error(key, &e))?;
+    builder.check_private_key().map_err(|_| TlsError::File {
+        path: key.to_path_buf(),
+        reason: format!("is not the key of {}", cert.display()),
+    })
+}
+
 /// Turns OpenSSL's error stack into one line.
 fn one_line(errors: &openssl::error::ErrorStack) -> String {
     let reasons: Vec<String> = errors

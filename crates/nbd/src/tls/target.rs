@@ -6,14 +6,13 @@ use std::sync::OnceLock;
 
 use openssl::ex_data::Index;
 use openssl::ssl::{
-    Ssl, SslContext, SslContextBuilder, SslFiletype, SslMethod, SslOptions, SslVerifyMode,
-    SslVersion,
+    Ssl, SslContext, SslContextBuilder, SslMethod, SslOptions, SslVerifyMode, SslVersion,
 };
 use openssl::x509::X509Name;
 
 use super::{
-    handshake, handshake_failure, one_line, PskFile, TlsError, TlsMode, TlsSession, CA_CERT,
-    SERVER_CERT, SERVER_KEY,
+    file_error, handshake, handshake_failure, one_line, use_identity, PskFile, TlsError, TlsMode,
+    TlsSession, CA_CERT, SERVER_CERT, SERVER_KEY,
 };
 
 /// Where the target's credentials come from (`--tls-certificates`, `--tls-psk`,
@@ -57,13 +56,6 @@ impl std::fmt::Debug for TargetTls {
             .field("mode", &self.mode)
             .field("summary", &self.summary)
             .finish()
-    }
-}
-
-fn file_error(path: &Path, errors: &openssl::error::ErrorStack) -> TlsError {
-    TlsError::File {
-        path: path.to_path_buf(),
-        reason: one_line(errors),
     }
 }
 
@@ -229,16 +221,7 @@ fn load_certificates(
     }
     let cert = existing(dir.join(SERVER_CERT))?;
     let key = existing(dir.join(SERVER_KEY))?;
-    builder
-        .set_certificate_chain_file(&cert)
-        .map_err(|e| file_error(&cert, &e))?;
-    builder
-        .set_private_key_file(&key, SslFiletype::PEM)
-        .map_err(|e| file_error(&key, &e))?;
-    builder.check_private_key().map_err(|_| TlsError::File {
-        path: key.clone(),
-        reason: format!("is not the key of {}", cert.display()),
-    })?;
+    use_identity(builder, &cert, &key)?;
     let ca = dir.join(CA_CERT);
     if verify_peer {
         let ca = existing(ca)?;
