@@ -26,6 +26,9 @@ fi
 mkdir -p "$artifacts"
 
 triple=$(rustc -vV | sed -n 's/^host: //p')
+# The instrumented build always goes to fuzz/target, whatever CARGO_TARGET_DIR the
+# caller uses for the workspace: the binaries are looked for there.
+export CARGO_TARGET_DIR="$PWD/target"
 RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
 -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions" \
