@@ -4,7 +4,6 @@ tgtd's null store, tgtd's protocol ceiling) and drives each with libiscsi's
 iscsi-perf; see iscsi-vs-tgt.sh."""
 
 import argparse
-import json
 import os
 import platform
 import re
@@ -15,7 +14,7 @@ import sys
 import threading
 import time
 
-from procs import CLOCK_TICKS, cpu_seconds, free_port, log, parse_size, stop  # noqa: F401
+from procs import CLOCK_TICKS, cpu_seconds, free_port, log, parse_size, stop, write_json  # noqa: F401
 
 # (job name, request bytes, requests in flight, random?)
 JOBS = [
@@ -262,11 +261,7 @@ def main():
         "ratios_blockwire_over_tgt": ratios,
         "runs": runs,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
-    print(f"\nJSON: {args.json}")
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Process helpers the benchmark drivers share: logging, free ports, CPU seconds
 read from /proc, stopping our own children, and sizes like 4G."""
 
+import json
 import os
 import signal
 import socket
@@ -45,3 +46,12 @@ def parse_size(text):
     if text and text[-1] in units:
         return int(float(text[:-1]) * units[text[-1]])
     return int(text)
+
+
+def write_json(path, result):
+    """Writes a run's results to `path` (making its directory) and says where."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")
+    print(f"\nJSON: {path}")

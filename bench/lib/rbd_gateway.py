@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 
-from procs import CLOCK_TICKS, cpu_seconds, free_port, log, parse_size, stop  # noqa: F401
+from procs import CLOCK_TICKS, cpu_seconds, free_port, log, parse_size, stop, write_json  # noqa: F401
 
 # (job name, fio rw, request bytes, requests in flight)
 JOBS = [
@@ -325,11 +325,7 @@ def main():
         "medians": table,
         "runs": runs,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
-    print(f"\nJSON: {args.json}")
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":
