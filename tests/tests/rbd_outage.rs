@@ -51,6 +51,8 @@ fn qemu_io(uri: &str, commands: &[&str]) -> (bool, String, Duration) {
 }
 
 #[test]
+#[ignore = "flaky, issue 23: a queued FUA write can succeed with the OSD down, and its \
+            flush can keep timing out after the OSD is back; run with --ignored"]
 fn requests_fail_after_the_timeout_while_the_osd_is_down_and_work_again_after() {
     require_ceph!();
     require!("qemu-io");
