@@ -7,4 +7,4 @@ pub mod login;
 pub mod pdu;
 pub mod target;
 
-pub use target::{IscsiConfig, IscsiTarget, ShutdownHandle, TargetDefinition};
+pub use target::{IscsiConfig, IscsiTarget, ReloadHandle, ShutdownHandle, TargetDefinition};

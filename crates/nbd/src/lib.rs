@@ -13,4 +13,4 @@ pub mod server;
 pub mod tls;
 pub mod wire;
 
-pub use server::{Export, ExportSet, Server, ServerConfig};
+pub use server::{Export, ExportSet, ReloadHandle, Server, ServerConfig};

@@ -354,8 +354,8 @@ fn establish(
         ));
     }
     let scsi = match (&negotiated.session_type, &negotiated.target_name) {
-        (SessionType::Normal, Some(name)) => match shared.scsi_targets.get(name) {
-            Some(scsi) => Some(scsi.clone()),
+        (SessionType::Normal, Some(name)) => match shared.scsi_target(name) {
+            Some(scsi) => Some(scsi),
             None => return Err((status::TARGET_NOT_FOUND, format!("target {name} not found"))),
         },
         _ => None,

@@ -11,13 +11,14 @@ mod command;
 mod connection;
 mod io;
 mod naming;
+mod reload;
 mod session;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -29,8 +30,10 @@ use crate::login::{ChapConfig, LoginConfig, TargetEntry, TargetLimits};
 use crate::pdu::{AsyncMessage, Pdu};
 
 pub use naming::{decode_lun, encode_lun, initiator_port, transport_id};
+pub use reload::ReloadHandle;
 
 /// One iSCSI target (an IQN) and the SCSI target behind it.
+#[derive(Clone)]
 pub struct TargetDefinition {
     pub name: String,
     pub alias: Option<String>,
@@ -93,9 +96,10 @@ impl IscsiConfig {
 
 /// State shared by the acceptors, connections and the shutdown.
 pub(crate) struct Shared {
+    /// The configuration it was bound with; its `targets` are in `served`.
     config: IscsiConfig,
-    login: Arc<LoginConfig>,
-    scsi_targets: HashMap<String, Arc<ScsiTarget>>,
+    /// What is served now: a reload replaces it whole.
+    served: RwLock<Served>,
     registry: session::Registry,
     pool: WorkerPool,
     stopping: AtomicBool,
@@ -108,10 +112,56 @@ pub(crate) struct Shared {
     connections_changed: Condvar,
 }
 
+/// The targets served now, as login and the sessions see them.
+struct Served {
+    targets: Vec<TargetDefinition>,
+    login: Arc<LoginConfig>,
+    scsi_targets: HashMap<String, Arc<ScsiTarget>>,
+}
+
+impl Served {
+    fn new(targets: Vec<TargetDefinition>, config: &IscsiConfig) -> Served {
+        let login = LoginConfig {
+            targets: targets
+                .iter()
+                .map(|t| TargetEntry {
+                    name: t.name.clone(),
+                    alias: t.alias.clone(),
+                    portal_group_tag: 1,
+                    allowed_initiators: t.allowed_initiators.clone(),
+                    chap: t.chap.clone(),
+                })
+                .collect(),
+            discovery_chap: config.discovery_chap.clone(),
+            limits: config.limits.clone(),
+            portals: config.listen.iter().map(portal_text).collect(),
+        };
+        let scsi_targets = targets
+            .iter()
+            .map(|t| (t.name.clone(), t.scsi.clone()))
+            .collect();
+        Served {
+            targets,
+            login: Arc::new(login),
+            scsi_targets,
+        }
+    }
+}
+
 impl Shared {
+    fn served(&self) -> std::sync::RwLockReadGuard<'_, Served> {
+        self.served.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The SCSI target behind the iSCSI target `name`, if it is served now.
+    fn scsi_target(&self, name: &str) -> Option<Arc<ScsiTarget>> {
+        self.served().scsi_targets.get(name).cloned()
+    }
+
     /// The login configuration for a connection that arrived on `portal`: a
     /// listener on a wildcard address reports the address the initiator reached.
     fn login_config_for(&self, portal: Option<SocketAddr>) -> Arc<LoginConfig> {
+        let login = self.served().login.clone();
         match portal {
             Some(addr)
                 if self
@@ -120,11 +170,11 @@ impl Shared {
                     .iter()
                     .any(|l| l.ip().is_unspecified() && l.port() == addr.port()) =>
             {
-                let mut login = (*self.login).clone();
+                let mut login = (*login).clone();
                 login.portals = vec![portal_text(&addr)];
                 Arc::new(login)
             }
-            _ => self.login.clone(),
+            _ => login,
         }
     }
 
@@ -189,35 +239,14 @@ impl IscsiTarget {
             .collect();
         let mut config = config;
         // Port 0 becomes the port the kernel gave, for SendTargets and portals.
-        config.listen = bound.clone();
-        let login = LoginConfig {
-            targets: config
-                .targets
-                .iter()
-                .map(|t| TargetEntry {
-                    name: t.name.clone(),
-                    alias: t.alias.clone(),
-                    portal_group_tag: 1,
-                    allowed_initiators: t.allowed_initiators.clone(),
-                    chap: t.chap.clone(),
-                })
-                .collect(),
-            discovery_chap: config.discovery_chap.clone(),
-            limits: config.limits.clone(),
-            portals: bound.iter().map(portal_text).collect(),
-        };
-        let scsi_targets = config
-            .targets
-            .iter()
-            .map(|t| (t.name.clone(), t.scsi.clone()))
-            .collect();
+        config.listen = bound;
+        let served = Served::new(std::mem::take(&mut config.targets), &config);
         let pool = WorkerPool::new("iscsi-worker", config.workers);
         Ok(IscsiTarget {
             listeners,
             shared: Arc::new(Shared {
                 config,
-                login: Arc::new(login),
-                scsi_targets,
+                served: RwLock::new(served),
                 registry: session::Registry::default(),
                 pool,
                 stopping: AtomicBool::new(false),
@@ -238,7 +267,7 @@ impl IscsiTarget {
     /// The targets' names, in configuration order.
     pub fn target_names(&self) -> Vec<String> {
         self.shared
-            .config
+            .served()
             .targets
             .iter()
             .map(|t| t.name.clone())
@@ -247,6 +276,11 @@ impl IscsiTarget {
 
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         ShutdownHandle(self.shared.clone())
+    }
+
+    /// A handle that adds and removes targets while the target server runs.
+    pub fn reload_handle(&self) -> ReloadHandle {
+        ReloadHandle::new(self.shared.clone())
     }
 
     /// Serves until shut down; then asks initiators to log out and waits for them.
@@ -278,22 +312,7 @@ impl IscsiTarget {
         }
         let grace = shared.config.shutdown_grace;
         for session in shared.registry.all() {
-            // AsyncEvent 1: "logout requested", Parameter3 = seconds to do it in.
-            let message = Pdu::AsyncMessage(AsyncMessage {
-                event: AsyncMessage::REQUEST_LOGOUT,
-                parameter3: grace.as_secs().min(u64::from(u16::MAX)) as u16,
-                ..AsyncMessage::default()
-            })
-            .encode(0);
-            let _ = session.writer.send(
-                io::Outgoing {
-                    bhs: message.bhs,
-                    ahs: &[],
-                    stat_sn: io::StatSn::Advance,
-                    data: &[],
-                },
-                &*session,
-            );
+            request_logout(&session, grace);
         }
         let deadline = Instant::now() + grace;
         let mut connections = shared.lock_connections();
@@ -322,6 +341,26 @@ impl IscsiTarget {
         tracing::info!("iSCSI: stopped");
         Ok(())
     }
+}
+
+/// Asks the initiator of `session` to log out within `grace`: AsyncEvent 1, with
+/// Parameter3 the seconds it has (RFC 7143 §11.9.1).
+fn request_logout(session: &session::Session, grace: Duration) {
+    let message = Pdu::AsyncMessage(AsyncMessage {
+        event: AsyncMessage::REQUEST_LOGOUT,
+        parameter3: grace.as_secs().min(u64::from(u16::MAX)) as u16,
+        ..AsyncMessage::default()
+    })
+    .encode(0);
+    let _ = session.writer.send(
+        io::Outgoing {
+            bhs: message.bhs,
+            ahs: &[],
+            stat_sn: io::StatSn::Advance,
+            data: &[],
+        },
+        session,
+    );
 }
 
 fn refused(shared: &Shared, limit: &str) {

@@ -1,5 +1,6 @@
 //! Exports: named devices a server offers.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use blockwire_blockdev::Device;
@@ -13,6 +14,8 @@ pub struct Export {
     pub description: String,
     /// The device, already read-only if the export is.
     pub device: Device,
+    /// Removed from the server by a reload: its connections get NBD_ESHUTDOWN.
+    retired: AtomicBool,
 }
 
 impl Export {
@@ -21,7 +24,19 @@ impl Export {
             name: name.into(),
             description: description.into(),
             device,
+            retired: AtomicBool::new(false),
         }
+    }
+
+    /// Marks the export as no longer served: every request its connections send from
+    /// now on is answered NBD_ESHUTDOWN, which asks the client to disconnect.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`retire`](Self::retire) was called.
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::SeqCst)
     }
 }
 
@@ -40,13 +55,19 @@ impl ExportSet {
     /// Adds an export; names must be unique. The first export added becomes the
     /// default unless [`set_default`](Self::set_default) says otherwise.
     pub fn add(&mut self, export: Export) -> Result<(), String> {
+        self.add_shared(Arc::new(export))
+    }
+
+    /// Adds an export another set holds too: a reload keeps an unchanged export
+    /// (the same `Arc`) so its connections never notice.
+    pub fn add_shared(&mut self, export: Arc<Export>) -> Result<(), String> {
         if self.exports.iter().any(|e| e.name == export.name) {
             return Err(format!("export name '{}' is used twice", export.name));
         }
         if self.default.is_none() {
             self.default = Some(self.exports.len());
         }
-        self.exports.push(Arc::new(export));
+        self.exports.push(export);
         Ok(())
     }
 

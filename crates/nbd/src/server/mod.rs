@@ -10,6 +10,7 @@ mod export;
 mod large;
 mod negotiation;
 mod offload;
+mod reload;
 mod session;
 mod stream;
 mod writer;
@@ -22,7 +23,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -32,6 +33,7 @@ pub use blockwire_blockdev::workers::WorkerPool;
 pub use connection::{negotiate, negotiate_secure, transmit, Ending, Negotiated, RequestSource};
 pub use export::{Export, ExportSet};
 pub use negotiation::{transmission_flags, HandshakeError, Negotiation, Step, BASE_ALLOCATION_ID};
+pub use reload::ReloadHandle;
 pub use session::{
     Action, FileSlice, Job, Reply, ReplyData, Session, DEFAULT_UNNEGOTIATED_PAYLOAD_LIMIT,
 };
@@ -134,17 +136,40 @@ impl Listener {
 
 #[derive(Default)]
 struct Shared {
+    /// The exports new connections negotiate against; a reload replaces the set.
+    exports: RwLock<Arc<ExportSet>>,
     stopping: AtomicBool,
     stop: Mutex<bool>,
     stopped: Condvar,
     next_id: AtomicU64,
-    /// Open connections: a clone of each socket, to shut them down.
-    connections: Mutex<HashMap<u64, Stream>>,
+    /// Open connections: a clone of each socket, to shut them down, and the export
+    /// each one is in transmission with.
+    connections: Mutex<HashMap<u64, Tracked>>,
     connections_changed: Condvar,
     /// Connections in the handshake, by the client's address.
     handshaking: AddressCounts,
     /// Open connections, by the client's address.
     per_address: AddressCounts,
+}
+
+/// One open connection, as the server tracks it.
+struct Tracked {
+    stream: Stream,
+    /// Set once the connection entered transmission.
+    export: Option<Arc<Export>>,
+}
+
+impl Shared {
+    fn current_exports(&self) -> Arc<ExportSet> {
+        self.exports
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn lock_connections(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Tracked>> {
+        self.connections.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// How many connections each client address holds. Unix sockets have no address
@@ -205,7 +230,6 @@ impl ShutdownHandle {
 
 /// An NBD server over a set of exports.
 pub struct Server {
-    exports: Arc<ExportSet>,
     config: ServerConfig,
     listeners: Vec<Listener>,
     shared: Arc<Shared>,
@@ -264,11 +288,14 @@ impl Server {
                 "no address to listen on",
             ));
         }
+        let shared = Shared {
+            exports: RwLock::new(Arc::new(exports)),
+            ..Shared::default()
+        };
         Ok(Server {
-            exports: Arc::new(exports),
             config,
             listeners,
-            shared: Arc::new(Shared::default()),
+            shared: Arc::new(shared),
         })
     }
 
@@ -283,12 +310,18 @@ impl Server {
             .collect()
     }
 
-    pub fn exports(&self) -> &Arc<ExportSet> {
-        &self.exports
+    /// The exports served now.
+    pub fn exports(&self) -> Arc<ExportSet> {
+        self.shared.current_exports()
     }
 
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         ShutdownHandle(self.shared.clone())
+    }
+
+    /// A handle that replaces the exports while the server runs.
+    pub fn reload_handle(&self) -> ReloadHandle {
+        ReloadHandle::new(self.shared.clone(), SHUTDOWN_GRACE)
     }
 
     /// Serves until shut down; then drains connections, flushes exports and returns.
@@ -300,7 +333,6 @@ impl Server {
             .map(|listener| {
                 let ctx = AcceptContext {
                     listener: listener.clone(),
-                    exports: self.exports.clone(),
                     pool: pool.clone(),
                     shared: self.shared.clone(),
                     config: self.config.clone(),
@@ -330,14 +362,10 @@ impl Server {
             let _ = acceptor.join();
         }
         {
-            let mut connections = self
-                .shared
-                .connections
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            for stream in connections.values() {
+            let mut connections = self.shared.lock_connections();
+            for tracked in connections.values() {
                 // Reading stops; requests already read are still answered.
-                let _ = stream.shutdown(Shutdown::Read);
+                let _ = tracked.stream.shutdown(Shutdown::Read);
             }
             let deadline = Instant::now() + SHUTDOWN_GRACE;
             let mut forced = false;
@@ -350,8 +378,8 @@ impl Server {
                         "{} connection(s) still busy; closing them",
                         connections.len()
                     );
-                    for stream in connections.values() {
-                        let _ = stream.shutdown(Shutdown::Both);
+                    for tracked in connections.values() {
+                        let _ = tracked.stream.shutdown(Shutdown::Both);
                     }
                     forced = true;
                 }
@@ -368,7 +396,7 @@ impl Server {
         }
         drop(pool);
         let mut result = Ok(());
-        for export in self.exports.iter() {
+        for export in self.shared.current_exports().iter() {
             if export.device.info().read_only
                 || !export.device.info().capabilities.flush.available()
             {
@@ -394,7 +422,6 @@ impl Server {
 
 struct AcceptContext {
     listener: Arc<Listener>,
-    exports: Arc<ExportSet>,
     pool: Arc<WorkerPool>,
     shared: Arc<Shared>,
     config: ServerConfig,
@@ -463,7 +490,13 @@ impl AcceptContext {
                     continue;
                 }
                 match stream.try_clone() {
-                    Ok(clone) => connections.insert(id, clone),
+                    Ok(clone) => connections.insert(
+                        id,
+                        Tracked {
+                            stream: clone,
+                            export: None,
+                        },
+                    ),
                     Err(e) => {
                         tracing::warn!("cannot track connection: {e}");
                         self.shared.handshaking.remove(peer_ip);
@@ -472,8 +505,10 @@ impl AcceptContext {
                     }
                 };
             }
-            let (exports, pool, shared) =
-                (self.exports.clone(), self.pool.clone(), self.shared.clone());
+            // Read once per connection: a reload changes what later connections see,
+            // never what this one negotiates against.
+            let exports = self.shared.current_exports();
+            let (pool, shared) = (self.pool.clone(), self.shared.clone());
             let limits = ConnectionLimits {
                 handshake_timeout: self.config.handshake_timeout,
                 send_timeout: self.config.send_timeout,
@@ -484,7 +519,12 @@ impl AcceptContext {
             let spawned = thread::Builder::new()
                 .name(format!("nbd-conn-{id}"))
                 .spawn(move || {
-                    let handshake_done = || shared.handshaking.remove(peer_ip);
+                    let handshake_done = |export: Option<&Arc<Export>>| {
+                        shared.handshaking.remove(peer_ip);
+                        if let Some(tracked) = shared.lock_connections().get_mut(&id) {
+                            tracked.export = export.cloned();
+                        }
+                    };
                     let tls = tls.as_deref();
                     serve_connection_reporting(
                         stream,
@@ -530,7 +570,7 @@ pub fn serve_connection(
         send_timeout: defaults.send_timeout,
         unnegotiated_payload_limit: defaults.unnegotiated_payload_limit,
     };
-    serve_connection_reporting(stream, exports, pool, limits, None, || {}, None);
+    serve_connection_reporting(stream, exports, pool, limits, None, |_| {}, None);
 }
 
 /// What one connection takes from the server's configuration.
@@ -542,7 +582,8 @@ struct ConnectionLimits {
 }
 
 /// [`serve_connection`], with TLS offered when `tls` is given, calling
-/// `handshake_done` once the handshake has ended, in transmission or not, and
+/// `handshake_done` once the handshake has ended, with the export when the client
+/// entered transmission, and
 /// counting the connection in `sessions` while it is in transmission.
 fn serve_connection_reporting(
     mut stream: Stream,
@@ -550,7 +591,7 @@ fn serve_connection_reporting(
     pool: &WorkerPool,
     limits: ConnectionLimits,
     tls: Option<&TargetTls>,
-    handshake_done: impl FnOnce(),
+    handshake_done: impl FnOnce(Option<&Arc<Export>>),
     sessions: Option<&dyn SessionMeter>,
 ) {
     let ConnectionLimits {
@@ -562,16 +603,23 @@ fn serve_connection_reporting(
     tracing::debug!(%peer, "connected");
     let _ = stream.set_read_timeout(Some(handshake_timeout));
     let negotiated = negotiate_secure(&mut stream, exports, &peer, tls);
-    handshake_done();
     let (mut session, secure) = match negotiated {
         Ok(Negotiated::Plain(session)) => (session, None),
         Ok(Negotiated::Tls(session, secure)) => (session, Some(secure)),
-        Ok(Negotiated::Refused) => return,
+        Ok(Negotiated::Refused) => return handshake_done(None),
         Err(e) => {
+            handshake_done(None);
             tracing::info!(%peer, "handshake ended: {e}");
             return;
         }
     };
+    handshake_done(Some(session.export()));
+    if session.export().is_retired() {
+        // A reload removed the export while this client negotiated; the drain
+        // may already have looked for its connections, so this one closes itself.
+        tracing::info!(%peer, export = %session.export().name, "export removed during the handshake; closing");
+        return;
+    }
     let _ = stream.set_read_timeout(None);
     // sendfile(2) would put plaintext on the wire: under TLS every byte goes
     // through the seal.

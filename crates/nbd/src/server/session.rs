@@ -315,6 +315,17 @@ impl Session {
     /// Decides what a request header means.
     pub fn classify(&self, request: &Request) -> Action {
         let (cookie, offset) = (request.cookie, request.offset);
+        if self.export.is_retired() && request.command != NBD_CMD_DISC {
+            // proto.md, "Terminating the transmission phase": a server going away
+            // answers new requests with ESHUTDOWN, and the client must then
+            // disconnect softly. A write's payload is still read to stay in step.
+            let message = "export removed from the server; disconnect";
+            return if request.command == NBD_CMD_WRITE {
+                self.refuse_payload(request, NBD_ESHUTDOWN, message)
+            } else {
+                Action::Reply(self.error_reply(cookie, offset, NBD_ESHUTDOWN, message))
+            };
+        }
         let payload_len =
             self.framing == Framing::Extended && request.flags & NBD_CMD_FLAG_PAYLOAD_LEN != 0;
         if payload_len && request.command != NBD_CMD_WRITE {

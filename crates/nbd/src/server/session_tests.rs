@@ -627,3 +627,33 @@ fn an_extended_session_reads_32_byte_headers_and_refuses_compact_ones() {
     );
     assert_eq!(&output[used + at + 8..], &[3u8; 512]);
 }
+
+#[test]
+fn a_retired_export_answers_eshutdown_and_still_disconnects() {
+    for structured in [false, true] {
+        let session = session(structured);
+        assert_eq!(error_of(&write(&session, 0, &[7u8; 512], 0)), 0);
+        session.export().retire();
+        let read = session.classify(&request(NBD_CMD_READ, 0, 0, 512));
+        assert!(
+            matches!(&read, Action::Reply(reply) if error_of(reply) == NBD_ESHUTDOWN),
+            "{read:?}"
+        );
+        // The payload is read and dropped: the connection stays in step.
+        match session.classify(&request(NBD_CMD_WRITE, 0, 0, 512)) {
+            Action::DiscardPayload { len, reply } => {
+                assert_eq!(len, 512);
+                assert_eq!(error_of(&reply), NBD_ESHUTDOWN);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            session.classify(&request(NBD_CMD_DISC, 0, 0, 0)),
+            Action::Disconnect
+        ));
+        // What was written before is untouched.
+        let mut data = vec![0u8; 512];
+        session.export().device.read(&mut data, 0).unwrap();
+        assert_eq!(data, [7u8; 512]);
+    }
+}
