@@ -138,18 +138,32 @@ impl Served {
     /// Spawns the server and reads its announcement (`  nbd://127.0.0.1:PORT/...`)
     /// for the port; keeps draining its stdout afterwards.
     fn spawn_announced(command: Command, name: &str) -> Served {
-        let (child, port) = spawn_until(command, nbd_port);
+        let (child, port) = spawn_until(command, Stdio::inherit(), nbd_port);
         Served::new(child, port, name, Vec::new())
+    }
+
+    /// Starts `blockwire serve --config CONFIG` as
+    /// [`start_config_ready`](Self::start_config_ready) does, its log (stderr) going
+    /// to the file `log`, for tests that read what it logged.
+    pub fn start_config_logged(config: &Path, name: &str, log: &Path) -> Served {
+        let mut command = Command::new(blockwire_bin());
+        command.arg("serve").arg("--config").arg(config);
+        let file = std::fs::File::create(log).expect("create the log file");
+        Served::spawn_ready_to(command, name, Stdio::from(file))
     }
 
     /// Spawns `command` (a `blockwire serve ...`, possibly run through `ip netns
     /// exec`) and waits until it prints "press Ctrl-C to stop": all its targets are up.
     /// `port` is then 0 unless it also announced an NBD port.
     pub fn spawn_ready(command: Command, name: &str) -> Served {
+        Served::spawn_ready_to(command, name, Stdio::inherit())
+    }
+
+    fn spawn_ready_to(command: Command, name: &str, stderr: Stdio) -> Served {
         let mut port = 0;
         let mut iscsi = Vec::new();
         let mut metrics = None;
-        let (child, (port, iscsi, metrics)) = spawn_until(command, move |line| {
+        let (child, (port, iscsi, metrics)) = spawn_until(command, stderr, move |line| {
             if let Some(p) = nbd_port(line) {
                 port = p;
             }
@@ -179,7 +193,7 @@ impl Served {
             .args(args)
             .args(["--listen", "127.0.0.1:0"]);
         let mut port = 0;
-        let (child, port) = spawn_until(command, move |line| {
+        let (child, port) = spawn_until(command, Stdio::inherit(), move |line| {
             if let Some(p) = line
                 .strip_prefix("netserve: listening on 127.0.0.1:")
                 .and_then(|rest| rest.split(' ').next())
@@ -293,15 +307,17 @@ fn nbd_port(line: &str) -> Option<u16> {
         .and_then(|port| port.parse::<u16>().ok())
 }
 
-/// Spawns a server and feeds its stdout lines to `ready` until that returns what
-/// the caller waits for; keeps draining its stdout afterwards.
+/// Spawns a server, its stderr going to `stderr`, and feeds its stdout lines to
+/// `ready` until that returns what the caller waits for; keeps draining its stdout
+/// afterwards.
 fn spawn_until<T: Send + 'static>(
     mut command: Command,
+    stderr: Stdio,
     mut ready: impl FnMut(&str) -> Option<T> + Send + 'static,
 ) -> (Child, T) {
     let mut child = command
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .expect("start blockwire serve");
     let stdout = child.stdout.take().expect("piped stdout");

@@ -30,7 +30,7 @@ pub struct Config {
 }
 
 /// `[metrics]`: where Prometheus scrapes `serve`.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Deserialize, JsonSchema, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsSection {
     /// `HOST:PORT` of the HTTP endpoint (`/metrics`); none: no metrics.
@@ -38,7 +38,7 @@ pub struct MetricsSection {
 }
 
 /// `[iscsi]`: settings shared by every export served over iSCSI.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Deserialize, JsonSchema, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct IscsiSection {
     /// TCP addresses; default 127.0.0.1:3260.
@@ -61,7 +61,7 @@ pub struct IscsiSection {
 }
 
 /// `iscsi = true`, or `iscsi = { iqn = "...", block_size = 4096, initiators = [...] }`.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, JsonSchema, Clone, PartialEq)]
 #[serde(untagged)]
 pub enum IscsiExport {
     /// `true`: serve with the default settings.
@@ -71,7 +71,7 @@ pub enum IscsiExport {
 }
 
 /// The per-export iSCSI settings.
-#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IscsiExportSettings {
     /// The target name (default: the `[iscsi]` prefix, ':' and the export name).
@@ -97,7 +97,7 @@ impl IscsiExport {
 }
 
 /// `[server]`: where to listen and how many threads to use.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Deserialize, JsonSchema, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ServerSection {
     /// TCP addresses; default 127.0.0.1:10809 unless only a socket is given.
@@ -138,7 +138,7 @@ pub struct ServerSection {
 }
 
 /// `[[export]]`: one export.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, JsonSchema, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ExportSection {
     /// The name clients ask for (NBD export name; the iSCSI target name's end).
@@ -177,7 +177,7 @@ pub struct ExportSection {
 }
 
 /// `[[volume]]`: a striped volume (RAID-0) over member devices.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, JsonSchema, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeSection {
     /// The name exports use in `volume = "NAME"`.
@@ -193,7 +193,7 @@ fn yes() -> bool {
 }
 
 /// `aoe = { interfaces = ["eth0"], shelf = 1, slot = 2 }`: an export over AoE.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, JsonSchema, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AoeSection {
     /// Network interfaces to answer on (`["eth0", "eth1"]`).

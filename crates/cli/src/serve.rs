@@ -1,8 +1,10 @@
 //! `blockwire serve`: builds exports from arguments or a config file and runs the
 //! NBD target until SIGINT or SIGTERM.
 
+use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -18,6 +20,7 @@ use crate::config::{
 };
 use crate::open::{create_sparse, open, parse_reconnect, reconnect_setting, Remote, Target};
 use crate::serve_iscsi::{self, ChapSources, IscsiExport, IscsiPlan};
+use crate::serve_live::Live;
 use crate::serve_metrics;
 use crate::serve_reload;
 use crate::serve_status;
@@ -200,6 +203,9 @@ pub struct Plan {
     pub iscsi: Option<IscsiPlan>,
     /// Where to answer Prometheus (`[metrics] listen`).
     pub metrics: Option<String>,
+    /// With `--config`: the file as loaded and each export's device by name
+    /// (before metering), which a reload starts from.
+    pub file: Option<(Config, HashMap<String, Device>)>,
 }
 
 /// Opens `path`, creating a sparse file of `size` bytes if it does not exist.
@@ -280,7 +286,11 @@ fn throttled(name: &str, device: Device, config: ThrottleConfig) -> Device {
     Throttle::wrap(device, config)
 }
 
-fn export_from_section(section: &ExportSection, volumes: &mut Volumes) -> Result<Export> {
+/// The export a `[[export]]` table describes, its device opened (or created).
+pub(crate) fn export_from_section(
+    section: &ExportSection,
+    volumes: &mut Volumes,
+) -> Result<Export> {
     let throttle =
         throttle_args::from_config(&section.name, section.disk_rate, section.disk_latency)?;
     let device = match (&section.path, &section.memory) {
@@ -423,7 +433,8 @@ fn plain_export_from_args(args: &ServeArgs) -> Result<Export> {
     })
 }
 
-fn aoe_config(section: &AoeSection) -> TargetConfig {
+/// The AoE target settings of an export's `aoe` table.
+pub(crate) fn aoe_config(section: &AoeSection) -> TargetConfig {
     let mut config = TargetConfig::new(section.shelf, section.slot, section.interfaces.clone());
     if let Some(count) = section.buffer_count {
         config.buffer_count = count;
@@ -444,19 +455,12 @@ fn plan_from_file(path: &Path, workers: usize, tls: &serve_tls::TlsArgs) -> Resu
         .as_deref()
         .unwrap_or(serve_iscsi::DEFAULT_IQN_PREFIX);
     let mut volumes = Volumes::new(&file.volumes, &file.exports);
+    let mut devices = HashMap::new();
     for section in &file.exports {
         let export = export_from_section(section, &mut volumes)?;
-        if let Some(settings) = section.iscsi.as_ref().and_then(IscsiExportConfig::settings) {
-            iscsi.push(IscsiExport {
-                name: export.name.clone(),
-                device: export.device.clone(),
-                iqn: settings
-                    .iqn
-                    .unwrap_or_else(|| serve_iscsi::default_iqn(prefix, &export.name)),
-                block_size: settings.block_size.unwrap_or(512),
-                initiators: settings.initiators,
-                alias: settings.alias,
-            });
+        devices.insert(export.name.clone(), export.device.clone());
+        if let Some(served) = iscsi_export(prefix, section, &export.device) {
+            iscsi.push(served);
         }
         if let Some(target) = &section.aoe {
             aoe.push((
@@ -495,6 +499,7 @@ fn plan_from_file(path: &Path, workers: usize, tls: &serve_tls::TlsArgs) -> Resu
             aoe,
             iscsi,
             metrics,
+            file: Some((file, devices)),
         });
     }
     if let Some(name) = &file.server.default_export {
@@ -527,6 +532,30 @@ fn plan_from_file(path: &Path, workers: usize, tls: &serve_tls::TlsArgs) -> Resu
         aoe,
         iscsi,
         metrics,
+        file: Some((file, devices)),
+    })
+}
+
+/// How an export is served over iSCSI, if its table asks for it: the target name
+/// is `prefix:NAME` unless the table gives one.
+pub(crate) fn iscsi_export(
+    prefix: &str,
+    section: &ExportSection,
+    device: &Device,
+) -> Option<IscsiExport> {
+    let settings = section
+        .iscsi
+        .as_ref()
+        .and_then(IscsiExportConfig::settings)?;
+    Some(IscsiExport {
+        name: section.name.clone(),
+        device: device.clone(),
+        iqn: settings
+            .iqn
+            .unwrap_or_else(|| serve_iscsi::default_iqn(prefix, &section.name)),
+        block_size: settings.block_size.unwrap_or(512),
+        initiators: settings.initiators,
+        alias: settings.alias,
     })
 }
 
@@ -601,24 +630,35 @@ fn plan_from_args(args: &ServeArgs) -> Result<Plan> {
         aoe,
         iscsi,
         metrics: None,
+        file: None,
     })
 }
 
-fn start_aoe(targets: Vec<(String, Device, TargetConfig)>) -> Result<Vec<AoeTarget>> {
+fn start_aoe(targets: Vec<(String, Device, TargetConfig)>) -> Result<Vec<(String, AoeTarget)>> {
     let mut started = Vec::new();
     for (name, device, config) in targets {
-        let address = format!("e{}.{}", config.shelf, config.slot);
-        let target = AoeTarget::start(device, config)
-            .with_context(|| format!("export '{name}': cannot serve AoE {address}"))?;
-        for interface in target.interfaces() {
-            println!(
-                "export '{name}': aoe {address} on {} (MTU {}); initiators use aoe://IFACE/{address}",
-                interface.name, interface.mtu
-            );
-        }
-        started.push(target);
+        let target = start_aoe_target(&name, device, config)?;
+        started.push((name, target));
     }
     Ok(started)
+}
+
+/// Serves one export over AoE, saying where.
+pub(crate) fn start_aoe_target(
+    name: &str,
+    device: Device,
+    config: TargetConfig,
+) -> Result<AoeTarget> {
+    let address = format!("e{}.{}", config.shelf, config.slot);
+    let target = AoeTarget::start(device, config)
+        .with_context(|| format!("export '{name}': cannot serve AoE {address}"))?;
+    for interface in target.interfaces() {
+        println!(
+            "export '{name}': aoe {address} on {} (MTU {}); initiators use aoe://IFACE/{address}",
+            interface.name, interface.mtu
+        );
+    }
+    Ok(target)
 }
 
 fn uri_host(addr: &SocketAddr) -> String {
@@ -664,15 +704,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     // Installed first, so a signal during start-up still stops cleanly.
     let mut signals = stop_signals::install()?;
-    serve_reload::watch(args.config.clone())?;
-    let (plan, metrics) = match args.metrics.as_deref().or(plan.metrics.as_deref()) {
+    let reloader = serve_reload::install(args.config.clone())?;
+    let (plan, metrics, meters) = match args.metrics.as_deref().or(plan.metrics.as_deref()) {
         Some(listen) => {
             let addr = resolve(listen)?[0];
-            let (plan, endpoint) = serve_metrics::instrument(plan, addr)?;
-            (plan, Some(endpoint))
+            let (plan, endpoint, meters) = serve_metrics::instrument(plan, addr)?;
+            (plan, Some(endpoint), Some(meters))
         }
-        None => (plan, None),
+        None => (plan, None, None),
     };
+    let file = plan.file;
     // Bound before any export is announced: whoever sees an address printed may
     // connect to every listener at once (connections wait in the backlog until the
     // server thread starts).
@@ -693,8 +734,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
         None => None,
     };
-    let targets = start_aoe(plan.aoe)?;
-    let iscsi_devices: Vec<Device> = plan
+    let mut targets = start_aoe(plan.aoe)?;
+    let mut iscsi_devices: Vec<Device> = plan
         .iscsi
         .iter()
         .flat_map(|p| p.exports.iter().map(|e| e.device.clone()))
@@ -703,15 +744,26 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Some(plan) => {
             let target = serve_iscsi::bind(plan)?;
             serve_iscsi::announce(&target);
-            let handle = target.shutdown_handle();
+            let handles = (target.shutdown_handle(), target.reload_handle());
             let thread = std::thread::Builder::new()
                 .name("iscsi".into())
                 .spawn(move || target.run())?;
-            Some((handle, thread))
+            Some((handles, thread))
         }
         None => None,
     };
-    let iscsi_stop = iscsi.as_ref().map(|(handle, _)| handle.clone());
+    let iscsi_stop = iscsi.as_ref().map(|((handle, _), _)| handle.clone());
+    let live = file.map(|(config, devices)| {
+        Arc::new(Mutex::new(Live::new(
+            config,
+            devices,
+            server.as_ref().map(Server::reload_handle),
+            iscsi.as_ref().map(|((_, reload), _)| reload.clone()),
+            std::mem::take(&mut targets),
+            meters,
+        )))
+    });
+    reloader.start(live.clone())?;
     let netserve = match netserve {
         Some(server) => Some(server.spawn()?),
         None => None,
@@ -740,6 +792,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
     };
     service::stopping();
+    let targets: Vec<AoeTarget> = match &live {
+        // The reload thread may still hold the state; what it serves is in there.
+        Some(live) => {
+            let mut live = live.lock().unwrap_or_else(|e| e.into_inner());
+            iscsi_devices = live.devices();
+            live.take_aoe()
+        }
+        None => targets.into_iter().map(|(_, target)| target).collect(),
+    };
     if let Some((_, thread)) = iscsi {
         match thread.join() {
             Ok(Ok(())) => {}

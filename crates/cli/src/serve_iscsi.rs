@@ -114,45 +114,56 @@ fn stable_id(text: &str) -> u64 {
     })
 }
 
+/// The iSCSI target of one export: the export as LUN 0, CHAP as given.
+pub fn definition(export: IscsiExport, chap: Option<ChapConfig>) -> Result<TargetDefinition> {
+    let id = stable_id(&export.iqn);
+    let unit = LogicalUnit::new(
+        export.device,
+        LunConfig {
+            block_size: export.block_size,
+            vendor: "BLKWIRE".into(),
+            product: "blockwire disk".into(),
+            // INQUIRY has four bytes for it: "0.1" of version 0.1.0.
+            revision: format!(
+                "{}.{}",
+                env!("CARGO_PKG_VERSION_MAJOR"),
+                env!("CARGO_PKG_VERSION_MINOR")
+            ),
+            serial: format!("{id:016x}"),
+            unique_id: id,
+            target_name: export.iqn.clone(),
+        },
+    )
+    .map_err(|e| anyhow!("export '{}': {e}", export.name))?;
+    let mut scsi = ScsiTarget::new();
+    scsi.add_lun(0, Arc::new(unit));
+    Ok(TargetDefinition {
+        name: export.iqn,
+        alias: export.alias.or(Some(export.name)),
+        scsi: Arc::new(scsi),
+        allowed_initiators: export.initiators,
+        chap,
+    })
+}
+
+/// Refuses two exports served as one target name.
+pub fn check_unique(targets: &[TargetDefinition]) -> Result<()> {
+    for (index, target) in targets.iter().enumerate() {
+        if targets[..index].iter().any(|t| t.name == target.name) {
+            bail!("two exports are served as iSCSI target {}", target.name);
+        }
+    }
+    Ok(())
+}
+
 /// Binds the iSCSI target for a plan.
 pub fn bind(plan: IscsiPlan) -> Result<IscsiTarget> {
-    let mut targets = Vec::new();
-    for export in plan.exports {
-        if targets
-            .iter()
-            .any(|t: &TargetDefinition| t.name == export.iqn)
-        {
-            bail!("two exports are served as iSCSI target {}", export.iqn);
-        }
-        let id = stable_id(&export.iqn);
-        let unit = LogicalUnit::new(
-            export.device,
-            LunConfig {
-                block_size: export.block_size,
-                vendor: "BLKWIRE".into(),
-                product: "blockwire disk".into(),
-                // INQUIRY has four bytes for it: "0.1" of version 0.1.0.
-                revision: format!(
-                    "{}.{}",
-                    env!("CARGO_PKG_VERSION_MAJOR"),
-                    env!("CARGO_PKG_VERSION_MINOR")
-                ),
-                serial: format!("{id:016x}"),
-                unique_id: id,
-                target_name: export.iqn.clone(),
-            },
-        )
-        .map_err(|e| anyhow!("export '{}': {e}", export.name))?;
-        let mut scsi = ScsiTarget::new();
-        scsi.add_lun(0, Arc::new(unit));
-        targets.push(TargetDefinition {
-            name: export.iqn,
-            alias: export.alias.or(Some(export.name)),
-            scsi: Arc::new(scsi),
-            allowed_initiators: export.initiators,
-            chap: plan.chap.clone(),
-        });
-    }
+    let targets = plan
+        .exports
+        .into_iter()
+        .map(|export| definition(export, plan.chap.clone()))
+        .collect::<Result<Vec<_>>>()?;
+    check_unique(&targets)?;
     let mut config = IscsiConfig::new(plan.listen, targets);
     config.workers = plan.workers;
     config.sessions = plan.sessions;

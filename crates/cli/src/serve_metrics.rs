@@ -10,16 +10,32 @@ use anyhow::{anyhow, Result};
 use blockwire_blockdev::SessionMeter;
 use blockwire_nbd::{Export, ExportSet};
 
-use crate::metrics::{Metrics, MetricsEndpoint, Protocol};
+use crate::metrics::{Metrics, MetricsEndpoint, Protocol, ProtocolSessions};
 use crate::serve::Plan;
 
-/// `plan` with every request and connection counted, and the endpoint serving the
-/// counts at `addr`.
-pub fn instrument(mut plan: Plan, addr: SocketAddr) -> Result<(Plan, MetricsEndpoint)> {
-    let metrics = Metrics::new();
+/// The counters a reload hands the exports it adds to.
+#[derive(Clone)]
+pub struct Meters {
+    pub metrics: Arc<Metrics>,
+    /// The NBD target's connection meter, if NBD is served.
+    pub nbd: Option<Arc<ProtocolSessions>>,
+    /// The iSCSI target's session meter, if iSCSI is served.
+    pub iscsi: Option<Arc<ProtocolSessions>>,
+}
+
+/// `plan` with every request and connection counted, the endpoint serving the
+/// counts at `addr`, and the meters.
+pub fn instrument(mut plan: Plan, addr: SocketAddr) -> Result<(Plan, MetricsEndpoint, Meters)> {
+    let metrics = Arc::new(Metrics::new());
+    let mut meters = Meters {
+        metrics: metrics.clone(),
+        nbd: None,
+        iscsi: None,
+    };
     if let Some((exports, config, _)) = &mut plan.nbd {
         let sessions = metrics.sessions(Protocol::Nbd, HashMap::new());
         *exports = metered_exports(exports, &metrics, &sessions)?;
+        meters.nbd = Some(sessions.clone());
         config.sessions = Some(sessions as Arc<dyn SessionMeter>);
     }
     for (name, device, _) in &mut plan.aoe {
@@ -36,11 +52,12 @@ pub fn instrument(mut plan: Plan, addr: SocketAddr) -> Result<(Plan, MetricsEndp
             export.device = metrics.metered(&export.device, &export.name, Protocol::Iscsi);
             sessions.serve_export(&export.iqn);
         }
+        meters.iscsi = Some(sessions.clone());
         iscsi.sessions = Some(sessions as Arc<dyn SessionMeter>);
     }
-    let endpoint = MetricsEndpoint::start(addr, Arc::new(metrics))?;
+    let endpoint = MetricsEndpoint::start(addr, metrics)?;
     println!("metrics: http://{}/metrics", endpoint.addr());
-    Ok((plan, endpoint))
+    Ok((plan, endpoint, meters))
 }
 
 /// The same exports, each device counted, the same one the default.

@@ -1,78 +1,72 @@
 //! SIGHUP for `serve` (`systemctl reload blockwire`): re-reads the configuration
-//! file and checks it. An invalid file is refused with its reason in the log and
-//! the running configuration keeps serving. A valid file that differs is reported;
-//! exports are not yet added or removed while serving, so applying it takes a
-//! restart (said in the log, and in the status systemd shows).
+//! file and applies it while clients stay connected ([`crate::serve_live`]). An
+//! invalid file is refused with its reason (and line) in the log and the running
+//! configuration keeps serving. systemd hears RELOADING=1, then READY=1 either way.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use signal_hook::iterator::Signals;
 
-use crate::config::Config;
+use crate::serve_live;
 use crate::service;
 
-/// Handles SIGHUP on a thread of its own for as long as the process runs.
-pub fn watch(config: Option<PathBuf>) -> Result<()> {
-    let mut signals =
-        Signals::new([signal_hook::consts::SIGHUP]).context("cannot handle SIGHUP")?;
-    let running = config
-        .as_ref()
-        .map(|path| std::fs::read_to_string(path).unwrap_or_default());
-    std::thread::Builder::new()
-        .name("reload".into())
-        .spawn(move || {
-            for _ in signals.forever() {
-                match (&config, &running) {
-                    (Some(path), Some(running)) => reload(path, running),
-                    _ => tracing::info!("SIGHUP: nothing to reload (serving without --config)"),
-                }
-            }
-        })?;
-    Ok(())
+/// SIGHUP, caught from start-up on (its default action ends the process) and
+/// handled once [`Reloader::start`] is called.
+pub struct Reloader {
+    signals: Signals,
+    config: Option<PathBuf>,
 }
 
-fn reload(path: &Path, running: &str) {
+/// Catches SIGHUP now; signals that arrive before [`Reloader::start`] wait for it.
+pub fn install(config: Option<PathBuf>) -> Result<Reloader> {
+    let signals = Signals::new([signal_hook::consts::SIGHUP]).context("cannot handle SIGHUP")?;
+    Ok(Reloader { signals, config })
+}
+
+impl Reloader {
+    /// Handles SIGHUP on a thread of its own for as long as the process runs.
+    pub fn start(self, live: Option<serve_live::Shared>) -> Result<()> {
+        let Reloader {
+            mut signals,
+            config,
+        } = self;
+        std::thread::Builder::new()
+            .name("reload".into())
+            .spawn(move || {
+                for _ in signals.forever() {
+                    match (&config, &live) {
+                        (Some(path), Some(live)) => reload(path, live),
+                        _ => tracing::info!("SIGHUP: nothing to reload (serving without --config)"),
+                    }
+                }
+            })?;
+        Ok(())
+    }
+}
+
+fn reload(path: &std::path::Path, live: &serve_live::Shared) {
     service::reloading();
     tracing::info!("SIGHUP: re-reading {}", path.display());
-    let status = match check(path, running) {
-        Ok(Outcome::Unchanged) => {
-            tracing::info!("reload: {} is unchanged", path.display());
-            "serving; configuration unchanged"
+    let applied = serve_live::load(path)
+        .and_then(|next| live.lock().unwrap_or_else(|e| e.into_inner()).apply(next));
+    let status = match applied {
+        Ok(applied) if applied.changed == 0 => {
+            tracing::info!("reload: {} applied; nothing changed", path.display());
+            "serving; configuration unchanged".to_string()
         }
-        Ok(Outcome::Changed) => {
-            tracing::warn!(
-                "reload: {} is valid but differs from what is served; \
-                 restart the service to apply it (exports are not yet changed while serving)",
-                path.display()
+        Ok(applied) => {
+            tracing::info!(
+                "reload: {} applied; {} change(s)",
+                path.display(),
+                applied.changed
             );
-            "serving the previous configuration; restart to apply the new one"
+            format!("serving; reloaded with {} change(s)", applied.changed)
         }
         Err(e) => {
             tracing::error!("reload refused, the running configuration stays: {e:#}");
-            "serving the previous configuration; the new one is invalid"
+            "serving the previous configuration; the new one is invalid".to_string()
         }
     };
-    service::reloaded(status);
-}
-
-enum Outcome {
-    Unchanged,
-    Changed,
-}
-
-fn check(path: &Path, running: &str) -> Result<Outcome> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    if let Err(located) = crate::check_config::check(&text) {
-        let at = located.line.map(|l| format!(":{l}")).unwrap_or_default();
-        anyhow::bail!("{}{at}: {}", path.display(), located.message);
-    }
-    // Parsed again as `serve` would, so nothing passes here that serve refuses.
-    Config::load(path)?;
-    Ok(if text == running {
-        Outcome::Unchanged
-    } else {
-        Outcome::Changed
-    })
+    service::reloaded(&status);
 }

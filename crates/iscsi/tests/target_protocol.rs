@@ -14,7 +14,7 @@ use blockwire_iscsi::pdu::{
     data_digest, digest_bytes, header_digest, padded, text, Bhs, DataOut, LoginRequest, NopOut,
     Pdu, RejectReason, ScsiCommand, TextRequest, BHS_LEN, RESERVED_TAG,
 };
-use blockwire_iscsi::{IscsiConfig, IscsiTarget, ShutdownHandle, TargetDefinition};
+use blockwire_iscsi::{IscsiConfig, IscsiTarget, ReloadHandle, ShutdownHandle, TargetDefinition};
 use blockwire_scsi::{LogicalUnit, LunConfig, ScsiTarget};
 
 const IQN: &str = "iqn.2026-11.dev.blockwire:test";
@@ -24,6 +24,7 @@ const SIZE: u64 = 16 << 20;
 struct Running {
     addr: SocketAddr,
     stop: ShutdownHandle,
+    reload: ReloadHandle,
     thread: Option<thread::JoinHandle<()>>,
 }
 
@@ -40,7 +41,8 @@ fn start() -> Running {
     start_with(|_| {})
 }
 
-fn start_with(adjust: impl FnOnce(&mut IscsiConfig)) -> Running {
+/// A target `name` with a memory device as LUN 0.
+fn definition(name: &str) -> TargetDefinition {
     let device = Device::from_device(MemoryDevice::new(SIZE));
     let unit = LogicalUnit::new(
         device,
@@ -51,32 +53,35 @@ fn start_with(adjust: impl FnOnce(&mut IscsiConfig)) -> Running {
             revision: "0.1".into(),
             serial: "1".into(),
             unique_id: 1,
-            target_name: IQN.into(),
+            target_name: name.into(),
         },
     )
     .expect("logical unit");
     let mut scsi = ScsiTarget::new();
     scsi.add_lun(0, Arc::new(unit));
-    let mut config = IscsiConfig::new(
-        vec!["127.0.0.1:0".parse().unwrap()],
-        vec![TargetDefinition {
-            name: IQN.into(),
-            alias: None,
-            scsi: Arc::new(scsi),
-            allowed_initiators: Vec::new(),
-            chap: None,
-        }],
-    );
+    TargetDefinition {
+        name: name.into(),
+        alias: None,
+        scsi: Arc::new(scsi),
+        allowed_initiators: Vec::new(),
+        chap: None,
+    }
+}
+
+fn start_with(adjust: impl FnOnce(&mut IscsiConfig)) -> Running {
+    let mut config = IscsiConfig::new(vec!["127.0.0.1:0".parse().unwrap()], vec![definition(IQN)]);
     config.workers = 4;
     config.shutdown_grace = Duration::from_secs(2);
     adjust(&mut config);
     let target = IscsiTarget::bind(config).expect("bind");
     let addr = target.local_addrs()[0];
     let stop = target.shutdown_handle();
+    let reload = target.reload_handle();
     let thread = thread::spawn(move || target.run().expect("run"));
     Running {
         addr,
         stop,
+        reload,
         thread: Some(thread),
     }
 }
@@ -186,9 +191,15 @@ impl Initiator {
     }
 
     fn login_normal(&mut self) {
+        let (class, detail) = self.login_to(IQN);
+        assert_eq!((class, detail), (0, 0));
+    }
+
+    /// Logs in to `target`; returns the status class and detail.
+    fn login_to(&mut self, target: &str) -> (u8, u8) {
         let response = self.login(&[
             ("InitiatorName", INITIATOR),
-            ("TargetName", IQN),
+            ("TargetName", target),
             ("SessionType", "Normal"),
             ("HeaderDigest", "None"),
             ("DataDigest", "None"),
@@ -197,7 +208,7 @@ impl Initiator {
             ("MaxBurstLength", "65536"),
         ]);
         match response.pdu {
-            Pdu::LoginResponse(r) => assert_eq!((r.status_class, r.status_detail), (0, 0)),
+            Pdu::LoginResponse(r) => (r.status_class, r.status_detail),
             other => panic!("expected a login response, got {other:?}"),
         }
     }
@@ -516,6 +527,49 @@ fn shutdown_asks_initiators_to_log_out() {
     }
     // Ignoring the request, the initiator is cut off after the grace period.
     assert!(initiator.closed());
+}
+
+#[test]
+fn a_reload_asks_sessions_on_a_removed_target_to_log_out_and_keeps_the_others() {
+    const OTHER: &str = "iqn.2026-11.dev.blockwire:other";
+    let target = start();
+    let mut kept = Initiator::connect(target.addr);
+    kept.login_normal();
+    // Added: the target served now keeps its SCSI target, so it is unchanged.
+    let mut both = target.reload.targets();
+    both.push(definition(OTHER));
+    let (removed, drain) = target.reload.replace(both);
+    assert!(removed.is_empty());
+    drain.join().unwrap();
+    let mut on_other = Initiator::connect(target.addr);
+    assert_eq!(on_other.login_to(OTHER), (0, 0));
+    assert_eq!(on_other.test_unit_ready(1), 0);
+
+    let only_first: Vec<_> = target
+        .reload
+        .targets()
+        .into_iter()
+        .filter(|t| t.name == IQN)
+        .collect();
+    let (removed, drain) = target.reload.replace(only_first);
+    assert_eq!(removed, vec![OTHER.to_string()]);
+    // RFC 7143 §11.9.1: AsyncEvent 1, Parameter3 the seconds left to log out.
+    match on_other.receive().expect("an async message").pdu {
+        Pdu::AsyncMessage(message) => {
+            assert_eq!(message.event, 1);
+            assert_eq!(message.parameter3, 2);
+        }
+        other => panic!("expected an Asynchronous Message, got {other:?}"),
+    }
+    // New logins to it: Target not found (0x0203).
+    let mut late = Initiator::connect(target.addr);
+    assert_eq!(late.login_to(OTHER), (2, 3));
+    // The session on the unchanged target goes on as before.
+    assert_eq!(kept.test_unit_ready(2), 0);
+    // Ignoring the request, the initiator is cut off after the grace period.
+    assert!(on_other.closed());
+    drain.join().unwrap();
+    assert_eq!(kept.test_unit_ready(3), 0);
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The connection meter of one protocol's target.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use blockwire_blockdev::SessionMeter;
 
@@ -14,8 +14,8 @@ pub struct ProtocolSessions {
     families: Arc<Families>,
     protocol: Protocol,
     /// The export behind each name the target reports, where they differ (an iSCSI
-    /// target reports its IQN).
-    exports: HashMap<String, String>,
+    /// target reports its IQN); a reload adds to it.
+    exports: RwLock<HashMap<String, String>>,
 }
 
 impl std::fmt::Debug for ProtocolSessions {
@@ -35,16 +35,27 @@ impl ProtocolSessions {
         ProtocolSessions {
             families,
             protocol,
-            exports,
+            exports: RwLock::new(exports),
         }
     }
 
     fn labels(&self, name: &str) -> ExportLabels {
-        let export = self.exports.get(name).map_or(name, String::as_str);
+        let exports = self.exports.read().unwrap_or_else(|e| e.into_inner());
+        let export = exports.get(name).map_or(name, String::as_str);
         ExportLabels {
             export: export.to_string(),
             protocol: self.protocol.label(),
         }
+    }
+
+    /// [`serve_export`](Self::serve_export) for a target that reports itself as
+    /// `reported` (an iSCSI target added by a reload: its IQN).
+    pub fn serve_target(&self, reported: &str, export: &str) {
+        self.exports
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(reported.to_string(), export.to_string());
+        self.serve_export(reported);
     }
 
     /// Shows the export's connection series at zero before any client comes, so a

@@ -1,0 +1,304 @@
+//! What `serve --config` serves right now, and applying a new configuration to it
+//! while clients stay connected (SIGHUP).
+//!
+//! Everything the new configuration needs is built first (devices opened, targets
+//! defined); a failure there refuses the reload and nothing changes. Then each
+//! target gets its new set: NBD and iSCSI drain what they lose, AoE targets of
+//! removed exports stop and new ones start. Unchanged exports keep their device and
+//! their target objects, so their clients see nothing. Listeners are not moved: a
+//! change to them is reported as needing a restart.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::{anyhow, Context, Result};
+use blockwire_aoe::target::AoeTarget;
+use blockwire_blockdev::Device;
+use blockwire_iscsi::TargetDefinition;
+use blockwire_nbd::{Export, ExportSet};
+
+use crate::config::Config;
+use crate::metrics::Protocol;
+use crate::reload_diff::{self, Change, ExportChange};
+use crate::serve::{aoe_config, export_from_section, iscsi_export, start_aoe_target};
+use crate::serve_iscsi::{self, ChapSources};
+use crate::serve_metrics::Meters;
+use crate::serve_volume::Volumes;
+
+/// The running targets and what they serve.
+pub struct Live {
+    config: Config,
+    /// Each export's device by name, before metering.
+    devices: HashMap<String, Device>,
+    nbd: Option<blockwire_nbd::ReloadHandle>,
+    iscsi: Option<blockwire_iscsi::ReloadHandle>,
+    aoe: HashMap<String, AoeTarget>,
+    meters: Option<Meters>,
+}
+
+/// What a reload did, for the log and systemd's status line.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// Exports added, removed or changed, per protocol.
+    pub changed: usize,
+    pub unchanged: usize,
+}
+
+/// The new sets, built before any target is touched.
+struct Prepared {
+    devices: HashMap<String, Device>,
+    nbd: Option<ExportSet>,
+    iscsi: Option<Vec<TargetDefinition>>,
+}
+
+impl Live {
+    pub fn new(
+        config: Config,
+        devices: HashMap<String, Device>,
+        nbd: Option<blockwire_nbd::ReloadHandle>,
+        iscsi: Option<blockwire_iscsi::ReloadHandle>,
+        aoe: Vec<(String, AoeTarget)>,
+        meters: Option<Meters>,
+    ) -> Live {
+        Live {
+            config,
+            devices,
+            nbd,
+            iscsi,
+            aoe: aoe.into_iter().collect(),
+            meters,
+        }
+    }
+
+    /// Every device served now, for the final flush.
+    pub fn devices(&self) -> Vec<Device> {
+        self.devices.values().cloned().collect()
+    }
+
+    /// The AoE targets, to stop them at shutdown.
+    pub fn take_aoe(&mut self) -> Vec<AoeTarget> {
+        self.aoe.drain().map(|(_, target)| target).collect()
+    }
+
+    /// Serves `next` from now on, or refuses it (the error says why) and serves
+    /// what it served before.
+    pub fn apply(&mut self, next: Config) -> Result<Applied> {
+        let changes = reload_diff::diff(&self.config, &next);
+        for setting in reload_diff::restart_needed(&self.config, &next) {
+            tracing::warn!("reload: {setting} changed; restart the service to apply it (the running value stays)");
+        }
+        let prepared = self.prepare(&next, &changes)?;
+        let mut applied = Applied::default();
+        for change in &changes {
+            if !self.can_serve(change.protocol) && change.change != Change::Removed {
+                tracing::warn!(
+                    "reload: export '{}' not served over {}: that target was not started; restart the service to serve it",
+                    change.name,
+                    change.protocol.label()
+                );
+                continue;
+            }
+            let name = &change.name;
+            let protocol = change.protocol.label();
+            match change.change {
+                Change::Unchanged => applied.unchanged += 1,
+                Change::Added => tracing::info!("reload: export '{name}' added ({protocol})"),
+                Change::Removed => tracing::info!("reload: export '{name}' removed ({protocol})"),
+                Change::Changed => tracing::info!(
+                    "reload: export '{name}' changed ({protocol}): removed and added again"
+                ),
+            }
+            if change.change != Change::Unchanged {
+                applied.changed += 1;
+            }
+        }
+        if let (Some(handle), Some(exports)) = (&self.nbd, prepared.nbd) {
+            handle.replace(exports);
+        }
+        if let (Some(handle), Some(targets)) = (&self.iscsi, prepared.iscsi) {
+            handle.replace(targets);
+        }
+        self.apply_aoe(&next, &changes, &prepared.devices);
+        tracing::info!("reload: unchanged {}", applied.unchanged);
+        self.config = next;
+        self.devices = prepared.devices;
+        Ok(applied)
+    }
+
+    fn can_serve(&self, protocol: Protocol) -> bool {
+        match protocol {
+            Protocol::Nbd => self.nbd.is_some(),
+            Protocol::Iscsi => self.iscsi.is_some(),
+            Protocol::Aoe => true,
+        }
+    }
+
+    /// Opens the devices `next` needs anew and builds the NBD and iSCSI sets.
+    fn prepare(&self, next: &Config, changes: &[ExportChange]) -> Result<Prepared> {
+        let mut volumes = Volumes::new(&next.volumes, &next.exports);
+        let mut devices = HashMap::new();
+        for section in &next.exports {
+            let kept = self
+                .devices
+                .get(&section.name)
+                .filter(|_| reload_diff::same_device(&self.config, next, &section.name));
+            let device = match kept {
+                Some(device) => device.clone(),
+                None => export_from_section(section, &mut volumes)?.device,
+            };
+            devices.insert(section.name.clone(), device);
+        }
+        let unchanged = |name: &str, protocol: Protocol| {
+            changes
+                .iter()
+                .any(|c| c.name == name && c.protocol == protocol && c.change == Change::Unchanged)
+        };
+        let nbd = match &self.nbd {
+            Some(handle) => {
+                let current = handle.exports();
+                let mut set = ExportSet::new();
+                for section in next.exports.iter().filter(|s| s.nbd) {
+                    let name = &section.name;
+                    let kept = current.iter().find(|e| &e.name == name);
+                    match kept.filter(|_| unchanged(name, Protocol::Nbd)) {
+                        Some(export) => set.add_shared(export.clone()),
+                        None => {
+                            let device = self.metered(&devices[name], name, Protocol::Nbd);
+                            set.add(Export::new(name, &section.description, device))
+                        }
+                    }
+                    .map_err(|e| anyhow!(e))?;
+                }
+                if let Some(name) = &next.server.default_export {
+                    set.set_default(name).map_err(|e| anyhow!(e))?;
+                }
+                Some(set)
+            }
+            None => None,
+        };
+        let iscsi = match &self.iscsi {
+            Some(handle) => Some(self.iscsi_targets(handle, next, &devices, &unchanged)?),
+            None => None,
+        };
+        Ok(Prepared {
+            devices,
+            nbd,
+            iscsi,
+        })
+    }
+
+    fn iscsi_targets(
+        &self,
+        handle: &blockwire_iscsi::ReloadHandle,
+        next: &Config,
+        devices: &HashMap<String, Device>,
+        unchanged: &dyn Fn(&str, Protocol) -> bool,
+    ) -> Result<Vec<TargetDefinition>> {
+        let current = handle.targets();
+        let prefix = next
+            .iscsi
+            .iqn_prefix
+            .as_deref()
+            .unwrap_or(serve_iscsi::DEFAULT_IQN_PREFIX);
+        let section = &next.iscsi;
+        let chap = serve_iscsi::chap_config(&ChapSources {
+            user: section.chap_user.as_deref(),
+            secret_file: section.chap_secret_file.as_deref(),
+            mutual_user: section.mutual_chap_user.as_deref(),
+            mutual_secret_file: section.mutual_chap_secret_file.as_deref(),
+        })?;
+        let mut targets = Vec::new();
+        for section in &next.exports {
+            let name = &section.name;
+            let Some(mut export) = iscsi_export(prefix, section, &devices[name]) else {
+                continue;
+            };
+            let kept = current.iter().find(|t| t.name == export.iqn);
+            match kept.filter(|_| unchanged(name, Protocol::Iscsi)) {
+                Some(target) => targets.push(target.clone()),
+                None => {
+                    export.device = self.metered(&export.device, name, Protocol::Iscsi);
+                    if let Some(sessions) = self.meters.as_ref().and_then(|m| m.iscsi.as_ref()) {
+                        sessions.serve_target(&export.iqn, name);
+                    }
+                    targets.push(serve_iscsi::definition(export, chap.clone())?);
+                }
+            }
+        }
+        serve_iscsi::check_unique(&targets)?;
+        Ok(targets)
+    }
+
+    /// `device` counted as `name` over `protocol` when metrics are on.
+    fn metered(&self, device: &Device, name: &str, protocol: Protocol) -> Device {
+        match &self.meters {
+            Some(meters) => {
+                if let (Protocol::Nbd, Some(sessions)) = (protocol, &meters.nbd) {
+                    sessions.serve_export(name);
+                }
+                meters.metrics.metered(device, name, protocol)
+            }
+            None => device.clone(),
+        }
+    }
+
+    /// Stops the AoE targets of removed and changed exports, then starts the added
+    /// and changed ones. A target that cannot start is logged; the rest go on.
+    fn apply_aoe(
+        &mut self,
+        next: &Config,
+        changes: &[ExportChange],
+        devices: &HashMap<String, Device>,
+    ) {
+        let aoe = changes.iter().filter(|c| c.protocol == Protocol::Aoe);
+        for change in aoe.clone() {
+            if matches!(change.change, Change::Removed | Change::Changed) {
+                if let Some(target) = self.aoe.remove(&change.name) {
+                    if let Err(e) = target.stop() {
+                        tracing::error!(
+                            "reload: export '{}' (aoe): final flush failed: {e}",
+                            change.name
+                        );
+                    }
+                }
+            }
+        }
+        for change in aoe {
+            if !matches!(change.change, Change::Added | Change::Changed) {
+                continue;
+            }
+            let name = &change.name;
+            let Some(section) = next.exports.iter().find(|s| &s.name == name) else {
+                continue;
+            };
+            let Some(settings) = &section.aoe else {
+                continue;
+            };
+            let device = self.metered(&devices[name], name, Protocol::Aoe);
+            match start_aoe_target(name, device, aoe_config(settings)) {
+                Ok(target) => {
+                    self.aoe.insert(name.clone(), target);
+                }
+                Err(e) => tracing::error!(
+                    "reload: {:#}",
+                    e.context("the export is not served over AoE")
+                ),
+            }
+        }
+    }
+}
+
+/// Reads and checks the file as `serve` and `check-config` would: the error names
+/// the line at fault where it can.
+pub fn load(path: &std::path::Path) -> Result<Config> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if let Err(located) = crate::check_config::check(&text) {
+        let at = located.line.map(|l| format!(":{l}")).unwrap_or_default();
+        anyhow::bail!("{}{at}: {}", path.display(), located.message);
+    }
+    Config::load(path)
+}
+
+/// Shared between the serving thread and the reload thread.
+pub type Shared = Arc<std::sync::Mutex<Live>>;
