@@ -104,6 +104,8 @@ pub struct RawClient {
     pub mac: MacAddr,
     /// The target's MAC once discovered (broadcast until then).
     pub target: MacAddr,
+    /// The slot requests go to (the lab's, unless a test serves several).
+    pub slot: u8,
     next_tag: u32,
 }
 
@@ -118,6 +120,7 @@ impl RawClient {
             mac: interface.mac,
             socket,
             target: BROADCAST,
+            slot: SLOT,
             next_tag: 0x100,
         }
     }
@@ -125,7 +128,14 @@ impl RawClient {
     /// A request header to the lab target with a fresh tag.
     pub fn header(&mut self, command: Command) -> Header {
         self.next_tag += 1;
-        Header::request(self.target, self.mac, SHELF, SLOT, command, self.next_tag)
+        Header::request(
+            self.target,
+            self.mac,
+            SHELF,
+            self.slot,
+            command,
+            self.next_tag,
+        )
     }
 
     /// Sends bytes as they are.

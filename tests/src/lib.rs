@@ -148,6 +148,11 @@ impl Served {
     pub fn start_config_logged(config: &Path, name: &str, log: &Path) -> Served {
         let mut command = Command::new(blockwire_bin());
         command.arg("serve").arg("--config").arg(config);
+        Served::spawn_ready_logged(command, name, log)
+    }
+
+    /// [`spawn_ready`](Self::spawn_ready), the log (stderr) going to the file `log`.
+    pub fn spawn_ready_logged(command: Command, name: &str, log: &Path) -> Served {
         let file = std::fs::File::create(log).expect("create the log file");
         Served::spawn_ready_to(command, name, Stdio::from(file))
     }
