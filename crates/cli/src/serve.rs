@@ -20,7 +20,7 @@ use crate::config::{
 };
 use crate::open::{create_sparse, open, parse_reconnect, reconnect_setting, Remote, Target};
 use crate::serve_iscsi::{self, ChapSources, IscsiExport, IscsiPlan};
-use crate::serve_live::Live;
+use crate::serve_live::{Live, Loaded};
 use crate::serve_metrics;
 use crate::serve_reload;
 use crate::serve_status;
@@ -203,9 +203,9 @@ pub struct Plan {
     pub iscsi: Option<IscsiPlan>,
     /// Where to answer Prometheus (`[metrics] listen`).
     pub metrics: Option<String>,
-    /// With `--config`: the file as loaded and each export's device by name
-    /// (before metering), which a reload starts from.
-    pub file: Option<(Config, HashMap<String, Device>)>,
+    /// With `--config`: the file as loaded and the devices opened for it, which a
+    /// reload starts from.
+    pub file: Option<Loaded>,
 }
 
 /// Opens `path`, creating a sparse file of `size` bytes if it does not exist.
@@ -499,7 +499,11 @@ fn plan_from_file(path: &Path, workers: usize, tls: &serve_tls::TlsArgs) -> Resu
             aoe,
             iscsi,
             metrics,
-            file: Some((file, devices)),
+            file: Some(Loaded {
+                volumes: volumes.opened(),
+                config: file,
+                devices,
+            }),
         });
     }
     if let Some(name) = &file.server.default_export {
@@ -532,7 +536,11 @@ fn plan_from_file(path: &Path, workers: usize, tls: &serve_tls::TlsArgs) -> Resu
         aoe,
         iscsi,
         metrics,
-        file: Some((file, devices)),
+        file: Some(Loaded {
+            volumes: volumes.opened(),
+            config: file,
+            devices,
+        }),
     })
 }
 
@@ -753,10 +761,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         None => None,
     };
     let iscsi_stop = iscsi.as_ref().map(|((handle, _), _)| handle.clone());
-    let live = file.map(|(config, devices)| {
+    let live = file.map(|loaded| {
         Arc::new(Mutex::new(Live::new(
-            config,
-            devices,
+            loaded,
             server.as_ref().map(Server::reload_handle),
             iscsi.as_ref().map(|((_, reload), _)| reload.clone()),
             std::mem::take(&mut targets),

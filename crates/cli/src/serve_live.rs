@@ -25,11 +25,20 @@ use crate::serve_iscsi::{self, ChapSources};
 use crate::serve_metrics::Meters;
 use crate::serve_volume::Volumes;
 
+/// A configuration and the devices opened for it.
+pub struct Loaded {
+    pub config: Config,
+    /// Each export's device by name, before metering.
+    pub devices: HashMap<String, Device>,
+    /// Each volume opened, and whether read-only.
+    pub volumes: HashMap<String, (Device, bool)>,
+}
+
 /// The running targets and what they serve.
 pub struct Live {
     config: Config,
-    /// Each export's device by name, before metering.
     devices: HashMap<String, Device>,
+    volumes: HashMap<String, (Device, bool)>,
     nbd: Option<blockwire_nbd::ReloadHandle>,
     iscsi: Option<blockwire_iscsi::ReloadHandle>,
     aoe: HashMap<String, AoeTarget>,
@@ -47,22 +56,23 @@ pub struct Applied {
 /// The new sets, built before any target is touched.
 struct Prepared {
     devices: HashMap<String, Device>,
+    volumes: HashMap<String, (Device, bool)>,
     nbd: Option<ExportSet>,
     iscsi: Option<Vec<TargetDefinition>>,
 }
 
 impl Live {
     pub fn new(
-        config: Config,
-        devices: HashMap<String, Device>,
+        loaded: Loaded,
         nbd: Option<blockwire_nbd::ReloadHandle>,
         iscsi: Option<blockwire_iscsi::ReloadHandle>,
         aoe: Vec<(String, AoeTarget)>,
         meters: Option<Meters>,
     ) -> Live {
         Live {
-            config,
-            devices,
+            config: loaded.config,
+            devices: loaded.devices,
+            volumes: loaded.volumes,
             nbd,
             iscsi,
             aoe: aoe.into_iter().collect(),
@@ -122,6 +132,7 @@ impl Live {
         tracing::info!("reload: unchanged {}", applied.unchanged);
         self.config = next;
         self.devices = prepared.devices;
+        self.volumes = prepared.volumes;
         Ok(applied)
     }
 
@@ -136,6 +147,13 @@ impl Live {
     /// Opens the devices `next` needs anew and builds the NBD and iSCSI sets.
     fn prepare(&self, next: &Config, changes: &[ExportChange]) -> Result<Prepared> {
         let mut volumes = Volumes::new(&next.volumes, &next.exports);
+        for (name, (device, read_only)) in &self.volumes {
+            let section =
+                |config: &Config| config.volumes.iter().find(|v| &v.name == name).cloned();
+            if section(&self.config).is_some() && section(&self.config) == section(next) {
+                volumes.keep(name, device.clone(), *read_only);
+            }
+        }
         let mut devices = HashMap::new();
         for section in &next.exports {
             let kept = self
@@ -180,8 +198,15 @@ impl Live {
             Some(handle) => Some(self.iscsi_targets(handle, next, &devices, &unchanged)?),
             None => None,
         };
+        // Volumes no export names any more are let go.
+        let volumes = volumes
+            .opened()
+            .into_iter()
+            .filter(|(name, _)| next.exports.iter().any(|e| e.volume.as_ref() == Some(name)))
+            .collect();
         Ok(Prepared {
             devices,
+            volumes,
             nbd,
             iscsi,
         })
@@ -302,3 +327,85 @@ pub fn load(path: &std::path::Path) -> Result<Config> {
 
 /// Shared between the serving thread and the reload thread.
 pub type Shared = Arc<std::sync::Mutex<Live>>;
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use blockwire_nbd::{Server, ServerConfig};
+
+    use super::*;
+
+    fn config(text: &str) -> Config {
+        let config: Config = toml::from_str(text).unwrap();
+        config.validate().unwrap();
+        config
+    }
+
+    /// A live state serving `text` over an NBD server that is bound, not run.
+    fn live(text: &str) -> (Live, Server) {
+        let config = config(text);
+        let mut volumes = Volumes::new(&config.volumes, &config.exports);
+        let mut devices = HashMap::new();
+        let mut set = ExportSet::new();
+        for section in &config.exports {
+            let export = export_from_section(section, &mut volumes).unwrap();
+            devices.insert(section.name.clone(), export.device.clone());
+            set.add(export).unwrap();
+        }
+        let listen = ServerConfig {
+            tcp: vec!["127.0.0.1:0".parse().unwrap()],
+            ..ServerConfig::default()
+        };
+        let server = Server::bind(set, listen).unwrap();
+        let loaded = Loaded {
+            config,
+            devices,
+            volumes: HashMap::new(),
+        };
+        let live = Live::new(loaded, Some(server.reload_handle()), None, Vec::new(), None);
+        (live, server)
+    }
+
+    const OLD: &str = "[[export]]\nname = \"a\"\nmemory = \"1M\"\n\
+                       [[export]]\nname = \"b\"\nmemory = \"1M\"\n";
+
+    fn find(server: &Server, name: &str) -> Option<Arc<Export>> {
+        server.exports().iter().find(|e| e.name == name).cloned()
+    }
+
+    #[test]
+    fn unchanged_exports_stay_the_same_and_changed_ones_retire() {
+        let (mut live, server) = live(OLD);
+        let (a, b) = (find(&server, "a").unwrap(), find(&server, "b").unwrap());
+        let new = "[[export]]\nname = \"a\"\nmemory = \"1M\"\n\
+                   [[export]]\nname = \"b\"\nmemory = \"1M\"\nread_only = true\n\
+                   [[export]]\nname = \"c\"\nmemory = \"2M\"\n";
+        let applied = live.apply(config(new)).unwrap();
+        assert_eq!((applied.changed, applied.unchanged), (2, 1));
+        assert!(Arc::ptr_eq(&a, &find(&server, "a").unwrap()));
+        assert!(!a.is_retired());
+        let new_b = find(&server, "b").unwrap();
+        assert!(!Arc::ptr_eq(&b, &new_b));
+        assert!(b.is_retired());
+        assert!(new_b.device.info().read_only);
+        assert_eq!(find(&server, "c").unwrap().device.size(), 2 << 20);
+    }
+
+    #[test]
+    fn an_export_that_cannot_open_refuses_the_whole_reload() {
+        let (mut live, server) = live(OLD);
+        let a = find(&server, "a").unwrap();
+        let new = "[[export]]\nname = \"a\"\nmemory = \"1M\"\n\
+                   [[export]]\nname = \"d\"\npath = \"/nonexistent/d.img\"\n";
+        let error = live.apply(config(new)).unwrap_err();
+        assert!(
+            format!("{error:#}").contains("/nonexistent/d.img"),
+            "{error:#}"
+        );
+        // Nothing changed: b is still served, a is the same export.
+        assert!(find(&server, "b").is_some_and(|b| !b.is_retired()));
+        assert!(Arc::ptr_eq(&a, &find(&server, "a").unwrap()));
+        assert!(find(&server, "d").is_none());
+    }
+}
