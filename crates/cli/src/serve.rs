@@ -800,11 +800,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     service::stopping();
     let targets: Vec<AoeTarget> = match &live {
-        // The reload thread may still hold the state; what it serves is in there.
+        // What is served now, after any reload; none is applied from here on.
         Some(live) => {
-            let mut live = live.lock().unwrap_or_else(|e| e.into_inner());
-            iscsi_devices = live.devices();
-            live.take_aoe()
+            let (aoe, iscsi) = live.lock().unwrap_or_else(|e| e.into_inner()).shut_down();
+            iscsi_devices = iscsi;
+            aoe
         }
         None => targets.into_iter().map(|(_, target)| target).collect(),
     };

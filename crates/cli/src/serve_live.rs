@@ -43,6 +43,8 @@ pub struct Live {
     iscsi: Option<blockwire_iscsi::ReloadHandle>,
     aoe: HashMap<String, AoeTarget>,
     meters: Option<Meters>,
+    /// Shutting down: a late SIGHUP changes nothing.
+    stopping: bool,
 }
 
 /// What a reload did, for the log and systemd's status line.
@@ -77,22 +79,31 @@ impl Live {
             iscsi,
             aoe: aoe.into_iter().collect(),
             meters,
+            stopping: false,
         }
     }
 
-    /// Every device served now, for the final flush.
-    pub fn devices(&self) -> Vec<Device> {
-        self.devices.values().cloned().collect()
-    }
-
-    /// The AoE targets, to stop them at shutdown.
-    pub fn take_aoe(&mut self) -> Vec<AoeTarget> {
-        self.aoe.drain().map(|(_, target)| target).collect()
+    /// Shutting down: returns the AoE targets to stop and the devices served over
+    /// iSCSI now (the final flush is the caller's); reloads are refused from now on.
+    pub fn shut_down(&mut self) -> (Vec<AoeTarget>, Vec<Device>) {
+        self.stopping = true;
+        let iscsi = self
+            .config
+            .exports
+            .iter()
+            .filter(|s| s.iscsi.as_ref().and_then(|i| i.settings()).is_some())
+            .filter_map(|s| self.devices.get(&s.name).cloned())
+            .collect();
+        let aoe = self.aoe.drain().map(|(_, target)| target).collect();
+        (aoe, iscsi)
     }
 
     /// Serves `next` from now on, or refuses it (the error says why) and serves
     /// what it served before.
     pub fn apply(&mut self, next: Config) -> Result<Applied> {
+        if self.stopping {
+            anyhow::bail!("the server is shutting down");
+        }
         let changes = reload_diff::diff(&self.config, &next);
         for setting in reload_diff::restart_needed(&self.config, &next) {
             tracing::warn!("reload: {setting} changed; restart the service to apply it (the running value stays)");
@@ -407,5 +418,15 @@ mod tests {
         assert!(find(&server, "b").is_some_and(|b| !b.is_retired()));
         assert!(Arc::ptr_eq(&a, &find(&server, "a").unwrap()));
         assert!(find(&server, "d").is_none());
+    }
+
+    #[test]
+    fn no_reload_is_applied_once_shutting_down() {
+        let (mut live, server) = live(OLD);
+        let (aoe, iscsi) = live.shut_down();
+        assert!(aoe.is_empty() && iscsi.is_empty());
+        let new = "[[export]]\nname = \"c\"\nmemory = \"1M\"\n";
+        assert!(live.apply(config(new)).is_err());
+        assert!(find(&server, "a").is_some() && find(&server, "c").is_none());
     }
 }
