@@ -7,6 +7,8 @@ use std::sync::{Mutex, TryLockError};
 
 use std::os::fd::RawFd;
 
+use blockwire_blockdev::MappedRange;
+
 use super::session::{Reply, ReplyData};
 
 /// Where replies go: a byte stream that can also send a range of a file.
@@ -21,6 +23,18 @@ pub trait ReplySink: Write {
     /// other direction (the connection thread reading requests) wakes up too.
     /// Sockets shut down both ways; the default does nothing.
     fn abandon(&mut self) {}
+
+    /// Sends a range of a mapped file. Sockets override this with send(2) on the
+    /// mapping's address, so the kernel copies from the page cache (and fails with
+    /// EFAULT rather than SIGBUS if the file shrank). Other sinks never get mapped
+    /// data: a session only makes it for sockets.
+    fn send_mapped(&mut self, range: MappedRange) -> io::Result<()> {
+        let _ = range;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "mapped reply data on a sink that cannot send it",
+        ))
+    }
 
     /// Sends `len` bytes of the file `fd` from `offset`. Sockets override this with
     /// sendfile(2), which hands page-cache pages to the socket without a copy; the
@@ -245,6 +259,11 @@ fn send_all(sink: &mut impl ReplySink, replies: &[Reply]) -> io::Result<()> {
                 write_all_vectored(sink, &mut slices, true)?;
                 slices.clear();
                 sink.send_file(slice.fd, slice.offset, slice.len)?;
+            }
+            ReplyData::Mapped(slice) => {
+                write_all_vectored(sink, &mut slices, true)?;
+                slices.clear();
+                sink.send_mapped(slice.range)?;
             }
         }
     }
