@@ -104,15 +104,19 @@ class Server:
         return f"nbd://127.0.0.1:{self.port}/{self.export}"
 
 
-def make_servers(names, blockwire, image, workdir, psk=None):
-    """The servers to compare; with `psk` (a PSK file), each requires TLS with it."""
+def make_servers(names, blockwire, image, workdir, psk=None, baseline=None):
+    """The servers to compare; with `psk` (a PSK file), each requires TLS with it.
+    `baseline` is another blockwire binary, served as "blockwire-baseline" (A/B)."""
     servers = []
     for name in names:
         port = free_port()
         if psk and name not in ("blockwire", "nbdkit", "nbdkit-null", "qemu-nbd"):
             raise SystemExit(f"--tls: {name} is not set up for TLS here")
-        if name == "blockwire":
-            argv = [blockwire, "serve", image, "--listen", f"127.0.0.1:{port}", "--name", "bench"]
+        if name in ("blockwire", "blockwire-baseline"):
+            if name == "blockwire-baseline" and not baseline:
+                raise SystemExit("blockwire-baseline needs --baseline BIN")
+            binary = baseline if name == "blockwire-baseline" else blockwire
+            argv = [binary, "serve", image, "--listen", f"127.0.0.1:{port}", "--name", "bench"]
             if psk:
                 argv += ["--tls", "require", "--tls-psk", psk]
             servers.append(Server(name, argv, port, "bench", psk_file=psk))
@@ -243,6 +247,8 @@ def run_tls_job(uri, rw, bs, depth, runtime, size, image, blockwire, workdir):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--blockwire", required=True)
+    parser.add_argument("--baseline", default=None,
+                        help="another blockwire binary, served as blockwire-baseline (A/B)")
     parser.add_argument("--size", default="4G")
     parser.add_argument("--runtime", type=int, default=10, help="seconds per run")
     parser.add_argument("--rounds", type=int, default=3, help="runs per server and job (median)")
@@ -272,7 +278,8 @@ def main():
         os.sync()  # write-back of the prefill must not run during the first server's jobs
         jobs = [j for j in JOBS if j[0] in args.jobs.split(",")]
         psk = make_psk(workdir) if args.tls else None
-        servers = make_servers(args.servers.split(","), args.blockwire, image, workdir, psk)
+        servers = make_servers(args.servers.split(","), args.blockwire, image, workdir, psk,
+                               args.baseline)
         # Every server runs at once (idle ones cost nothing) and each job is run by
         # each server in turn, round after round with the order rotated: a shared,
         # noisy machine then disturbs all of them alike. Medians are reported.

@@ -111,6 +111,16 @@ pub trait BlockDevice: Send + Sync {
         None
     }
 
+    /// Reads with one copy: when this device's bytes at `offset..offset+len` are the
+    /// same bytes of a file and that range is entirely in the page cache, returns the
+    /// range in a read-only mapping of the file, valid as long as the device lives. A
+    /// target hands the address to send(2), so the data goes from the page cache to
+    /// the socket without passing through a buffer. `None` means "use read_at".
+    fn mapped_cached(&self, offset: u64, len: u64) -> Option<crate::MappedRange> {
+        let _ = (offset, len);
+        None
+    }
+
     /// Whether all of `offset..offset+len` is a hole (stores nothing, reads as
     /// zeroes), when the device can tell more cheaply than an extent query; `None`
     /// means "ask [`extents`](Self::extents)". Lets a target answer the read of a hole

@@ -14,6 +14,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 
 use crate::buffer::{IoBuf, ALIGNMENT};
 
@@ -22,6 +23,7 @@ const MAX_IOVECS: usize = 1024;
 use crate::device::{write_each, BlockDevice, Extent, ExtentState, WriteFlags, ZeroFlags};
 use crate::error::{Error, ErrorKind, Op, Result};
 use crate::info::{Capabilities, DeviceInfo, Support};
+use crate::mapping::{FileMapping, MappedRange};
 use crate::write_behind::{WriteBehind, DEFAULT_WRITE_BEHIND};
 
 // Block-device ioctls from <linux/fs.h>.
@@ -90,6 +92,9 @@ pub struct FileDevice {
     cachestat_works: AtomicBool,
     /// Buffered writable files only.
     write_behind: Option<WriteBehind>,
+    /// Made at the first read that wants it; `None` inside when the file cannot be
+    /// mapped (then reads copy as before).
+    mapping: OnceLock<Option<FileMapping>>,
 }
 
 impl FileDevice {
@@ -183,6 +188,7 @@ impl FileDevice {
             dsync_works: AtomicBool::new(true),
             cachestat_works: AtomicBool::new(!options.direct),
             write_behind,
+            mapping: OnceLock::new(),
         })
     }
 
@@ -283,6 +289,14 @@ impl FileDevice {
     }
 
     /// The page cache's state for the pages that hold the range.
+    /// Whether every page of the range is in the page cache (cachestat(2); `false`
+    /// where the kernel cannot tell).
+    fn all_cached(&self, offset: u64, len: u64) -> bool {
+        let pages = (offset + len).div_ceil(PAGE) - offset / PAGE;
+        self.cachestat(offset, len)
+            .is_some_and(|stat| stat.nr_cache >= pages)
+    }
+
     fn cachestat(&self, offset: u64, len: u64) -> Option<Cachestat> {
         if len == 0 || !self.cachestat_works.load(Ordering::Relaxed) {
             return None;
@@ -535,9 +549,25 @@ impl BlockDevice for FileDevice {
     }
 
     fn cached_file(&self, offset: u64, len: u64) -> Option<std::os::fd::RawFd> {
-        let pages = (offset + len).div_ceil(PAGE) - offset / PAGE;
-        let stat = self.cachestat(offset, len)?;
-        (stat.nr_cache >= pages).then_some(self.fd())
+        self.all_cached(offset, len).then_some(self.fd())
+    }
+
+    fn mapped_cached(&self, offset: u64, len: u64) -> Option<MappedRange> {
+        // O_DIRECT exports promise reads from the device, not the page cache.
+        if self.direct || !self.all_cached(offset, len) {
+            return None;
+        }
+        let mapping = self.mapping.get_or_init(|| {
+            FileMapping::map(self.fd(), self.info.size)
+                .inspect_err(|e| {
+                    tracing::debug!(
+                        "{}: reads copy, it cannot be mapped: {e}",
+                        self.path.display()
+                    )
+                })
+                .ok()
+        });
+        mapping.as_ref()?.range(offset, usize::try_from(len).ok()?)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {

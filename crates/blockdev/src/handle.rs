@@ -203,6 +203,13 @@ impl Device {
         Ok(self.inner.cached_file(offset, len))
     }
 
+    /// The range in a mapping of the cached file, for a read with one copy; see
+    /// [`BlockDevice::mapped_cached`]. Valid while any clone of this handle lives.
+    pub fn mapped_cached(&self, offset: u64, len: u64) -> Result<Option<crate::MappedRange>> {
+        self.check(Op::Read, offset, len)?;
+        Ok(self.inner.mapped_cached(offset, len))
+    }
+
     /// Writes `buf` at `offset`; with FUA the data is durable when this returns.
     pub fn write(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.check(Op::Write, offset, buf.len() as u64)?;

@@ -134,6 +134,13 @@ impl<M: IoMeter> BlockDevice for Metered<M> {
         Some(fd)
     }
 
+    fn mapped_cached(&self, offset: u64, len: u64) -> Option<crate::MappedRange> {
+        let started = Instant::now();
+        let range = self.inner.mapped_cached(offset, len).ok().flatten()?;
+        self.count_answered_read(len, started);
+        Some(range)
+    }
+
     fn is_hole(&self, offset: u64, len: u64) -> Option<bool> {
         let started = Instant::now();
         let hole = self.inner.is_hole(offset, len).ok()?;

@@ -41,6 +41,10 @@ impl BlockDevice for ReadOnly {
         self.inner.cached_file(offset, len)
     }
 
+    fn mapped_cached(&self, offset: u64, len: u64) -> Option<crate::MappedRange> {
+        self.inner.mapped_cached(offset, len)
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64, _flags: WriteFlags) -> Result<()> {
         Err(Error::new(
             ErrorKind::ReadOnly,

@@ -414,13 +414,19 @@ where
                         if let Some((transfer, len)) = large {
                             policy.record(transfer, len, started.elapsed());
                         }
-                        // A failed send marks the writer broken; the connection
-                        // thread notices and ends.
-                        let _ = writer.send(std::slice::from_ref(&reply));
-                        if let Some((_, len)) = large {
-                            policy.finish(len);
-                        }
-                        in_flight.release();
+                        // The request keeps its slot until its reply has left, so
+                        // a client that stops reading stops the server reading its
+                        // requests. A failed send marks the writer broken; the
+                        // connection thread notices and ends.
+                        writer.send_one_then(
+                            reply,
+                            Box::new(move || {
+                                if let Some((_, len)) = large {
+                                    policy.finish(len);
+                                }
+                                in_flight.release();
+                            }),
+                        );
                     });
                 }
             }
@@ -444,8 +450,6 @@ fn send_batch<W: ReplySink>(
     batch: &mut Vec<Reply>,
     bytes: &mut usize,
 ) -> io::Result<()> {
-    let result = writer.send(batch);
-    batch.clear();
     *bytes = 0;
-    result
+    writer.send(batch)
 }

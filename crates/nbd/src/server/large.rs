@@ -80,7 +80,7 @@ pub fn stream_read<W: ReplySink>(
     let mut buf = vec![0u8; STREAM_PIECE.min(len)];
     let first = buf.len();
     if let Err(e) = device.read(&mut buf, offset) {
-        return writer.send(&[session.device_error_reply(cookie, offset, &e)]);
+        return writer.send_one(session.device_error_reply(cookie, offset, &e));
     }
     let frame = session.chunk_frame(cookie, offset);
     writer.send_streamed(|sink| {

@@ -624,6 +624,7 @@ fn serve_connection_reporting(
     // sendfile(2) would put plaintext on the wire: under TLS every byte goes
     // through the seal.
     session.set_zero_copy_reads(secure.is_none() && stream.peer_is_remote());
+    session.set_mapped_reads(secure.is_none());
     session.set_unnegotiated_payload_limit(unnegotiated_payload_limit);
     let export = session.export().clone();
     let _open = sessions.map(|meter| OpenSession::open(meter, &export.name));

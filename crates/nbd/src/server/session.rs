@@ -6,7 +6,7 @@
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
-use blockwire_blockdev::{Device, Error, ExtentState, IoBuf, WriteFlags, ZeroFlags};
+use blockwire_blockdev::{Device, Error, ExtentState, IoBuf, MappedRange, WriteFlags, ZeroFlags};
 
 use super::export::Export;
 use crate::errors::nbd_error;
@@ -28,6 +28,11 @@ const HOLE_CHECK_MIN: u32 = 64 * 1024;
 /// (and the session allows it, see [`Session::set_zero_copy_reads`]).
 const ZERO_COPY_MIN: u32 = 64 * 1024;
 
+/// Reads at least this long are sent from a mapping of the cached file when they can
+/// be (and the session allows it, see [`Session::set_mapped_reads`]); shorter ones
+/// are copied, which lets many of them leave in one vectored write.
+const MAPPED_MIN: u32 = 64 * 1024;
+
 /// Reply data that is a range of an open file, sent without copying it through user
 /// space. Holds the device so the descriptor stays open until the reply is sent.
 #[derive(Debug)]
@@ -44,6 +49,15 @@ pub enum ReplyData {
     None,
     Buffer(IoBuf),
     File(FileSlice),
+    Mapped(MappedSlice),
+}
+
+/// Reply data that is a range of a mapped file, copied by the kernel from the page
+/// cache into the socket. Holds the device so the mapping lives until it is sent.
+#[derive(Debug)]
+pub struct MappedSlice {
+    pub range: MappedRange,
+    _device: Device,
 }
 
 /// A reply ready to send: a header and maybe data that follows it.
@@ -68,6 +82,7 @@ impl Reply {
                 ReplyData::None => 0,
                 ReplyData::Buffer(buf) => buf.len(),
                 ReplyData::File(slice) => slice.len,
+                ReplyData::Mapped(slice) => slice.range.len(),
             }
     }
 }
@@ -149,6 +164,7 @@ pub struct Session {
     base_allocation: Option<u32>,
     flags: u16,
     zero_copy_reads: bool,
+    mapped_reads: bool,
     /// The client asked for NBD_INFO_BLOCK_SIZE in its NBD_OPT_GO, so it promised
     /// to keep to our maximum payload.
     sizes_negotiated: bool,
@@ -176,6 +192,7 @@ impl Session {
             base_allocation,
             flags,
             zero_copy_reads: false,
+            mapped_reads: false,
             sizes_negotiated: true,
             unnegotiated_payload_limit: DEFAULT_UNNEGOTIATED_PAYLOAD_LIMIT,
         }
@@ -208,6 +225,14 @@ impl Session {
     /// the connection says the peer is remote.
     pub fn set_zero_copy_reads(&mut self, on: bool) {
         self.zero_copy_reads = on;
+    }
+
+    /// Lets large reads of cached file data go from a mapping of the file to the
+    /// socket: one copy, made by the kernel, instead of a pread into a buffer and a
+    /// send from it. Only for sinks that send mapped data themselves (plain sockets,
+    /// see [`ReplySink::send_mapped`](super::ReplySink::send_mapped)).
+    pub fn set_mapped_reads(&mut self, on: bool) {
+        self.mapped_reads = on;
     }
 
     /// The device this session serves.
@@ -371,9 +396,9 @@ impl Session {
                     return Action::Reply(reply);
                 }
                 if len > self.max_payload().into() {
-                    return match self.check_large(request) {
-                        Ok(()) => Action::StreamRead(*request),
-                        Err(reply) => Action::Reply(reply),
+                    return match self.refuse_large(request) {
+                        None => Action::StreamRead(*request),
+                        Some(reply) => Action::Reply(reply),
                     };
                 }
                 Action::Execute(Job::Read {
@@ -409,9 +434,9 @@ impl Session {
                     return self.refuse_payload(request, NBD_EPERM, "export is read-only");
                 }
                 if len > self.max_payload().into() {
-                    return match self.check_large(request) {
-                        Ok(()) => Action::StreamWrite(*request),
-                        Err(reply) => Action::DiscardPayload { len, reply },
+                    return match self.refuse_large(request) {
+                        None => Action::StreamWrite(*request),
+                        Some(reply) => Action::DiscardPayload { len, reply },
                     };
                 }
                 Action::ReadPayload(*request)
@@ -513,8 +538,9 @@ impl Session {
     }
 
     /// Checks a read or write to be streamed before any byte of it moves: range and
-    /// alignment, so that only a failing device can stop it half way.
-    fn check_large(&self, request: &Request) -> Result<(), Reply> {
+    /// alignment, so that only a failing device can stop it half way. Returns the
+    /// error reply for a request that fails them.
+    fn refuse_large(&self, request: &Request) -> Option<Reply> {
         let (op, past_end) = if request.command == NBD_CMD_WRITE {
             (blockwire_blockdev::Op::Write, NBD_ENOSPC)
         } else {
@@ -528,15 +554,15 @@ impl Session {
                  (device size is {})",
                 self.device.size()
             );
-            return Err(self.error_reply(cookie, offset, past_end, &message));
+            return Some(self.error_reply(cookie, offset, past_end, &message));
         }
         let minimum = u64::from(self.device.info().block_sizes.minimum);
         if !offset.is_multiple_of(minimum) || !len.is_multiple_of(minimum) {
             let message =
                 format!("{op} of {len} bytes at offset {offset}: minimum block size is {minimum}");
-            return Err(self.error_reply(cookie, offset, NBD_EINVAL, &message));
+            return Some(self.error_reply(cookie, offset, NBD_EINVAL, &message));
         }
-        Ok(())
+        None
     }
 
     /// The job for a write whose payload has been read.
@@ -562,6 +588,9 @@ impl Session {
                     if let Ok(Some(fd)) = self.device.cached_file(offset, len.into()) {
                         return Ok(self.file_reply(cookie, offset, len, fd));
                     }
+                }
+                if let Some(reply) = self.mapped_reply(cookie, offset, len) {
+                    return Ok(reply);
                 }
                 let mut buf = IoBuf::new(len as usize);
                 match self.device.try_read(&mut buf, offset) {
@@ -647,6 +676,9 @@ impl Session {
                 return Reply::head(head);
             }
         }
+        if let Some(reply) = self.mapped_reply(cookie, offset, len) {
+            return reply;
+        }
         let mut buf = IoBuf::new(len as usize);
         match self.device.read(&mut buf, offset) {
             Ok(()) => self.read_reply(cookie, offset, buf),
@@ -669,6 +701,22 @@ impl Session {
             head: self.read_head(cookie, offset, data.len() as u32),
             data: ReplyData::Buffer(data),
         }
+    }
+
+    /// A read reply whose data stays in the page cache until the send copies it, when
+    /// the session allows it and the range is large and cached.
+    fn mapped_reply(&self, cookie: u64, offset: u64, len: u32) -> Option<Reply> {
+        if !self.mapped_reads || len < MAPPED_MIN {
+            return None;
+        }
+        let range = self.device.mapped_cached(offset, len.into()).ok()??;
+        Some(Reply {
+            head: self.read_head(cookie, offset, len),
+            data: ReplyData::Mapped(MappedSlice {
+                range,
+                _device: self.device.clone(),
+            }),
+        })
     }
 
     fn file_reply(&self, cookie: u64, offset: u64, len: u32, fd: RawFd) -> Reply {

@@ -460,6 +460,62 @@ fn cached_reads_leave_by_sendfile_only_when_the_session_allows_it() {
 }
 
 #[test]
+fn mapped_reads_send_the_cached_file_bytes() {
+    use crate::server::stream::Stream;
+    use crate::wire::SIMPLE_REPLY_LEN;
+    use blockwire_blockdev::{FileDevice, FileOptions};
+    use std::io::Read;
+    use std::os::unix::net::UnixStream;
+
+    let file = tempfile::NamedTempFile::new().unwrap();
+    file.as_file().set_len(SIZE).unwrap();
+    let device =
+        Device::from_device(FileDevice::open(file.path(), FileOptions::default()).unwrap());
+    let mut session = session_on(device.clone(), false);
+    let data: Vec<u8> = (0..256 * 1024u32).map(|i| (i % 253) as u8).collect();
+    assert_eq!(error_of(&write(&session, 4096, &data, 0)), 0);
+    session.set_mapped_reads(true);
+    let job = || {
+        let Action::Execute(job) =
+            session.classify(&request(NBD_CMD_READ, 0, 4096, data.len() as u32))
+        else {
+            panic!("a read is a job")
+        };
+        job
+    };
+    // The connection thread's path and a worker's.
+    let mut replies = vec![
+        session
+            .execute_inline(job())
+            .expect("cached data is read inline"),
+        session.execute(job()),
+    ];
+    // Without cachestat(2) (Linux < 6.5) residency is unknown and data is copied.
+    if !matches!(device.cached_file(4096, data.len() as u64), Ok(Some(_))) {
+        eprintln!("no cachestat here: reads copy");
+        return;
+    }
+    for reply in &replies {
+        assert!(matches!(reply.data, ReplyData::Mapped(_)), "{reply:?}");
+    }
+    let (ours, mut theirs) = UnixStream::pair().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        theirs.read_to_end(&mut got).unwrap();
+        got
+    });
+    let writer = ReplyWriter::new(Stream::Unix(ours));
+    writer.send(&mut replies).unwrap();
+    drop(writer);
+    let got = reader.join().unwrap();
+    let one = SIMPLE_REPLY_LEN + data.len();
+    assert_eq!(got.len(), 2 * one);
+    for reply in got.chunks(one) {
+        assert_eq!(&reply[SIMPLE_REPLY_LEN..], &data[..]);
+    }
+}
+
+#[test]
 fn extended_headers_frame_every_reply_and_take_payloads_only_on_writes() {
     let export = Arc::new(Export::new(
         "disk",

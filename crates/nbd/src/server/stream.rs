@@ -6,6 +6,8 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
+use blockwire_blockdev::MappedRange;
+
 use super::connection::RequestSource;
 use super::writer::{short_file, ReplySink};
 use crate::tls::TlsStream;
@@ -132,6 +134,36 @@ impl ReplySink for Stream {
             return Err(io::Error::last_os_error());
         }
         Ok(n as usize)
+    }
+
+    fn send_mapped(&mut self, range: MappedRange) -> io::Result<()> {
+        let mut left = range;
+        while !left.is_empty() {
+            // SAFETY: the range lies in a mapping its reply keeps alive; only the
+            // kernel reads it.
+            let n = unsafe {
+                libc::send(
+                    self.raw_fd(),
+                    left.as_ptr().cast(),
+                    left.len(),
+                    libc::MSG_NOSIGNAL,
+                )
+            };
+            if n < 0 {
+                let err = io::Error::last_os_error();
+                match err.raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    // The file shrank under the mapping.
+                    Some(libc::EFAULT) => return Err(short_file(0)),
+                    _ => return Err(err),
+                }
+            }
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            left = left.skip(n as usize);
+        }
+        Ok(())
     }
 
     fn send_file(&mut self, fd: RawFd, offset: u64, len: usize) -> io::Result<()> {
