@@ -35,7 +35,7 @@ enum Message {
     Job(Job),
     /// A completion is ready to collect.
     Wake,
-    /// Everything has been answered and no more jobs come.
+    /// No more jobs come: stop once every one was answered.
     Stop,
 }
 
@@ -199,8 +199,15 @@ impl QueuedPath {
     }
 
     /// Waits until every job handed over has been answered, then stops the thread.
-    pub(super) fn finish(mut self) {
+    pub(super) fn finish(self) {
         self.budget.wait_idle();
+    }
+}
+
+impl Drop for QueuedPath {
+    /// Stops the thread once what it has is answered (its waker keeps the channel
+    /// open, so it is told rather than left to notice).
+    fn drop(&mut self) {
         let _ = self.to.send(Message::Stop);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
@@ -398,3 +405,7 @@ fn synchronous(cookie: u64, offset: u64, command: QueuedCommand) -> Job {
         },
     }
 }
+
+#[cfg(test)]
+#[path = "queued_tests.rs"]
+mod tests;
