@@ -12,7 +12,7 @@ use crate::buffer::IoBuf;
 use crate::device::{BlockDevice, Extent, ExtentState, WriteFlags, ZeroFlags};
 use crate::error::{Error, ErrorKind, Op, Result};
 use crate::info::{Capabilities, DeviceInfo, Support};
-use crate::queue::{Completion, QueuedOp, RequestQueue, Submission};
+use crate::queue::{Completion, QueuedCommand, QueuedOp, RequestQueue, Submission};
 use crate::read_only::ReadOnly;
 
 /// Largest zero buffer written at once when write-zeroes is emulated.
@@ -235,6 +235,7 @@ impl Device {
             device: self,
             inner,
             refused: Vec::new(),
+            waker: None,
         }))
     }
 
@@ -390,9 +391,41 @@ struct CheckedQueue<'a> {
     device: &'a Device,
     inner: Box<dyn RequestQueue + 'a>,
     refused: Vec<Completion>,
+    waker: Option<std::task::Waker>,
 }
 
 impl CheckedQueue<'_> {
+    fn refuse(&mut self, tag: u64, buf: IoBuf, error: Error) {
+        self.refused.push(Completion {
+            tag,
+            buf,
+            result: Err(error),
+        });
+        if let Some(waker) = &self.waker {
+            waker.wake_by_ref();
+        }
+    }
+
+    /// Whether the device does `command` natively, as one request: otherwise the
+    /// synchronous method has to split or emulate it.
+    fn takes(&self, command: &QueuedCommand) -> bool {
+        let native = &self.device.native;
+        let limits = &self.device.info.limits;
+        let fua_ok = |flags: WriteFlags| !flags.fua || native.fua.is_native();
+        match *command {
+            QueuedCommand::Flush => native.flush.is_native(),
+            QueuedCommand::Trim { len, flags, .. } => {
+                native.trim.is_native() && fua_ok(flags) && len <= limits.max_trim
+            }
+            QueuedCommand::WriteZeroes { len, flags, .. } => {
+                native.write_zeroes.is_native()
+                    && fua_ok(WriteFlags { fua: flags.fua })
+                    && (!flags.fast || native.fast_zero.is_native())
+                    && len <= limits.max_write_zeroes
+            }
+        }
+    }
+
     fn check(&self, submission: &Submission) -> Result<()> {
         let len = submission.buf.len() as u64;
         let op = match submission.op {
@@ -424,12 +457,35 @@ impl RequestQueue for CheckedQueue<'_> {
     fn submit(&mut self, submission: Submission) {
         match self.check(&submission) {
             Ok(()) => self.inner.submit(submission),
-            Err(error) => self.refused.push(Completion {
-                tag: submission.tag,
-                buf: submission.buf,
-                result: Err(error),
-            }),
+            Err(error) => self.refuse(submission.tag, submission.buf, error),
         }
+    }
+
+    fn submit_command(
+        &mut self,
+        tag: u64,
+        command: QueuedCommand,
+    ) -> std::result::Result<(), QueuedCommand> {
+        let range = match command {
+            QueuedCommand::Flush => None,
+            QueuedCommand::Trim { offset, len, .. } => Some((Op::Trim, offset, len)),
+            QueuedCommand::WriteZeroes { offset, len, .. } => Some((Op::WriteZeroes, offset, len)),
+        };
+        if let Some((op, offset, len)) = range {
+            if let Err(error) = self.device.check(op, offset, len) {
+                self.refuse(tag, IoBuf::new(0), error);
+                return Ok(());
+            }
+        }
+        if !self.takes(&command) {
+            return Err(command);
+        }
+        self.inner.submit_command(tag, command)
+    }
+
+    fn set_waker(&mut self, waker: std::task::Waker) -> bool {
+        self.waker = Some(waker.clone());
+        self.inner.set_waker(waker)
     }
 
     fn complete(&mut self, min: usize, out: &mut Vec<Completion>) {

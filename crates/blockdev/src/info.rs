@@ -90,6 +90,10 @@ pub struct DeviceInfo {
     /// on the same device, and a flush on any of them covers all of them (NBD's
     /// CAN_MULTI_CONN).
     pub consistent_across_handles: bool,
+    /// The device's request queue can wake its owner
+    /// ([`RequestQueue::set_waker`](crate::RequestQueue::set_waker)), so a target may
+    /// drive it from one thread per connection instead of a worker per request.
+    pub queue_wakes: bool,
 }
 
 impl DeviceInfo {
@@ -111,6 +115,7 @@ impl DeviceInfo {
             rotational: false,
             completes_inline: false,
             consistent_across_handles: true,
+            queue_wakes: false,
         }
     }
 }

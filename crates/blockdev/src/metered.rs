@@ -23,6 +23,8 @@ use crate::error::{Op, Result};
 use crate::handle::Device;
 use crate::info::{DeviceInfo, Support};
 use crate::meter::IoMeter;
+use crate::metered_queue::MeteredQueue;
+use crate::queue::RequestQueue;
 
 /// A device whose requests are counted by `M`.
 pub struct Metered<M> {
@@ -189,6 +191,12 @@ impl<M: IoMeter> BlockDevice for Metered<M> {
 
     fn cache(&self, offset: u64, len: u64) -> Result<()> {
         self.count(Op::Cache, 0, || self.inner.cache(offset, len))
+    }
+
+    /// The handle's queue (checked there), each request counted.
+    fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
+        let inner = self.inner.queue()?;
+        Some(Box::new(MeteredQueue::new(inner, &self.meter)))
     }
 }
 

@@ -8,8 +8,10 @@
 //! touched after its owner gave up on it, and hands the buffer back with the result.
 //! Devices without one are driven by threads, as before.
 
+use std::task::Waker;
+
 use crate::buffer::IoBuf;
-use crate::device::WriteFlags;
+use crate::device::{WriteFlags, ZeroFlags};
 use crate::error::Result;
 
 /// What a queued request does.
@@ -31,6 +33,26 @@ pub struct Submission {
     pub buf: IoBuf,
     /// Byte offset on the device.
     pub offset: u64,
+}
+
+/// A request without data for a queue that takes it natively (see
+/// [`RequestQueue::submit_command`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueuedCommand {
+    /// Make every completed write durable.
+    Flush,
+    /// Discard a range (a hint, as [`BlockDevice::trim`](crate::BlockDevice::trim)).
+    Trim {
+        offset: u64,
+        len: u64,
+        flags: WriteFlags,
+    },
+    /// Make a range read as zeroes.
+    WriteZeroes {
+        offset: u64,
+        len: u64,
+        flags: ZeroFlags,
+    },
 }
 
 /// A finished request: its tag, its buffer back (read data in it), its result.
@@ -55,6 +77,30 @@ pub trait RequestQueue: Send {
 
     /// Requests submitted and not yet handed back.
     fn in_flight(&self) -> usize;
+
+    /// Starts a flush, trim or write-zeroes when the queue takes it natively; its
+    /// completion comes back from [`complete`](RequestQueue::complete) with an empty
+    /// buffer. Hands the command back when the queue does not take it: the caller
+    /// then uses the device's synchronous method, which may emulate it.
+    fn submit_command(
+        &mut self,
+        tag: u64,
+        command: QueuedCommand,
+    ) -> std::result::Result<(), QueuedCommand> {
+        let _ = tag;
+        Err(command)
+    }
+
+    /// Asks the queue to wake `waker` (from any thread) whenever a completion is
+    /// ready, so that its owner can wait for other things too (a socket, new
+    /// requests) and collect with `complete(0)`. Returns `false` when the queue
+    /// cannot. A request the queue gives up on by itself (past a deadline) comes
+    /// back without a wake: an owner with requests in flight also collects now and
+    /// then.
+    fn set_waker(&mut self, waker: Waker) -> bool {
+        let _ = waker;
+        false
+    }
 }
 
 /// A queue over a device without one of its own: each request runs at once, on the

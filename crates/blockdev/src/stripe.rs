@@ -319,6 +319,7 @@ fn combined_info(
         rotational: infos.iter().any(|i| i.rotational),
         completes_inline: all(&|i| i.completes_inline),
         consistent_across_handles: all(&|i| i.consistent_across_handles),
+        queue_wakes: false,
     })
 }
 

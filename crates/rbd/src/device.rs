@@ -166,6 +166,8 @@ fn device_info(stat: &Stat, read_only: bool) -> DeviceInfo {
     // One librbd image handle behind every connection: writes through one are seen
     // by all, and a flush covers them all.
     info.consistent_across_handles = true;
+    // The poller wakes a queue's owner (see queue.rs).
+    info.queue_wakes = true;
     info
 }
 

@@ -31,6 +31,14 @@ pub fn open_image<T: Send>(spec: &RbdSpec, read_only: bool) -> Result<Image<T>, 
             .set("keyring", keyring)
             .map_err(|e| OpenError::from_call(&name, Stage::Config, e, "keyring"))?;
     }
+    // No librbd cache, as qemu with cache=none: after the first flush its default
+    // write-around policy answers writes before they reach an OSD and hands a failed
+    // one's error to whichever flush finishes next, librbd's own internal ones
+    // included, so a FUA write could succeed with the OSD gone (docs/ceph.md). Our
+    // clients cache themselves and flush when they mean it.
+    rados
+        .set("rbd_cache", "false")
+        .map_err(|e| OpenError::from_call(&name, Stage::Config, e, "rbd_cache"))?;
     if let Some(timeout) = spec.timeout {
         // Whole seconds: Ceph 16 parses these options as integers.
         let secs = timeout.as_secs_f64().ceil().max(1.0).to_string();

@@ -6,6 +6,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::Waker;
 use std::thread::JoinHandle;
 
 use blockwire_blockdev::{Completion, Error, IoBuf, Op, Result};
@@ -16,8 +17,13 @@ use crate::ffi::{AioKind, AioRequest, EventFd, Image};
 
 /// Who receives a finished request.
 pub enum Reply {
-    /// A request queue's submission: its tag and the queue's channel.
-    Queued { tag: u64, to: Sender<Completion> },
+    /// A request queue's submission: its tag, the queue's channel, and whom to
+    /// wake when the completion is there.
+    Queued {
+        tag: u64,
+        to: Sender<Completion>,
+        wake: Option<Waker>,
+    },
     /// A blocked caller of a synchronous method.
     Waiter(Sender<(Result<()>, Option<IoBuf>)>),
 }
@@ -94,10 +100,14 @@ impl Shared {
 
 fn reply(request: Request, result: Result<()>) {
     match request.state.reply {
-        Reply::Queued { tag, to } => {
+        Reply::Queued { tag, to, wake } => {
             let buf = request.buf.unwrap_or_else(|| IoBuf::new(0));
             // The queue may be gone (its owner gave up): nothing to tell then.
-            let _ = to.send(Completion { tag, buf, result });
+            if to.send(Completion { tag, buf, result }).is_ok() {
+                if let Some(wake) = wake {
+                    wake.wake();
+                }
+            }
         }
         Reply::Waiter(to) => {
             let _ = to.send((result, request.buf));

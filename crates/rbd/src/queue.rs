@@ -1,7 +1,10 @@
 //! A request queue over an image: submissions go straight to librbd
-//! (`rbd_aio_read`/`rbd_aio_write`, FUA as write + flush) and the poller sends each
-//! finished one back on the queue's own channel, so one thread keeps as many
-//! requests in flight as it likes and no thread blocks per request.
+//! (`rbd_aio_read`/`rbd_aio_write`, FUA as write + flush; flush, trim and
+//! write-zeroes as `rbd_aio_flush`, `rbd_aio_discard`, `rbd_aio_write_zeroes`) and
+//! the poller sends each finished one back on the queue's own channel, waking the
+//! queue's owner when it asked to be (a target thread that also waits for requests),
+//! so one thread keeps as many requests in flight as it likes and no thread blocks
+//! per request.
 //!
 //! Like the synchronous path, the queue gives up on a request the cluster has not
 //! answered by its deadline (the cluster timeout plus a grace): it hands back a
@@ -9,9 +12,12 @@
 //! librbd's until librbd lets go of it; the late answer is then dropped.
 
 use std::collections::{BTreeMap, HashMap};
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
-use blockwire_blockdev::{Completion, IoBuf, Op, QueuedOp, RequestQueue, Submission};
+use blockwire_blockdev::{
+    Completion, IoBuf, Op, QueuedCommand, QueuedOp, RequestQueue, Submission,
+};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::ffi::AioKind;
@@ -22,6 +28,9 @@ struct Outstanding {
     tag: u64,
     op: Op,
     offset: u64,
+    /// The range's length, for errors.
+    span: u64,
+    /// The buffer's length (0 for a command), for the one handed back on expiry.
     len: usize,
 }
 
@@ -36,6 +45,8 @@ pub struct RbdQueue<'a> {
     outstanding: HashMap<u64, Outstanding>,
     /// Deadlines in submission order (equal limits make that deadline order).
     deadlines: BTreeMap<u64, Instant>,
+    /// Woken by the poller when a completion is on the channel.
+    waker: Option<Waker>,
 }
 
 impl<'a> RbdQueue<'a> {
@@ -49,7 +60,53 @@ impl<'a> RbdQueue<'a> {
             next: 0,
             outstanding: HashMap::new(),
             deadlines: BTreeMap::new(),
+            waker: None,
         }
+    }
+
+    /// Starts one librbd request; `buf` is its data (none for a command).
+    fn start(&mut self, tag: u64, kind: AioKind, op: Op, buf: Option<IoBuf>, then_flush: bool) {
+        let (offset, len) = match kind {
+            AioKind::Read { offset } | AioKind::Write { offset } => {
+                (offset, buf.as_ref().map_or(0, |b| b.len()) as u64)
+            }
+            AioKind::Discard { offset, len } | AioKind::WriteZeroes { offset, len } => {
+                (offset, len)
+            }
+            AioKind::Flush => (0, 0),
+        };
+        let seq = self.next;
+        self.next += 1;
+        let deadline = self.limit.map(|limit| Instant::now() + limit);
+        self.outstanding.insert(
+            seq,
+            Outstanding {
+                tag,
+                op,
+                offset,
+                span: len,
+                len: buf.as_ref().map_or(0, |b| b.len()),
+            },
+        );
+        if let Some(deadline) = deadline {
+            self.deadlines.insert(seq, deadline);
+        }
+        let pending = Pending {
+            op,
+            offset,
+            len,
+            then_flush,
+            reply: Reply::Queued {
+                tag: seq,
+                to: self.to.clone(),
+                wake: self.waker.clone(),
+            },
+        };
+        self.shared.submit(Box::new(Request {
+            kind,
+            buf,
+            state: pending,
+        }));
     }
 
     /// Turns an answer from the poller back into the submitter's completion;
@@ -76,7 +133,7 @@ impl<'a> RbdQueue<'a> {
             result: Err(overdue(
                 gone.op,
                 gone.offset,
-                gone.len as u64,
+                gone.span,
                 &self.shared.name,
                 secs,
             )),
@@ -117,41 +174,38 @@ impl RequestQueue for RbdQueue<'_> {
             buf,
             offset,
         } = submission;
-        let len = buf.len();
         let (kind, op, then_flush) = match op {
             QueuedOp::Read => (AioKind::Read { offset }, Op::Read, false),
             QueuedOp::Write(flags) => (AioKind::Write { offset }, Op::Write, flags.fua),
         };
-        let seq = self.next;
-        self.next += 1;
-        let deadline = self.limit.map(|limit| Instant::now() + limit);
-        self.outstanding.insert(
-            seq,
-            Outstanding {
-                tag,
-                op,
-                offset,
-                len,
-            },
-        );
-        if let Some(deadline) = deadline {
-            self.deadlines.insert(seq, deadline);
-        }
-        let pending = Pending {
-            op,
-            offset,
-            len: len as u64,
-            then_flush,
-            reply: Reply::Queued {
-                tag: seq,
-                to: self.to.clone(),
-            },
+        self.start(tag, kind, op, Some(buf), then_flush);
+    }
+
+    /// Flush is `rbd_aio_flush`, trim `rbd_aio_discard`, write-zeroes
+    /// `rbd_aio_write_zeroes`; FUA adds a flush once they finished, as for writes.
+    fn submit_command(
+        &mut self,
+        tag: u64,
+        command: QueuedCommand,
+    ) -> std::result::Result<(), QueuedCommand> {
+        let (kind, op, then_flush) = match command {
+            QueuedCommand::Flush => (AioKind::Flush, Op::Flush, false),
+            QueuedCommand::Trim { offset, len, flags } => {
+                (AioKind::Discard { offset, len }, Op::Trim, flags.fua)
+            }
+            QueuedCommand::WriteZeroes { offset, len, flags } => (
+                AioKind::WriteZeroes { offset, len },
+                Op::WriteZeroes,
+                flags.fua,
+            ),
         };
-        self.shared.submit(Box::new(Request {
-            kind,
-            buf: Some(buf),
-            state: pending,
-        }));
+        self.start(tag, kind, op, None, then_flush);
+        Ok(())
+    }
+
+    fn set_waker(&mut self, waker: Waker) -> bool {
+        self.waker = Some(waker);
+        true
     }
 
     fn complete(&mut self, min: usize, out: &mut Vec<Completion>) {

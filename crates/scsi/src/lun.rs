@@ -161,14 +161,21 @@ impl LogicalUnit {
         };
         let bs = u64::from(block_size);
         let max_transfer_blocks = (u64::from(info.block_sizes.maximum) / bs).max(1) as u32;
-        // The device's preferred size goes into the block limits page as the optimal
-        // transfer granularity, and the logical block is reported as the physical
-        // one (exponent 0), as file-backed targets usually do: libiscsi's
-        // GET LBA STATUS checks assume it, and an initiator still learns to align
-        // to the granularity.
+        // The device's preferred size (an RBD object, 4 MiB by default) goes into the
+        // block limits page as the optimal transfer granularity and length, however
+        // large: initiators size and align their requests by it (Linux: io_opt). The
+        // logical block is reported as the physical one (exponent 0), as file-backed
+        // targets usually do: libiscsi's GET LBA STATUS checks assume it.
         let physical = info.block_sizes.preferred.max(block_size);
-        let granularity = if physical.is_power_of_two() && physical / block_size <= 1 << 4 {
-            physical / block_size
+        let preferred_blocks = if physical.is_power_of_two() {
+            (physical / block_size).min(max_transfer_blocks)
+        } else {
+            1
+        };
+        // Unmap granularity stays at most 16 blocks: a coarser one makes initiators
+        // drop smaller discards, and trim is only a hint here anyway.
+        let unmap_granularity = if preferred_blocks <= 1 << 4 {
+            preferred_blocks
         } else {
             1
         };
@@ -179,12 +186,12 @@ impl LogicalUnit {
         };
         let facts = BlockFacts {
             max_transfer_blocks,
-            optimal_transfer_blocks: granularity,
+            optimal_transfer_blocks: preferred_blocks,
             max_compare_and_write_blocks: MAX_COMPARE_AND_WRITE_BLOCKS.min(max_transfer_blocks)
                 as u8,
             max_unmap_blocks: (limit / bs).clamp(1, u64::from(u32::MAX)) as u32,
             max_unmap_descriptors: MAX_UNMAP_DESCRIPTORS,
-            unmap_granularity: granularity,
+            unmap_granularity,
             max_write_same_blocks: MAX_WRITE_SAME_BYTES / bs,
             unmap: deallocate != Deallocate::None,
             lbprz: deallocate == Deallocate::Zeroes,

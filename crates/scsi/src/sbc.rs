@@ -48,7 +48,7 @@ impl LogicalUnit {
     }
 
     /// Range and MAXIMUM TRANSFER LENGTH checks for a data-moving command.
-    fn transfer_range(&self, lba: u64, blocks: u32) -> Result<(u64, u64), Sense> {
+    pub(crate) fn transfer_range(&self, lba: u64, blocks: u32) -> Result<(u64, u64), Sense> {
         let range = self.range(lba, u64::from(blocks))?;
         if blocks > self.facts.max_transfer_blocks {
             return Err(invalid_length());

@@ -70,7 +70,7 @@ impl ScsiTarget {
         self.luns.get(&lun)
     }
 
-    fn note_nexus(&self, nexus: &Nexus) {
+    pub(crate) fn note_nexus(&self, nexus: &Nexus) {
         let known = self
             .nexuses
             .read()

@@ -114,7 +114,13 @@ pub fn vpd_page(
         BLOCK_LIMITS => {
             let mut body = vec![0u8; 0x3c];
             body[1] = facts.max_compare_and_write_blocks;
-            let granularity = facts.optimal_transfer_blocks.min(u32::from(u16::MAX)) as u16;
+            // A 16-bit field: a larger optimal size keeps the largest power of two
+            // that fits, which still divides it.
+            let granularity = if facts.optimal_transfer_blocks <= u32::from(u16::MAX) {
+                facts.optimal_transfer_blocks as u16
+            } else {
+                1 << 15
+            };
             body[2..4].copy_from_slice(&granularity.to_be_bytes());
             body[4..8].copy_from_slice(&facts.max_transfer_blocks.to_be_bytes());
             body[8..12].copy_from_slice(&facts.optimal_transfer_blocks.to_be_bytes());

@@ -751,3 +751,45 @@ proptest! {
         let _ = t.execute(0, &Command { nexus: &a, cdb: &cdb, data_out: &data });
     }
 }
+
+/// A memory device that prefers whole 4 MiB objects, as an RBD image does.
+struct Objects(MemoryDevice);
+
+impl blockwire_blockdev::BlockDevice for Objects {
+    fn info(&self) -> blockwire_blockdev::DeviceInfo {
+        let mut info = self.0.info();
+        info.block_sizes.minimum = 512;
+        info.block_sizes.preferred = 4 << 20;
+        info
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> blockwire_blockdev::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        flags: blockwire_blockdev::WriteFlags,
+    ) -> blockwire_blockdev::Result<()> {
+        self.0.write_at(buf, offset, flags)
+    }
+}
+
+#[test]
+fn block_limits_advertise_the_preferred_size_in_full() {
+    let mut t = ScsiTarget::new();
+    t.add_lun(
+        0,
+        unit_on(Device::from_device(Objects(MemoryDevice::new(64 << 20)))),
+    );
+    let page = run(&t, &nexus("a"), &[0x12, 1, 0xb0, 0, 0x40, 0], &[]);
+    let data = page.data();
+    assert_eq!(data[1], 0xb0);
+    // 4 MiB in 512-byte blocks: 8192, not a granularity capped at 16 blocks.
+    let granularity = u16::from_be_bytes([data[6], data[7]]);
+    let optimal = u32::from_be_bytes([data[12], data[13], data[14], data[15]]);
+    assert_eq!(granularity, 8192);
+    assert_eq!(optimal, 8192);
+    let maximum = u32::from_be_bytes([data[8], data[9], data[10], data[11]]);
+    assert!(optimal <= maximum, "optimal {optimal} > maximum {maximum}");
+}

@@ -359,6 +359,7 @@ impl AoeClient {
             rotational: false,
             completes_inline: false,
             consistent_across_handles: true,
+            queue_wakes: false,
         };
         self.identity = identity;
         Ok(())

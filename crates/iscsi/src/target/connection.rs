@@ -25,6 +25,7 @@ use crate::pdu::{
 use super::command::{send_reply, OpenR2t, PendingWrite, Reply};
 use super::io::{Incoming, Outgoing, PduReader, PduWriter, ReadError, StatSn};
 use super::naming::decode_lun;
+use super::queued::{QueuedReads, ReadJob};
 use super::session::{CmdSnCheck, Session, SessionKey};
 use super::Shared;
 
@@ -184,6 +185,7 @@ pub(super) fn serve(stream: TcpStream, id: u64, shared: Arc<Shared>) {
         ping: None,
         text_in: Vec::new(),
         text_out: None,
+        queued: QueuedReads::start(&session),
     };
     let ending = connection.run();
     drop(connection);
@@ -392,6 +394,8 @@ struct Connection {
     text_in: Vec<u8>,
     /// A long Text Response still being handed out: its tag and the rest.
     text_out: Option<(u32, Vec<u8>)>,
+    /// READs to LUNs whose device has a request queue (an RBD image).
+    queued: Option<QueuedReads>,
 }
 
 impl Connection {
@@ -550,7 +554,7 @@ impl Connection {
         let lun = decode_lun(command.lun);
         if !command.write {
             self.reader.skip_data(data_len)?;
-            if !self.try_inline(&command, lun)? {
+            if !self.try_inline(&command, lun)? && !self.try_queued(&command, lun) {
                 self.execute(&command, lun, None, None, 0);
             }
             return Ok(());
@@ -850,6 +854,47 @@ impl Connection {
         };
         send_reply(&self.session.writer, &*self.session, &reply)?;
         Ok(true)
+    }
+
+    /// Hands a READ to the device's request queue when its LUN's device has one
+    /// that wakes us (see [`super::queued`]); false when it goes the usual way.
+    fn try_queued(&self, command: &ScsiCommand, lun: Option<u64>) -> bool {
+        let (Some(queued), Some(lun)) = (&self.queued, lun) else {
+            return false;
+        };
+        let scsi = self.session.scsi.as_ref().expect("normal session");
+        if !scsi
+            .lun(lun)
+            .is_some_and(|unit| unit.device().info().queue_wakes)
+        {
+            return false;
+        }
+        let plan = scsi.plan_read(
+            lun,
+            &Command {
+                nexus: &self.session.nexus,
+                cdb: &command.cdb,
+                data_out: &[],
+            },
+        );
+        let Some(read) = plan else {
+            return false;
+        };
+        let itt = command.initiator_task_tag;
+        self.session.start_executing(itt);
+        let job = ReadJob {
+            lun,
+            read,
+            itt,
+            lun_field: command.lun,
+            expected_len: command.expected_data_transfer_length,
+            max_burst: self.negotiated.max_burst_length,
+        };
+        if queued.submit(job).is_err() {
+            self.session.finish_executing(itt);
+            return false;
+        }
+        true
     }
 
     /// Runs a command and sends its answer: on this thread for a small write the

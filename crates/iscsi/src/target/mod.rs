@@ -11,6 +11,7 @@ mod command;
 mod connection;
 mod io;
 mod naming;
+mod queued;
 mod reload;
 mod session;
 

@@ -163,6 +163,7 @@ impl ExportDetails {
             // Every request waits for a network round trip.
             completes_inline: false,
             consistent_across_handles: self.has(NBD_FLAG_CAN_MULTI_CONN),
+            queue_wakes: false,
         }
     }
 }

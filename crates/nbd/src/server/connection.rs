@@ -18,6 +18,7 @@ use super::export::ExportSet;
 use super::large;
 use super::negotiation::{Negotiation, Step};
 use super::offload::{OffloadPolicy, Transfer};
+use super::queued::QueuedPath;
 use super::session::{Action, Reply, Session};
 use super::writer::{ReplySink, ReplyWriter, BATCH_BYTES, BATCH_REPLIES};
 use crate::tls::{TargetTls, TlsMode, TlsSession, TlsStream};
@@ -287,6 +288,7 @@ where
 {
     let in_flight = Arc::new(InFlight::new(MAX_IN_FLIGHT));
     let policy = Arc::new(OffloadPolicy::default());
+    let queued = QueuedPath::start(&session, &writer);
     let mut reader = RequestReader::new(source);
     let mut batch: Vec<Reply> = Vec::with_capacity(BATCH_REPLIES);
     let mut batch_bytes = 0usize;
@@ -375,6 +377,16 @@ where
             }
             Action::Execute(job) => Some(job),
         };
+        // A device with a request queue (an RBD image) takes its I/O there.
+        let job = match (&queued, job) {
+            (Some(queued), Some(job)) => {
+                if queued.is_full() {
+                    let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
+                }
+                queued.submit(job).err()
+            }
+            (_, job) => job,
+        };
         if let Some(job) = job {
             let large = Transfer::large(&job);
             let more_waiting = || reader.buffered() >= REQUEST_LEN || reader.source.input_pending();
@@ -437,6 +449,9 @@ where
     };
     let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
     in_flight.wait_idle();
+    if let Some(queued) = queued {
+        queued.finish();
+    }
     ending
 }
 

@@ -10,6 +10,7 @@ mod export;
 mod large;
 mod negotiation;
 mod offload;
+mod queued;
 mod reload;
 mod session;
 mod stream;

@@ -696,7 +696,7 @@ impl Session {
         head
     }
 
-    fn read_reply(&self, cookie: u64, offset: u64, data: IoBuf) -> Reply {
+    pub(super) fn read_reply(&self, cookie: u64, offset: u64, data: IoBuf) -> Reply {
         Reply {
             head: self.read_head(cookie, offset, data.len() as u32),
             data: ReplyData::Buffer(data),

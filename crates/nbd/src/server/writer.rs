@@ -155,6 +155,17 @@ impl<W: ReplySink> ReplyWriter<W> {
         self.health()
     }
 
+    /// [`send`](Self::send), running `after` once the replies have gone (on
+    /// whichever thread sent them).
+    pub fn send_then(&self, replies: &mut Vec<Reply>, after: AfterSent) {
+        {
+            let mut queued = lock(&self.queued);
+            queued.replies.append(replies);
+            queued.after.push(after);
+        }
+        self.send_queued();
+    }
+
     /// [`send_one`](Self::send_one), running `after` once the reply has gone (on
     /// whichever thread sent it).
     pub fn send_one_then(&self, reply: Reply, after: AfterSent) {

@@ -1,0 +1,71 @@
+//! READs for a device's request queue: checked here as [`ScsiTarget::execute`]
+//! would check them, run by the transport on the queue without a blocked thread,
+//! and answered here from the completion.
+
+use blockwire_blockdev::{IoBuf, Result};
+
+use crate::cdb::{self, op, Cdb};
+use crate::command::{Command, Response};
+use crate::sense::codes;
+use crate::target::ScsiTarget;
+
+/// A READ (6, 10, 12 or 16) ready for the device's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueuedRead {
+    /// Byte offset and length on the device.
+    pub offset: u64,
+    pub len: usize,
+    /// What the CDB transfers, for the response's residual.
+    expected: u64,
+}
+
+impl ScsiTarget {
+    /// The READ `command` to `lun` as a device request, when it may skip
+    /// [`execute`](Self::execute): a READ with no unit attention pending, no
+    /// reservation in the way and a valid range. `None` for everything else, which
+    /// then goes to `execute` as usual (and is answered there, errors included).
+    pub fn plan_read(&self, lun: u64, command: &Command<'_>) -> Option<QueuedRead> {
+        let opcode = *command.cdb.first()?;
+        if !matches!(opcode, op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16) {
+            return None;
+        }
+        let unit = self.lun(lun)?;
+        if unit.attentions.any() {
+            return None;
+        }
+        let decoded = cdb::decode(command.cdb).ok()?;
+        let expected = decoded.transfer(unit.block_size()).len;
+        let Cdb::Read(rw) = decoded else {
+            return None;
+        };
+        if unit.conflicts(command.nexus, decoded.access()) {
+            return None;
+        }
+        let (offset, len) = unit.transfer_range(rw.lba, rw.blocks).ok()?;
+        if len == 0 {
+            return None;
+        }
+        self.note_nexus(command.nexus);
+        Some(QueuedRead {
+            offset,
+            len: len as usize,
+            expected,
+        })
+    }
+
+    /// The response to a READ planned with [`plan_read`](Self::plan_read), from its
+    /// completion: the data, or the device's error as sense.
+    pub fn finish_read(
+        &self,
+        lun: u64,
+        read: &QueuedRead,
+        buf: IoBuf,
+        result: Result<()>,
+    ) -> Response {
+        match (self.lun(lun), result) {
+            (_, Ok(())) => Response::with_data(buf, read.expected),
+            (Some(unit), Err(e)) => unit.device_error(&e, read.expected),
+            (None, Err(_)) => Response::code(codes::LOGICAL_UNIT_NOT_SUPPORTED, read.expected),
+        }
+    }
+}
