@@ -10,7 +10,10 @@
 #
 # usage: bench/nbd-vs-peers.sh [--size 4G] [--runtime 10] [--rounds 3] [--json FILE] [--dir DIR]
 #                              [--servers blockwire,nbdkit,qemu-nbd,nbd-server,nbdkit-null]
-#                              [--tls]
+#                              [--tls] [--baseline OTHER_BLOCKWIRE_BINARY]
+#
+# --baseline serves a second blockwire build as "blockwire-baseline" (add it to
+# --servers), so a change is measured against the code before it in the same run.
 #
 # --tls measures the cost of TLS: every server requires it with one pre-shared key
 # (blockwire --tls require --tls-psk FILE, nbdkit --tls=require --tls-psk=FILE,
