@@ -34,6 +34,30 @@ fn psk_file(dir: &Path, name: &str, user: &str) -> PathBuf {
     path
 }
 
+/// The URI libnbd's tools take for export `name` on `port`, with alice's key in `keys`.
+fn nbds_uri(port: u16, name: &str, keys: &Path) -> String {
+    format!(
+        "nbds://alice@127.0.0.1:{port}/{name}?tls-psk-file={}",
+        keys.display()
+    )
+}
+
+/// Serves `disk` as `name`, requiring TLS with the keys in `keys`.
+fn served_with_psk(disk: &Path, name: &str, keys: &Path) -> Served {
+    Served::start(
+        &[
+            path_str(disk),
+            "--name",
+            name,
+            "--tls",
+            "require",
+            "--tls-psk",
+            path_str(keys),
+        ],
+        name,
+    )
+}
+
 /// A certificate authority in `dir` (ca-cert.pem, ca-key.pem).
 fn make_ca(dir: &Path, name: &str) {
     std::fs::create_dir_all(dir).unwrap();
@@ -229,23 +253,8 @@ fn nbdinfo_and_nbdcopy_over_a_pre_shared_key() {
     let keys = psk_file(dir.path(), "keys.psk", "alice");
     let disk = sparse_file(dir.path(), "disk.img", 32 * MIB);
     let src = patterned_file(dir.path(), "src.img", (32 * MIB) as usize, 11);
-    let served = Served::start(
-        &[
-            path_str(&disk),
-            "--name",
-            "disk",
-            "--tls",
-            "require",
-            "--tls-psk",
-            path_str(&keys),
-        ],
-        "disk",
-    );
-    let uri = format!(
-        "nbds://alice@127.0.0.1:{}/disk?tls-psk-file={}",
-        served.port,
-        keys.display()
-    );
+    let served = served_with_psk(&disk, "disk", &keys);
+    let uri = nbds_uri(served.port, "disk", &keys);
     let info = text(&run("nbdinfo", &[&uri]).stdout);
     assert!(info.contains("with TLS"), "{info}");
     assert!(
@@ -317,18 +326,7 @@ fn qemu_with_tls_creds_psk_and_tls_creds_x509() {
     let (server_dir, client_dir) = certificates(dir.path());
     let disk = sparse_file(dir.path(), "disk.img", 8 * MIB);
 
-    let with_psk = Served::start(
-        &[
-            path_str(&disk),
-            "--name",
-            "disk",
-            "--tls",
-            "require",
-            "--tls-psk",
-            path_str(&keys),
-        ],
-        "disk",
-    );
+    let with_psk = served_with_psk(&disk, "disk", &keys);
     let object = format!(
         "tls-creds-psk,id=tls0,endpoint=client,dir={},username=alice",
         psk_dir.display()
@@ -543,11 +541,7 @@ fn tls_on_serves_plain_and_tls_clients_alike() {
         .stdout,
     );
     assert!(plain.contains("without TLS"), "{plain}");
-    let secure = format!(
-        "nbds://alice@127.0.0.1:{}/demo?tls-psk-file={}",
-        served.port,
-        keys.display()
-    );
+    let secure = nbds_uri(served.port, "demo", &keys);
     let secure = text(&run("nbdinfo", &[&secure]).stdout);
     assert!(secure.contains("with TLS"), "{secure}");
 }
@@ -570,11 +564,7 @@ fn a_wrong_key_or_an_untrusted_certificate_is_refused_with_one_log_line() {
         ],
         "psk",
     );
-    let uri = format!(
-        "nbds://alice@127.0.0.1:{}/demo?tls-psk-file={}",
-        served.port(),
-        wrong.display()
-    );
+    let uri = nbds_uri(served.port(), "demo", &wrong);
     let refused = run_unchecked("nbdinfo", &["--size", &uri]);
     assert!(!refused.status.success());
     assert!(
@@ -653,11 +643,7 @@ fn tls_settings_come_from_the_config_file_and_bad_files_are_named() {
     };
     write_config(&keys);
     let served = Served::start_config(&config, "a");
-    let uri = format!(
-        "nbds://alice@127.0.0.1:{}/a?tls-psk-file={}",
-        served.port,
-        keys.display()
-    );
+    let uri = nbds_uri(served.port, "a", &keys);
     assert_eq!(
         text(&run("nbdinfo", &["--size", &uri]).stdout).trim(),
         (4 * MIB).to_string()
@@ -830,23 +816,8 @@ fn blockwire_copy_over_nbds_to_our_own_target() {
     let keys = psk_file(dir.path(), "keys.psk", "alice");
     let disk = sparse_file(dir.path(), "disk.img", 24 * MIB);
     let src = patterned_file(dir.path(), "src.img", (24 * MIB) as usize, 3);
-    let served = Served::start(
-        &[
-            path_str(&disk),
-            "--name",
-            "disk",
-            "--tls",
-            "require",
-            "--tls-psk",
-            path_str(&keys),
-        ],
-        "disk",
-    );
-    let uri = format!(
-        "nbds://alice@127.0.0.1:{}/disk?tls-psk-file={}",
-        served.port,
-        keys.display()
-    );
+    let served = served_with_psk(&disk, "disk", &keys);
+    let uri = nbds_uri(served.port, "disk", &keys);
     // The copy's request queue keeps many writes in flight over several connections.
     let out = run(
         path_str(&blockwire_bin()),
@@ -975,11 +946,7 @@ fn garbage_instead_of_a_tls_handshake_closes_only_that_connection() {
     assert!(rest.is_empty() || rest[0] == 21, "{rest:?}");
     assert_eq!(served.wait_for("TLS handshake failed").len(), 1);
     // The server carries on.
-    let uri = format!(
-        "nbds://alice@127.0.0.1:{}/demo?tls-psk-file={}",
-        served.port(),
-        keys.display()
-    );
+    let uri = nbds_uri(served.port(), "demo", &keys);
     assert!(text(&run("nbdinfo", &[&uri]).stdout).contains("with TLS"));
 }
 
@@ -1019,11 +986,7 @@ fn keys_and_certificates_together_with_client_verification() {
         "demo",
     );
     // A key authenticates its client as a certificate does.
-    let with_key = format!(
-        "nbds://alice@127.0.0.1:{}/demo?tls-psk-file={}",
-        served.port,
-        keys.display()
-    );
+    let with_key = nbds_uri(served.port, "demo", &keys);
     let with_certificate = format!(
         "nbds://127.0.0.1:{}/demo?tls-certificates={}",
         served.port,

@@ -8,6 +8,7 @@
 //! targets both stay small.
 
 pub mod buffer;
+pub mod channel_waker;
 pub mod conformance;
 pub mod copy;
 pub mod device;

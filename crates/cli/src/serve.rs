@@ -477,12 +477,7 @@ fn plan_from_file(path: &Path, workers: usize, tls: &serve_tls::TlsArgs) -> Resu
         None
     } else {
         let section = &file.iscsi;
-        let chap = serve_iscsi::chap_config(&ChapSources {
-            user: section.chap_user.as_deref(),
-            secret_file: section.chap_secret_file.as_deref(),
-            mutual_user: section.mutual_chap_user.as_deref(),
-            mutual_secret_file: section.mutual_chap_secret_file.as_deref(),
-        })?;
+        let chap = serve_iscsi::section_chap(section)?;
         Some(IscsiPlan {
             listen: iscsi_listen(&section.listen)?,
             exports: iscsi,

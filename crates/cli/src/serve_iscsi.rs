@@ -48,6 +48,16 @@ pub struct ChapSources<'a> {
     pub mutual_secret_file: Option<&'a Path>,
 }
 
+/// The CHAP settings of a config file's `[iscsi]` section; see [`chap_config`].
+pub fn section_chap(section: &crate::config::IscsiSection) -> Result<Option<ChapConfig>> {
+    chap_config(&ChapSources {
+        user: section.chap_user.as_deref(),
+        secret_file: section.chap_secret_file.as_deref(),
+        mutual_user: section.mutual_chap_user.as_deref(),
+        mutual_secret_file: section.mutual_chap_secret_file.as_deref(),
+    })
+}
+
 /// The CHAP settings, reading secrets from their files or the environment (never
 /// from the command line, where every user of the machine could read them).
 pub fn chap_config(sources: &ChapSources<'_>) -> Result<Option<ChapConfig>> {

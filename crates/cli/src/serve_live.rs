@@ -21,7 +21,7 @@ use crate::config::Config;
 use crate::metrics::Protocol;
 use crate::reload_diff::{self, Change, ExportChange};
 use crate::serve::{aoe_config, export_from_section, iscsi_export, start_aoe_target};
-use crate::serve_iscsi::{self, ChapSources};
+use crate::serve_iscsi;
 use crate::serve_metrics::Meters;
 use crate::serve_volume::Volumes;
 
@@ -236,13 +236,7 @@ impl Live {
             .iqn_prefix
             .as_deref()
             .unwrap_or(serve_iscsi::DEFAULT_IQN_PREFIX);
-        let section = &next.iscsi;
-        let chap = serve_iscsi::chap_config(&ChapSources {
-            user: section.chap_user.as_deref(),
-            secret_file: section.chap_secret_file.as_deref(),
-            mutual_user: section.mutual_chap_user.as_deref(),
-            mutual_secret_file: section.mutual_chap_secret_file.as_deref(),
-        })?;
+        let chap = serve_iscsi::section_chap(&next.iscsi)?;
         let mut targets = Vec::new();
         for section in &next.exports {
             let name = &section.name;

@@ -6,10 +6,11 @@
 //! them against partial-block and compare-and-write commands while they run.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+
+use blockwire_blockdev::channel_waker::ChannelWaker;
 use std::sync::Arc;
-use std::task::{Wake, Waker};
+use std::task::Waker;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -41,24 +42,6 @@ enum Message {
     Stop,
 }
 
-/// Wakes the queue thread through its channel, once per batch of completions.
-struct ChannelWaker {
-    to: Sender<Message>,
-    pending: AtomicBool,
-}
-
-impl Wake for ChannelWaker {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        if !self.pending.swap(true, Ordering::AcqRel) {
-            let _ = self.to.send(Message::Wake);
-        }
-    }
-}
-
 /// The queued reads of one connection; stopped (after its reads are answered)
 /// when dropped.
 pub(super) struct QueuedReads {
@@ -83,10 +66,7 @@ impl QueuedReads {
             return None;
         }
         let (to, from) = mpsc::channel();
-        let waker = Arc::new(ChannelWaker {
-            to: to.clone(),
-            pending: AtomicBool::new(false),
-        });
+        let waker = Arc::new(ChannelWaker::new(to.clone(), || Message::Wake));
         let session = session.clone();
         let thread = std::thread::Builder::new()
             .name("iscsi-queue".into())
@@ -117,7 +97,7 @@ impl Drop for QueuedReads {
     }
 }
 
-fn run(session: &Arc<Session>, from: &Receiver<Message>, waker: &Arc<ChannelWaker>) {
+fn run(session: &Arc<Session>, from: &Receiver<Message>, waker: &Arc<ChannelWaker<Message>>) {
     let Some(scsi) = session.scsi.as_ref() else {
         return;
     };
@@ -183,7 +163,7 @@ fn run(session: &Arc<Session>, from: &Receiver<Message>, waker: &Arc<ChannelWake
             }
             continue_next(&mut next, from);
         }
-        waker.pending.store(false, Ordering::Release);
+        waker.collecting();
         for queue in queues.values_mut() {
             queue.complete(0, &mut done);
         }

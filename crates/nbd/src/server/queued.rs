@@ -8,10 +8,11 @@
 //! every other device keeps the inline and worker paths of [`super::connection`].
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+
+use blockwire_blockdev::channel_waker::ChannelWaker;
 use std::sync::{Arc, Condvar, Mutex};
-use std::task::{Wake, Waker};
+use std::task::Waker;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -37,24 +38,6 @@ enum Message {
     Wake,
     /// No more jobs come: stop once every one was answered.
     Stop,
-}
-
-/// Wakes the queue thread through its channel, once per batch of completions.
-struct ChannelWaker {
-    to: Sender<Message>,
-    pending: AtomicBool,
-}
-
-impl Wake for ChannelWaker {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        if !self.pending.swap(true, Ordering::AcqRel) {
-            let _ = self.to.send(Message::Wake);
-        }
-    }
 }
 
 /// Requests and bytes a connection has in its queue, bounded.
@@ -136,10 +119,7 @@ impl QueuedPath {
         let (to, from) = mpsc::channel();
         let (ready_to, ready) = mpsc::channel();
         let budget = Arc::new(Budget::default());
-        let waker = Arc::new(ChannelWaker {
-            to: to.clone(),
-            pending: AtomicBool::new(false),
-        });
+        let waker = Arc::new(ChannelWaker::new(to.clone(), || Message::Wake));
         let (session, writer, counted) = (session.clone(), writer.clone(), budget.clone());
         let thread = std::thread::Builder::new()
             .name("nbd-queue".into())
@@ -248,7 +228,7 @@ impl Driver<'_> {
     fn run<W: ReplySink>(
         &mut self,
         from: &Receiver<Message>,
-        waker: &ChannelWaker,
+        waker: &ChannelWaker<Message>,
         writer: &ReplyWriter<W>,
         budget: &Arc<Budget>,
     ) {
@@ -275,7 +255,7 @@ impl Driver<'_> {
                 }
                 next = from.try_recv().ok();
             }
-            waker.pending.store(false, Ordering::Release);
+            waker.collecting();
             self.queue.complete(0, &mut done);
             for completion in done.drain(..) {
                 self.answer(completion, &mut answered);
