@@ -90,6 +90,10 @@ pub struct FileDevice {
     dsync_works: AtomicBool,
     /// Cleared when the kernel has no cachestat(2).
     cachestat_works: AtomicBool,
+    /// The file lives in memory (tmpfs, ramfs): every page is resident, so a read
+    /// never waits for a disk and needs no cachestat(2) first. (tmpfs refuses
+    /// RWF_NOWAIT, so without this every small cached read paid that extra call.)
+    in_memory: bool,
     /// Buffered writable files only.
     write_behind: Option<WriteBehind>,
     /// Made at the first read that wants it; `None` inside when the file cannot be
@@ -178,6 +182,7 @@ impl FileDevice {
         } else {
             None
         };
+        let in_memory = !block_device && !options.direct && lives_in_memory(&file);
         Ok(FileDevice {
             file,
             path,
@@ -187,6 +192,7 @@ impl FileDevice {
             nowait_works: AtomicBool::new(true),
             dsync_works: AtomicBool::new(true),
             cachestat_works: AtomicBool::new(!options.direct),
+            in_memory,
             write_behind,
             mapping: OnceLock::new(),
         })
@@ -288,15 +294,18 @@ impl FileDevice {
         self.cachestat(offset, len).map(|stat| stat.nr_dirty)
     }
 
-    /// The page cache's state for the pages that hold the range.
     /// Whether every page of the range is in the page cache (cachestat(2); `false`
     /// where the kernel cannot tell).
     fn all_cached(&self, offset: u64, len: u64) -> bool {
+        if self.in_memory {
+            return true;
+        }
         let pages = (offset + len).div_ceil(PAGE) - offset / PAGE;
         self.cachestat(offset, len)
             .is_some_and(|stat| stat.nr_cache >= pages)
     }
 
+    /// The page cache's state for the pages that hold the range.
     fn cachestat(&self, offset: u64, len: u64) -> Option<Cachestat> {
         if len == 0 || !self.cachestat_works.load(Ordering::Relaxed) {
             return None;
@@ -445,6 +454,19 @@ fn dio_offset_alignment(file: &File) -> Option<u32> {
         .then_some(stx.stx_dio_offset_align)
 }
 
+/// ramfs's statfs type (linux/magic.h); the libc crate does not name it.
+const RAMFS_MAGIC: libc::__fsword_t = 0x858458f6;
+
+/// Whether `file` is on a file system that keeps everything in memory (tmpfs, ramfs).
+/// A tmpfs page may be in swap; reading it then waits, which is slow but correct.
+fn lives_in_memory(file: &File) -> bool {
+    // SAFETY: statfs is plain data, for which all zeroes is a valid value.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs fills `stat`, alive for the call, for an open descriptor.
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), &mut stat) };
+    rc == 0 && matches!(stat.f_type, libc::TMPFS_MAGIC | RAMFS_MAGIC)
+}
+
 impl BlockDevice for FileDevice {
     fn info(&self) -> DeviceInfo {
         self.info
@@ -462,6 +484,10 @@ impl BlockDevice for FileDevice {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         if self.direct || bufs.len() > MAX_IOVECS {
             return Ok(false);
+        }
+        if self.in_memory {
+            // Anything short or failed is left to a worker's ordinary read.
+            return Ok(self.preadv2(bufs, offset, 0) == total as isize);
         }
         if !self.nowait_works.load(Ordering::Relaxed) {
             return self.read_if_cached(bufs, offset, total);
@@ -767,6 +793,40 @@ mod tests {
         };
         if let Ok(direct) = FileDevice::open(file.path(), direct) {
             assert_eq!(direct.cached_file(0, 65536), None);
+        }
+    }
+
+    #[test]
+    fn files_in_memory_read_inline_without_asking_the_page_cache() {
+        let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
+            eprintln!("no /dev/shm here");
+            return;
+        };
+        let path = dir.path().join("disk.img");
+        std::fs::write(&path, vec![3u8; 64 * 1024]).unwrap();
+        let device = FileDevice::open(&path, FileOptions::default()).unwrap();
+        assert_eq!(device.in_memory, lives_in_memory(&device.file));
+        if !device.in_memory {
+            eprintln!("/dev/shm is not tmpfs here");
+            return;
+        }
+        // Even with cachestat(2) unavailable, a read of a tmpfs file runs inline.
+        device.cachestat_works.store(false, Ordering::Relaxed);
+        let mut buf = vec![0u8; 4096];
+        assert!(device.try_read_at(&mut buf, 8192).unwrap());
+        assert_eq!(buf, vec![3u8; 4096]);
+        assert_eq!(device.cached_file(0, 65536), Some(device.fd()));
+        // Past the end a read is short, and left to the ordinary path.
+        assert!(!device.try_read_at(&mut buf, 62 * 1024).unwrap());
+        let direct = FileDevice::open(
+            &path,
+            FileOptions {
+                direct: true,
+                ..FileOptions::default()
+            },
+        );
+        if let Ok(direct) = direct {
+            assert!(!direct.in_memory);
         }
     }
 
