@@ -430,6 +430,21 @@ pub fn run_queued(
     }
 }
 
+/// Runs `program` with `args`, killed after `limit`; asserts it succeeded and returns
+/// its standard output as text.
+pub fn run_bounded_ok(program: &str, args: &[&str], limit: Duration) -> String {
+    let mut command = Command::new(program);
+    command.args(args);
+    let output = run_bounded(command, limit);
+    assert!(
+        output.status.success(),
+        "{program} {args:?}: {}\n{}",
+        text(&output.stdout),
+        text(&output.stderr)
+    );
+    text(&output.stdout)
+}
+
 /// Runs `command` to completion with its output captured, killing it and failing
 /// the test if it has not exited after `limit`: a hung command should fail a test
 /// run, not stall it. The limit is a safety net, never a performance assertion.

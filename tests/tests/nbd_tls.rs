@@ -315,6 +315,24 @@ fn qemu_args<'a>(object: &'a str, image: &'a str, commands: &[&'a str]) -> Vec<&
     args
 }
 
+/// qemu-io's output says it read the 2 MiB it was asked to (with the pattern), and
+/// qemu-img sees the 8 MiB export through the same credentials.
+fn assert_qemu_read_and_size(qemu_io: &Output, object: &str, image: &str) {
+    assert!(
+        text(&qemu_io.stdout).contains("read 2097152/2097152"),
+        "{}",
+        text(&qemu_io.stdout)
+    );
+    let info = text(
+        &run(
+            "qemu-img",
+            &["info", "--object", object, "--image-opts", image],
+        )
+        .stdout,
+    );
+    assert!(info.contains("8 MiB (8388608 bytes)"), "{info}");
+}
+
 #[test]
 fn qemu_with_tls_creds_psk_and_tls_creds_x509() {
     require!("openssl", "qemu-io", "qemu-img");
@@ -343,19 +361,7 @@ fn qemu_with_tls_creds_psk_and_tls_creds_x509() {
             &["write -P 0x5a 1M 2M", "read -P 0x5a 1M 2M"],
         ),
     );
-    assert!(
-        text(&out.stdout).contains("read 2097152/2097152"),
-        "{}",
-        text(&out.stdout)
-    );
-    let info = text(
-        &run(
-            "qemu-img",
-            &["info", "--object", &object, "--image-opts", &image],
-        )
-        .stdout,
-    );
-    assert!(info.contains("8 MiB (8388608 bytes)"), "{info}");
+    assert_qemu_read_and_size(&out, &object, &image);
     drop(with_psk);
 
     let with_x509 = Served::start(
@@ -385,19 +391,7 @@ fn qemu_with_tls_creds_psk_and_tls_creds_x509() {
         "qemu-io",
         &qemu_args(&object, &image, &["read -P 0x5a 1M 2M"]),
     );
-    assert!(
-        text(&out.stdout).contains("read 2097152/2097152"),
-        "{}",
-        text(&out.stdout)
-    );
-    let info = text(
-        &run(
-            "qemu-img",
-            &["info", "--object", &object, "--image-opts", &image],
-        )
-        .stdout,
-    );
-    assert!(info.contains("8 MiB (8388608 bytes)"), "{info}");
+    assert_qemu_read_and_size(&out, &object, &image);
     let wrong = run_unchecked(
         "qemu-io",
         &qemu_args(&object, &image, &["read -P 0x77 1M 4K"]),

@@ -10,23 +10,14 @@ use std::process::Command;
 use blockwire_tests::ceph::Cluster;
 use blockwire_tests::iscsi::tool;
 use blockwire_tests::{
-    blockwire_bin, have, path_str, patterned_file, require, require_ceph, run_bounded, text,
-    Served, MIB,
+    blockwire_bin, have, path_str, patterned_file, require, require_ceph, run_bounded,
+    run_bounded_ok, text, Served, MIB,
 };
 
 const LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 fn ok(program: &str, args: &[&str]) -> String {
-    let mut command = Command::new(program);
-    command.args(args);
-    let output = run_bounded(command, LIMIT);
-    assert!(
-        output.status.success(),
-        "{program} {args:?}: {}\n{}",
-        text(&output.stdout),
-        text(&output.stderr)
-    );
-    text(&output.stdout)
+    run_bounded_ok(program, args, LIMIT)
 }
 
 #[test]

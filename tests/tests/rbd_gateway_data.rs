@@ -3,26 +3,15 @@
 //! wrote reads back equal over iSCSI (both through the target's request queue);
 //! qemu-img writes and compares an image through NBD on the same export.
 
-use std::process::Command;
-
 use blockwire_tests::ceph::Cluster;
 use blockwire_tests::{
-    blockwire_bin, path_str, patterned_file, require, require_ceph, run_bounded, text, Served, MIB,
+    blockwire_bin, path_str, patterned_file, require, require_ceph, run_bounded_ok, Served, MIB,
 };
 
 const LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 fn ok(program: &str, args: &[&str]) -> String {
-    let mut command = Command::new(program);
-    command.args(args);
-    let output = run_bounded(command, LIMIT);
-    assert!(
-        output.status.success(),
-        "{program} {args:?}: {}\n{}",
-        text(&output.stdout),
-        text(&output.stderr)
-    );
-    text(&output.stdout)
+    run_bounded_ok(program, args, LIMIT)
 }
 
 fn same(a: &std::path::Path, b: &std::path::Path) -> bool {

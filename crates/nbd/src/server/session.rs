@@ -584,12 +584,12 @@ impl Session {
                 offset,
                 len,
             } => {
+                // Both ask cachestat(2) whether the range is cached: one asks.
                 if self.zero_copy_reads && len >= ZERO_COPY_MIN {
                     if let Ok(Some(fd)) = self.device.cached_file(offset, len.into()) {
                         return Ok(self.file_reply(cookie, offset, len, fd));
                     }
-                }
-                if let Some(reply) = self.mapped_reply(cookie, offset, len) {
+                } else if let Some(reply) = self.mapped_reply(cookie, offset, len) {
                     return Ok(reply);
                 }
                 let mut buf = IoBuf::new(len as usize);
