@@ -15,13 +15,19 @@ use blockwire_tests::{
 /// tshark's answer to `filter` over the capture, as rows of tab-separated `fields`.
 fn rows(capture: &str, port: u16, filter: &str, fields: &[&str]) -> Vec<Vec<String>> {
     let decode = format!("tcp.port=={port},iscsi");
-    // Without TCP sequence analysis, whose notes (window full, ACKed unseen
-    // segment) say nothing about the PDUs and would hide the ones that do.
+    // Loopback can reorder a connection's segments when they are sent from two
+    // CPUs, and TCP then retransmits some of them. With sequence analysis and
+    // out-of-order reassembly tshark puts the stream back together; without them
+    // it reads a retransmitted segment as the start of a new PDU, and calls it
+    // malformed. TCP's own notes are warnings, not errors, so they do not hide
+    // the PDUs' errors checked below.
     let mut args = vec![
         "-r",
         capture,
         "-o",
-        "tcp.analyze_sequence_numbers:FALSE",
+        "tcp.analyze_sequence_numbers:TRUE",
+        "-o",
+        "tcp.reassemble_out_of_order:TRUE",
         "-d",
         &decode,
         "-Y",
