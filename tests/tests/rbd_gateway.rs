@@ -138,15 +138,31 @@ fn an_rbd_image_served_over_nbd_and_iscsi_matches_what_ceph_reads() {
         assert_eq!(said.trim().lines().count(), 1, "{said}");
     }
 
-    // A config file's export names the image as its path; read-only there too.
+    // A config file's export names the image as its path and how to reach the
+    // cluster in its `rbd` table: here a user of its own, whose key is only in the
+    // keyring the table names (the conf names the admin's), so the export opens
+    // only if `id` and `keyring` are both honoured. Read-only there too.
     {
+        let keyring = dir.path().join("gateway.keyring");
+        let key = cluster.ceph_ok(&[
+            "auth",
+            "get-or-create",
+            "client.gateway",
+            "mon",
+            "profile rbd",
+            "osd",
+            "profile rbd pool=rbd",
+        ]);
+        std::fs::write(&keyring, &key.stdout).unwrap();
         let config = dir.path().join("rbd.toml");
         std::fs::write(
             &config,
             format!(
                 "[server]\nlisten = [\"127.0.0.1:0\"]\n\
-                 [[export]]\nname = \"vm\"\npath = \"{}\"\nread_only = true\n",
-                cluster.spec("imported")
+                 [[export]]\nname = \"vm\"\npath = \"rbd:rbd/imported\"\nread_only = true\n\
+                 rbd = {{ id = \"gateway\", conf = \"{}\", keyring = \"{}\", timeout = 20 }}\n",
+                path_str(&cluster.conf()),
+                path_str(&keyring),
             ),
         )
         .unwrap();

@@ -99,7 +99,15 @@ fn describe_source(export: &ExportSection) -> Result<String, String> {
         let size = parse_size(memory).map_err(|e| format!("export '{}': {e}", export.name))?;
         return Ok(format!("memory, {}", format_size(size)));
     }
+    if let Some(spec) = export.rbd_spec() {
+        return describe_rbd(&spec?, export);
+    }
     let path = export.path.as_deref().unwrap_or(Path::new(""));
+    match crate::serve::remote_target(path) {
+        Ok(Some(_)) => return Ok(format!("{} (a remote device)", path.display())),
+        Ok(None) => {}
+        Err(e) => return Err(format!("export '{}': {e:#}", export.name)),
+    }
     let size = export
         .size
         .as_deref()
@@ -119,6 +127,24 @@ fn describe_source(export: &ExportSection) -> Result<String, String> {
             path.display()
         )),
     }
+}
+
+/// A Ceph image as `serve` would open it, without reaching the cluster: the
+/// files it names must be there.
+fn describe_rbd(spec: &blockwire_rbd::RbdSpec, export: &ExportSection) -> Result<String, String> {
+    for (what, file) in [("conf", &spec.conf), ("keyring", &spec.keyring)] {
+        if let Some(file) = file {
+            if let Err(e) = std::fs::metadata(file) {
+                return Err(format!("export '{}': rbd {what} {file}: {e}", export.name));
+            }
+        }
+    }
+    let conf = spec.conf.as_deref().unwrap_or("Ceph's default search");
+    Ok(format!(
+        "Ceph RBD image {} (user {}, conf {conf})",
+        spec.name(),
+        spec.id
+    ))
 }
 
 fn describe_export(
@@ -233,5 +259,43 @@ mod tests {
         assert_eq!(error.line, Some(1), "{error:?}");
         let text = format!("{text}size = \"1G\"\n");
         assert!(check(&text).unwrap().contains("would be created"));
+    }
+
+    #[test]
+    fn remote_and_rbd_paths_are_checked_without_being_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("ceph.conf");
+        std::fs::write(&conf, "[global]\n").unwrap();
+        let text = format!(
+            "[[export]]\nname = \"vm\"\npath = \"rbd:rbd/vm\"\n\
+             rbd = {{ id = \"gw\", conf = \"{}\" }}\n\
+             [[export]]\nname = \"far\"\npath = \"nbd://127.0.0.1:1/x\"\n",
+            conf.display()
+        );
+        let report = check(&text).unwrap();
+        assert!(
+            report.contains(&format!(
+                "Ceph RBD image rbd/vm (user gw, conf {})",
+                conf.display()
+            )),
+            "{report}"
+        );
+        assert!(
+            report.contains("nbd://127.0.0.1:1/x (a remote device)"),
+            "{report}"
+        );
+        // A missing keyring, and a key given twice, are errors before any cluster.
+        let missing = text.replace("id = \"gw\"", "keyring = \"/nonexistent/k\"");
+        let error = check(&missing).unwrap_err();
+        assert!(
+            error.message.contains("rbd keyring /nonexistent/k"),
+            "{error:?}"
+        );
+        let twice = text.replace("rbd:rbd/vm", "rbd:rbd/vm:id=admin");
+        let error = check(&twice).unwrap_err();
+        assert!(
+            error.message.contains("'id' given in the spec"),
+            "{error:?}"
+        );
     }
 }

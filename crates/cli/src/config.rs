@@ -170,10 +170,71 @@ pub struct ExportSection {
     pub aoe: Option<AoeSection>,
     /// Also serve this export over iSCSI, as LUN 0 of its own target.
     pub iscsi: Option<IscsiExport>,
+    /// For a `path` of `rbd:POOL/IMAGE`: how to reach the cluster, as the spec's
+    /// `:KEY=VALUE` options (each key in one place only).
+    pub rbd: Option<RbdSection>,
     /// Limit reads and writes together to this many MB/s (10^6 bytes), like a disk.
     pub disk_rate: Option<f64>,
     /// Add this many milliseconds to every request, like a disk.
     pub disk_latency: Option<f64>,
+}
+
+impl ExportSection {
+    /// The Ceph image of an export whose `path` is `rbd:...`, with the options of
+    /// its `rbd` table; `None` for any other export.
+    pub fn rbd_spec(&self) -> Option<Result<blockwire_rbd::RbdSpec, String>> {
+        let path = self.path.as_ref()?.to_str()?;
+        if !path.starts_with(blockwire_rbd::PREFIX) {
+            return None;
+        }
+        let options = self.rbd.as_ref().map(RbdSection::options);
+        Some(
+            blockwire_rbd::RbdSpec::parse_with(path, options.as_deref().unwrap_or_default())
+                .map_err(|e| format!("export '{}': {e}", self.name)),
+        )
+    }
+}
+
+/// `rbd = { id = "gateway", conf = "/etc/ceph/ceph.conf" }`: the options of an
+/// export's `rbd:` path, kept out of the path.
+#[derive(Debug, Deserialize, JsonSchema, Clone, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RbdSection {
+    /// The cephx user, without `client.` (default "admin").
+    pub id: Option<String>,
+    /// The cluster's configuration file (default: Ceph's own search, $CEPH_CONF first).
+    pub conf: Option<PathBuf>,
+    /// The user's keyring (default: what the configuration file says).
+    pub keyring: Option<PathBuf>,
+    /// Seconds a cluster operation may take before the request fails (default 30;
+    /// 0 waits forever).
+    pub timeout: Option<f64>,
+    /// Take librbd's exclusive lock and keep it, so no other client can write.
+    pub exclusive: Option<bool>,
+}
+
+impl RbdSection {
+    /// The table as the spec's `KEY`, `VALUE` pairs.
+    pub fn options(&self) -> Vec<(&'static str, String)> {
+        let path = |p: &PathBuf| p.to_string_lossy().into_owned();
+        let mut options = Vec::new();
+        if let Some(id) = &self.id {
+            options.push(("id", id.clone()));
+        }
+        if let Some(conf) = &self.conf {
+            options.push(("conf", path(conf)));
+        }
+        if let Some(keyring) = &self.keyring {
+            options.push(("keyring", path(keyring)));
+        }
+        if let Some(timeout) = self.timeout {
+            options.push(("timeout", timeout.to_string()));
+        }
+        if let Some(exclusive) = self.exclusive {
+            options.push(("exclusive", exclusive.to_string()));
+        }
+        options
+    }
 }
 
 /// `[[volume]]`: a striped volume (RAID-0) over member devices.
@@ -323,6 +384,15 @@ impl Config {
                 return Err(invalid(
                     format!(
                         "export '{}': give exactly one of `path`, `memory` or `volume`",
+                        export.name
+                    ),
+                    at,
+                ));
+            }
+            if export.rbd.is_some() && export.rbd_spec().is_none() {
+                return Err(invalid(
+                    format!(
+                        "export '{}': an `rbd` table needs a `path` of rbd:POOL/IMAGE",
                         export.name
                     ),
                     at,
@@ -573,6 +643,48 @@ mod tests {
     }
 
     #[test]
+    fn an_rbd_table_gives_the_options_of_an_rbd_path() {
+        let text = r#"
+            [[export]]
+            name = "vm"
+            path = "rbd:rbd/vm"
+            rbd = { id = "gateway", conf = "/etc/ceph/ceph.conf", keyring = "/k", timeout = 2.5, exclusive = true }
+        "#;
+        let config: Config = toml::from_str(text).unwrap();
+        config.validate().unwrap();
+        let options = config.exports[0].rbd.as_ref().unwrap().options();
+        let options: Vec<(&str, &str)> = options.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        assert_eq!(
+            options,
+            [
+                ("id", "gateway"),
+                ("conf", "/etc/ceph/ceph.conf"),
+                ("keyring", "/k"),
+                ("timeout", "2.5"),
+                ("exclusive", "true"),
+            ]
+        );
+        let spec = blockwire_rbd::RbdSpec::parse_with(
+            "rbd:rbd/vm",
+            &config.exports[0].rbd.as_ref().unwrap().options(),
+        )
+        .unwrap();
+        assert_eq!((spec.id.as_str(), spec.exclusive), ("gateway", true));
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[[export]]\nname = \"a\"\npath = \"/srv/a.img\"\nrbd = { id = \"x\" }\n",
+        )
+        .unwrap();
+        let err = format!("{:#}", Config::load(&path).unwrap_err());
+        assert!(err.contains("needs a `path` of rbd:"), "{err}");
+        let unknown = "[[export]]\nname = \"a\"\npath = \"rbd:p/i\"\nrbd = { user = \"x\" }\n";
+        assert!(toml::from_str::<Config>(unknown).is_err());
+    }
+
+    #[test]
     fn parses_tls_keys() {
         let text = r#"
             [server]
@@ -624,6 +736,7 @@ mod tests {
                 "docs/configuration.md",
                 include_str!("../../../docs/configuration.md"),
             ),
+            ("docs/ceph.md", include_str!("../../../docs/ceph.md")),
         ];
         for (page, text) in pages {
             let blocks = toml_blocks(text);

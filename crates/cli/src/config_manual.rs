@@ -217,6 +217,8 @@ mod tests {
             "initiators",
             "iqn_prefix",
             "disk_latency",
+            "keyring",
+            "exclusive",
         ] {
             assert!(
                 page.contains(key),

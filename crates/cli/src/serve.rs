@@ -16,7 +16,7 @@ use blockwire_nbd::{Export, ExportSet, Server, ServerConfig};
 use clap::Args;
 
 use crate::config::{
-    AoeSection, Config, ExportSection, IscsiExport as IscsiExportConfig, XdpChoice,
+    AoeSection, Config, ExportSection, IscsiExport as IscsiExportConfig, RbdSection, XdpChoice,
 };
 use crate::open::{create_sparse, open, parse_reconnect, reconnect_setting, Remote, Target};
 use crate::serve_iscsi::{self, ChapSources, IscsiExport, IscsiPlan};
@@ -32,7 +32,7 @@ use crate::throttle_args;
 
 /// The remote target a PATH argument names, if it is a URI (nbd://, aoe://, iscsi://)
 /// or a striped volume.
-fn remote_target(path: &Path) -> Result<Option<Target>> {
+pub(crate) fn remote_target(path: &Path) -> Result<Option<Target>> {
     match path.to_str() {
         Some(text)
             if text.starts_with(crate::open_stripe::PREFIX)
@@ -305,14 +305,14 @@ pub(crate) fn export_from_section(
                 device
             }
         }
-        // A Ceph RBD image: `path = "rbd:POOL/IMAGE[@SNAP][:conf=...]"`.
-        (Some(path), _)
-            if path
-                .to_str()
-                .is_some_and(|p| p.starts_with(blockwire_rbd::PREFIX)) =>
-        {
-            let target = remote_target(path)?.expect("an rbd: spec");
-            let device = open(&target, section.read_only, Remote::default())
+        // A Ceph RBD image: `path = "rbd:POOL/IMAGE[@SNAP][:conf=...]"`, and its
+        // options from an `rbd` table.
+        _ if section.rbd_spec().is_some() => {
+            let spec = section
+                .rbd_spec()
+                .expect("checked above")
+                .map_err(|e| anyhow!(e))?;
+            let device = open(&Target::Rbd(spec), section.read_only, Remote::default())
                 .with_context(|| format!("export '{}'", section.name))?;
             if section.read_only {
                 device.read_only()

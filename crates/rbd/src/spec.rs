@@ -52,6 +52,14 @@ impl RbdSpec {
 
     /// Parses what follows `rbd:`.
     pub fn parse(text: &str) -> Result<RbdSpec, String> {
+        RbdSpec::parse_with(text, &[])
+    }
+
+    /// Parses what follows `rbd:`, then sets `more` (`KEY`, `VALUE` pairs given
+    /// outside the spec, as a configuration file's `rbd` table does). A key given
+    /// twice, in the spec or between the two, is an error rather than a silent
+    /// choice of one.
+    pub fn parse_with(text: &str, more: &[(&str, String)]) -> Result<RbdSpec, String> {
         let text = text.strip_prefix(PREFIX).unwrap_or(text);
         let fields = split_unescaped(text, ':');
         let (path, options) = fields.split_first().expect("split returns one field");
@@ -77,11 +85,25 @@ impl RbdSpec {
         let mut spec = RbdSpec::new(pool, image);
         spec.namespace = namespace;
         spec.snapshot = snapshot;
+        let mut given: Vec<(&str, String)> = Vec::new();
         for option in options {
             let (key, value) = option
                 .split_once('=')
                 .ok_or_else(|| format!("'rbd:{text}': option '{option}' is not KEY=VALUE"))?;
-            spec.set(key, &unescape(value))
+            given.push((key, unescape(value)));
+        }
+        let in_spec = given.len();
+        given.extend(more.iter().cloned());
+        for (index, (key, value)) in given.iter().enumerate() {
+            if let Some(first) = given[..index].iter().position(|(k, _)| k == key) {
+                let second = if first < in_spec && index >= in_spec {
+                    "in the spec and again outside it"
+                } else {
+                    "twice"
+                };
+                return Err(format!("'rbd:{text}': option '{key}' given {second}"));
+            }
+            spec.set(key, value)
                 .map_err(|e| format!("'rbd:{text}': {e}"))?;
         }
         if text.contains('\0') {
@@ -217,6 +239,24 @@ mod tests {
     }
 
     #[test]
+    fn options_from_outside_the_spec() {
+        let more = [
+            ("id", "gw".to_string()),
+            ("keyring", "/etc/ceph/k:1".to_string()),
+            ("timeout", "5".to_string()),
+        ];
+        let spec = RbdSpec::parse_with("rbd:p/i:conf=/c", &more).unwrap();
+        assert_eq!(spec.id, "gw");
+        assert_eq!(spec.conf.as_deref(), Some("/c"));
+        assert_eq!(spec.keyring.as_deref(), Some("/etc/ceph/k:1"));
+        assert_eq!(spec.timeout, Some(Duration::from_secs(5)));
+        let err = RbdSpec::parse_with("rbd:p/i:id=a", &[("id", "b".into())]).unwrap_err();
+        assert!(err.contains("'id' given in the spec and again"), "{err}");
+        let err = RbdSpec::parse_with("rbd:p/i", &[("colour", "blue".into())]).unwrap_err();
+        assert!(err.contains("unknown option 'colour'"), "{err}");
+    }
+
+    #[test]
     fn malformed_specs_say_what_is_expected() {
         for bad in [
             "rbd:image",
@@ -228,6 +268,7 @@ mod tests {
             "rbd:p/i:colour=blue",
             "rbd:p/i:timeout=-1",
             "rbd:p/i:exclusive=maybe",
+            "rbd:p/i:id=a:id=b",
         ] {
             let err = RbdSpec::parse(bad).expect_err(bad);
             assert!(err.contains("rbd:"), "{bad}: {err}");
