@@ -16,7 +16,7 @@ use blockwire_nbd::{Export, ExportSet, Server, ServerConfig};
 use clap::Args;
 
 use crate::config::{
-    AoeSection, Config, ExportSection, IscsiExport as IscsiExportConfig, RbdSection, XdpChoice,
+    AoeSection, Config, ExportSection, IscsiExport as IscsiExportConfig, XdpChoice,
 };
 use crate::open::{create_sparse, open, parse_reconnect, reconnect_setting, Remote, Target};
 use crate::serve_iscsi::{self, ChapSources, IscsiExport, IscsiPlan};
