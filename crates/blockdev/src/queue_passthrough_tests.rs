@@ -158,6 +158,56 @@ fn the_checked_queue_checks_commands_and_hands_back_what_it_would_emulate() {
     assert!(back[4096..].iter().all(|&b| b == 7));
 }
 
+#[test]
+fn a_read_only_view_keeps_the_queue_for_reads_and_refuses_writes_before_the_device() {
+    let writable = Device::from_device(Queued(MemoryDevice::new(SIZE)));
+    writable.write(&[7u8; 4096], 0, WriteFlags::NONE).unwrap();
+    let device = writable.read_only();
+    assert!(device.info().queue_wakes);
+    let mut queue = device.queue().expect("the read-only view keeps the queue");
+    queue.submit(Submission {
+        tag: 1,
+        op: QueuedOp::Read,
+        buf: IoBuf::new(4096),
+        offset: 0,
+    });
+    queue.submit(Submission {
+        tag: 2,
+        op: QueuedOp::Write(WriteFlags::NONE),
+        buf: IoBuf::from_slice(&[9u8; 4096]),
+        offset: 0,
+    });
+    let trim = QueuedCommand::Trim {
+        offset: 0,
+        len: 4096,
+        flags: WriteFlags::NONE,
+    };
+    assert!(queue.submit_command(3, trim).is_ok());
+    let zeroes = QueuedCommand::WriteZeroes {
+        offset: 0,
+        len: 4096,
+        flags: ZeroFlags::default(),
+    };
+    assert!(queue.submit_command(4, zeroes).is_ok());
+    let mut done = Vec::new();
+    queue.complete(0, &mut done);
+    done.sort_by_key(|c| c.tag);
+    assert_eq!(done.iter().map(|c| c.tag).collect::<Vec<_>>(), [1, 2, 3, 4]);
+    assert!(done[0].result.is_ok());
+    assert!(done[0].buf.iter().all(|&b| b == 7));
+    for refused in &done[1..] {
+        let error = refused.result.as_ref().unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::ReadOnly, "{error}");
+    }
+    drop(queue);
+    let mut back = vec![0u8; 4096];
+    writable.read(&mut back, 0).unwrap();
+    assert!(
+        back.iter().all(|&b| b == 7),
+        "a refused request reached the device"
+    );
+}
+
 /// Counts requests and bytes (atomics: the meter contract).
 #[derive(Default)]
 struct Tally {

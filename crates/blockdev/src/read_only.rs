@@ -71,4 +71,11 @@ impl BlockDevice for ReadOnly {
     fn cache(&self, offset: u64, len: u64) -> Result<()> {
         self.inner.cache(offset, len)
     }
+
+    /// The inner device's queue: requests reach it only through the checked
+    /// handle, which refuses every write, trim and write-zeroes of a read-only
+    /// device before they get here, so only reads and flushes pass.
+    fn queue(&self) -> Option<Box<dyn crate::RequestQueue + '_>> {
+        self.inner.queue()
+    }
 }

@@ -30,11 +30,12 @@ mod spc;
 pub mod target;
 mod unit_attention;
 pub mod vpd;
+mod write_gate;
 pub mod xcopy;
 
 pub use command::{Command, DataDirection, Response, Status, TransferInfo};
 pub use errors::{error_kind_for_sense, sense_for_error};
 pub use lun::{LogicalUnit, LunConfig, LunError};
 pub use nexus::{Nexus, NexusKey};
-pub use queued::QueuedRead;
+pub use queued::{QueuedRead, QueuedWrite};
 pub use target::{ResetKind, ScsiTarget};

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use blockwire_blockdev::Device;
 
@@ -17,6 +17,7 @@ use crate::reservation::Reservations;
 use crate::sense::{codes, Code, Sense};
 use crate::unit_attention::UnitAttentions;
 use crate::vpd::BlockFacts;
+use crate::write_gate::WriteGate;
 
 /// How a logical unit presents itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,8 +101,9 @@ pub struct LogicalUnit {
     reserved: AtomicBool,
     pub(crate) attentions: UnitAttentions,
     /// Writes take it shared, COMPARE AND WRITE exclusively: the compare and the
-    /// write are atomic against every other write (SBC-3 5.2).
-    pub(crate) write_lock: RwLock<()>,
+    /// write are atomic against every other write (SBC-3 5.2). Queued writes hold
+    /// a ticket of it while in flight.
+    pub(crate) write_gate: Arc<WriteGate>,
     /// Nexuses with PREVENT MEDIUM REMOVAL in effect (SPC-4 6.13).
     prevent: Mutex<HashSet<NexusKey>>,
     /// Outcomes of EXTENDED COPY commands for RECEIVE COPY RESULTS.
@@ -212,7 +214,7 @@ impl LogicalUnit {
             reservations: RwLock::new(Reservations::new()),
             reserved: AtomicBool::new(false),
             attentions: UnitAttentions::default(),
-            write_lock: RwLock::new(()),
+            write_gate: Arc::new(WriteGate::default()),
             prevent: Mutex::new(HashSet::new()),
             copy_results: Default::default(),
         })

@@ -1,13 +1,14 @@
-//! READs for a device's request queue: checked here as [`ScsiTarget::execute`]
-//! would check them, run by the transport on the queue without a blocked thread,
-//! and answered here from the completion.
+//! READs and WRITEs for a device's request queue: checked here as
+//! [`ScsiTarget::execute`] would check them, run by the transport on the queue
+//! without a blocked thread, and answered here from the completion.
 
-use blockwire_blockdev::{IoBuf, Result};
+use blockwire_blockdev::{IoBuf, Result, WriteFlags};
 
 use crate::cdb::{self, op, Cdb};
 use crate::command::{Command, Response};
 use crate::sense::codes;
 use crate::target::ScsiTarget;
+use crate::write_gate::QueuedWriteTicket;
 
 /// A READ (6, 10, 12 or 16) ready for the device's queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +18,19 @@ pub struct QueuedRead {
     pub len: usize,
     /// What the CDB transfers, for the response's residual.
     expected: u64,
+}
+
+/// A WRITE ready for the device's queue. It holds its share of the logical
+/// unit's write lock until dropped, so keep it until the write has finished.
+#[derive(Debug)]
+pub struct QueuedWrite {
+    /// Byte offset and length on the device; the data-out is exactly `len` long.
+    pub offset: u64,
+    pub len: usize,
+    /// FUA as the unit applies it (asked for, or a disabled write cache).
+    pub flags: WriteFlags,
+    expected: u64,
+    _ticket: QueuedWriteTicket,
 }
 
 impl ScsiTarget {
@@ -66,6 +80,64 @@ impl ScsiTarget {
             (_, Ok(())) => Response::with_data(buf, read.expected),
             (Some(unit), Err(e)) => unit.device_error(&e, read.expected),
             (None, Err(_)) => Response::code(codes::LOGICAL_UNIT_NOT_SUPPORTED, read.expected),
+        }
+    }
+
+    /// The WRITE `command` to `lun` as a device request, when it may skip
+    /// [`execute`](Self::execute): a WRITE (6, 10, 12 or 16) of whole blocks, all of
+    /// whose data-out has arrived, with no unit attention pending, no reservation
+    /// or write protection in the way, a valid range, and nobody holding the
+    /// write lock alone (COMPARE AND WRITE, ORWRITE, a cut last block). FUA needs
+    /// the device's native FUA, as its queue does. `None` for everything else,
+    /// which goes to `execute` as usual.
+    pub fn plan_write(&self, lun: u64, command: &Command<'_>) -> Option<QueuedWrite> {
+        let opcode = *command.cdb.first()?;
+        if !matches!(
+            opcode,
+            op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16
+        ) {
+            return None;
+        }
+        let unit = self.lun(lun)?;
+        if unit.attentions.any() || unit.write_protection().is_some() {
+            return None;
+        }
+        let decoded = cdb::decode(command.cdb).ok()?;
+        let expected = decoded.transfer(unit.block_size()).len;
+        let Cdb::Write(rw) = decoded else {
+            return None;
+        };
+        if unit.conflicts(command.nexus, decoded.access()) {
+            return None;
+        }
+        let (offset, len) = unit.transfer_range(rw.lba, rw.blocks).ok()?;
+        if len == 0 || command.data_out.len() as u64 != len {
+            return None;
+        }
+        let flags = unit.write_flags(rw.fua);
+        if flags.fua && !unit.device().info().capabilities.fua.is_native() {
+            return None;
+        }
+        let ticket = unit.write_gate.try_queued()?;
+        self.note_nexus(command.nexus);
+        Some(QueuedWrite {
+            offset,
+            len: len as usize,
+            flags,
+            expected,
+            _ticket: ticket,
+        })
+    }
+
+    /// The response to a WRITE planned with [`plan_write`](Self::plan_write), from
+    /// its completion; gives back its share of the write lock.
+    pub fn finish_write(&self, lun: u64, write: QueuedWrite, result: Result<()>) -> Response {
+        let expected = write.expected;
+        drop(write);
+        match (self.lun(lun), result) {
+            (_, Ok(())) => Response::good(expected),
+            (Some(unit), Err(e)) => unit.device_error(&e, expected),
+            (None, Err(_)) => Response::code(codes::LOGICAL_UNIT_NOT_SUPPORTED, expected),
         }
     }
 }

@@ -65,7 +65,7 @@ impl LogicalUnit {
     }
 
     fn write_shared(&self) -> std::sync::RwLockReadGuard<'_, ()> {
-        self.write_lock.read().unwrap_or_else(|e| e.into_inner())
+        self.write_gate.shared()
     }
 
     pub(crate) fn read(&self, rw: Rw, expected: u64) -> Response {
@@ -130,7 +130,7 @@ impl LogicalUnit {
     ) -> Result<(), blockwire_blockdev::Error> {
         let bs = self.block_size as usize;
         let span = data.len().div_ceil(bs) * bs;
-        let _exclusive = self.write_lock.write().unwrap_or_else(|e| e.into_inner());
+        let _exclusive = self.write_gate.exclusive();
         let mut buf = IoBuf::new(span);
         self.device
             .read(&mut buf[span - bs..], offset + (span - bs) as u64)?;
@@ -151,7 +151,7 @@ impl LogicalUnit {
             return Response::good(expected);
         }
         let span = got.div_ceil(self.block_size as usize) * self.block_size as usize;
-        let _exclusive = self.write_lock.write().unwrap_or_else(|e| e.into_inner());
+        let _exclusive = self.write_gate.exclusive();
         let mut buf = IoBuf::new(span);
         if let Err(err) = self.device.read(&mut buf, offset) {
             return self.device_error(&err, expected);
@@ -439,7 +439,7 @@ impl LogicalUnit {
             return self.fail(codes::INVALID_FIELD_IN_INFORMATION_UNIT, expected);
         }
         let (verify, write) = data.split_at(len);
-        let _exclusive = self.write_lock.write().unwrap_or_else(|e| e.into_inner());
+        let _exclusive = self.write_gate.exclusive();
         let mut current = IoBuf::new(len);
         if let Err(err) = self.device.read(&mut current, offset) {
             return self.device_error(&err, expected);

@@ -324,10 +324,7 @@ fn copy(
     while done < len {
         let piece = (len - done).min(buf.len() as u64) as usize;
         source.device().read(&mut buf[..piece], from + done)?;
-        let _shared = destination
-            .write_lock
-            .read()
-            .unwrap_or_else(|e| e.into_inner());
+        let _shared = destination.write_gate.shared();
         destination
             .device()
             .write(&buf[..piece], to + done, destination.write_flags(false))?;

@@ -793,3 +793,68 @@ fn block_limits_advertise_the_preferred_size_in_full() {
     let maximum = u32::from_be_bytes([data[8], data[9], data[10], data[11]]);
     assert!(optimal <= maximum, "optimal {optimal} > maximum {maximum}");
 }
+
+/// A WRITE planned for a device's queue: only a plain, whole, unobstructed WRITE
+/// is planned, and while it is in flight COMPARE AND WRITE waits for it.
+#[test]
+fn a_queued_write_is_planned_only_when_plain_and_holds_off_compare_and_write() {
+    let t = Arc::new(target());
+    let a = nexus("a");
+    let plan = |cdb: &[u8], data: &[u8]| {
+        t.plan_write(
+            0,
+            &Command {
+                nexus: &a,
+                cdb,
+                data_out: data,
+            },
+        )
+    };
+    assert!(plan(&rw10(0x28, 0, 1, 0), &[0; BS]).is_none(), "a READ");
+    assert!(
+        plan(&rw10(0x2a, 0, 2, 0), &[0; BS]).is_none(),
+        "half the data-out"
+    );
+    assert!(plan(&rw10(0x2a, 0, 0, 0), &[]).is_none(), "no blocks");
+    assert!(
+        plan(&rw10(0x2a, BLOCKS as u32, 1, 0), &[0; BS]).is_none(),
+        "past the end"
+    );
+    assert!(plan(&rw16(0x8b, 0, 1, 0), &[0; BS]).is_none(), "ORWRITE");
+    let queued = plan(&rw10(0x2a, 3, 2, 0), &[7; 2 * BS]).expect("a plain WRITE");
+    assert_eq!((queued.offset, queued.len), (3 * BS as u64, 2 * BS));
+
+    // COMPARE AND WRITE on another thread waits for the queued write to finish.
+    let (t2, done) = (
+        t.clone(),
+        Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    );
+    let finished = done.clone();
+    let caw_thread = std::thread::spawn(move || {
+        let status = caw(&t2, &nexus("b"), 0, &[0; BS], &[9; BS]).status;
+        finished.store(true, std::sync::atomic::Ordering::SeqCst);
+        status
+    });
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    assert!(
+        !done.load(std::sync::atomic::Ordering::SeqCst),
+        "COMPARE AND WRITE ran while a queued write was in flight"
+    );
+    let response = t.finish_write(0, queued, Ok(()));
+    assert_eq!(response.status, Status::Good);
+    assert_eq!(caw_thread.join().unwrap(), Status::Good);
+
+    // A read-only unit is never planned for writes.
+    let mut read_only = ScsiTarget::new();
+    let device = Device::from_device(MemoryDevice::new(BLOCKS * BS as u64)).read_only();
+    read_only.add_lun(0, unit_on(device));
+    let refused = read_only.plan_write(
+        0,
+        &Command {
+            nexus: &a,
+            cdb: &rw10(0x2a, 0, 1, 0),
+            data_out: &[0; BS],
+        },
+    );
+    assert!(refused.is_none());
+}

@@ -25,7 +25,7 @@ use crate::pdu::{
 use super::command::{send_reply, OpenR2t, PendingWrite, Reply};
 use super::io::{Incoming, Outgoing, PduReader, PduWriter, ReadError, StatSn};
 use super::naming::decode_lun;
-use super::queued::{QueuedReads, ReadJob};
+use super::queued::{QueuedCommands, QueuedJob, Work};
 use super::session::{CmdSnCheck, Session, SessionKey};
 use super::Shared;
 
@@ -185,7 +185,7 @@ pub(super) fn serve(stream: TcpStream, id: u64, shared: Arc<Shared>) {
         ping: None,
         text_in: Vec::new(),
         text_out: None,
-        queued: QueuedReads::start(&session),
+        queued: QueuedCommands::start(&session),
     };
     let ending = connection.run();
     drop(connection);
@@ -395,7 +395,7 @@ struct Connection {
     /// A long Text Response still being handed out: its tag and the rest.
     text_out: Option<(u32, Vec<u8>)>,
     /// READs to LUNs whose device has a request queue (an RBD image).
-    queued: Option<QueuedReads>,
+    queued: Option<QueuedCommands>,
 }
 
 impl Connection {
@@ -880,21 +880,79 @@ impl Connection {
         let Some(read) = plan else {
             return false;
         };
+        self.submit_queued(queued, command, lun, Work::Read(read), 0)
+            .is_ok()
+    }
+
+    /// Hands a WRITE whose data-out has all arrived to the device's request queue,
+    /// as [`try_queued`](Self::try_queued) does READs; gives the data back when it
+    /// goes the usual way.
+    fn try_queued_write(
+        &self,
+        command: &ScsiCommand,
+        lun: Option<u64>,
+        data: Option<(IoBuf, u32)>,
+        r2t_count: u32,
+    ) -> Result<(), Option<(IoBuf, u32)>> {
+        let (Some(queued), Some(lun)) = (&self.queued, lun) else {
+            return Err(data);
+        };
+        let Some((buf, received)) = data else {
+            return Err(None);
+        };
+        let scsi = self.session.scsi.as_ref().expect("normal session");
+        let queues = scsi
+            .lun(lun)
+            .is_some_and(|unit| unit.device().info().queue_wakes);
+        // Only a buffer holding exactly the data-out goes to the device as is.
+        if !queues || buf.len() != received as usize {
+            return Err(Some((buf, received)));
+        }
+        let plan = scsi.plan_write(
+            lun,
+            &Command {
+                nexus: &self.session.nexus,
+                cdb: &command.cdb,
+                data_out: &buf,
+            },
+        );
+        let Some(write) = plan else {
+            return Err(Some((buf, received)));
+        };
+        match self.submit_queued(queued, command, lun, Work::Write(write, buf), r2t_count) {
+            Ok(()) => Ok(()),
+            Err(job) => match job.work {
+                // The queue thread is gone: the write's share of the lock goes
+                // with its plan, and the command runs the usual way.
+                Work::Write(_, buf) => Err(Some((buf, received))),
+                Work::Read(_) => unreachable!("a write was submitted"),
+            },
+        }
+    }
+
+    /// Marks the command executing and hands it to the queue thread.
+    fn submit_queued(
+        &self,
+        queued: &QueuedCommands,
+        command: &ScsiCommand,
+        lun: u64,
+        work: Work,
+        r2t_count: u32,
+    ) -> Result<(), Box<QueuedJob>> {
         let itt = command.initiator_task_tag;
         self.session.start_executing(itt);
-        let job = ReadJob {
+        let job = QueuedJob {
             lun,
-            read,
+            work,
             itt,
             lun_field: command.lun,
             expected_len: command.expected_data_transfer_length,
             max_burst: self.negotiated.max_burst_length,
+            r2t_count,
         };
-        if queued.submit(job).is_err() {
+        queued.submit(job).inspect_err(|_| {
             self.session.finish_executing(itt);
-            return false;
-        }
-        true
+        })
     }
 
     /// Runs a command and sends its answer: on this thread for a small write the
@@ -908,6 +966,14 @@ impl Connection {
         early: Option<Response>,
         r2t_count: u32,
     ) {
+        let data = if early.is_none() && command.write {
+            match self.try_queued_write(command, lun, data, r2t_count) {
+                Ok(()) => return,
+                Err(data) => data,
+            }
+        } else {
+            data
+        };
         let job = Job {
             session: self.session.clone(),
             itt: command.initiator_task_tag,
