@@ -3,8 +3,10 @@
 # one BlueStore OSD on a sparse file, cephx on, everything in a temp dir), one
 # prefilled image, and in interleaved rounds: fio's rbd engine (librbd in-process,
 # the most any client gets from this cluster: the ceiling), blockwire serving the
-# image over NBD (fio's nbd engine) and over iSCSI (libiscsi's iscsi-perf, reads
-# only), and tgtd with --bstype rbd (Debian tgt-rbd) over iSCSI. Jobs: 4 KiB random
+# image over NBD (fio's nbd engine) and over iSCSI (libiscsi's iscsi-perf for reads,
+# blockwire's own initiator for writes), and tgtd with --bstype rbd (Debian tgt-rbd)
+# over iSCSI. The image is read once whole before the first round, so every round
+# finds the OSD's cache in the same state. Jobs: 4 KiB random
 # read and write at QD32, 1 MiB sequential read and write at QD16. Prints medians,
 # the ratios to the ceiling and to tgt-rbd, and each server's CPU seconds per GB
 # moved; writes JSON (bench/results/rbd-gateway.json). Needs root (tgtd's control

@@ -163,6 +163,34 @@ def iscsi_perf(url, job, seconds):
     return iops * request / 1e6, iops
 
 
+# iSCSI write jobs through blockwire's own initiator (iscsi-perf only reads):
+# (fio rw) -> (bench arguments, op and queue depth of the row to read)
+BENCH_WRITES = {
+    "randwrite": (["--workload", "random", "--random-depths", "32"], "randwrite", 32),
+    "write": (["--workload", "sequential", "--block-size", str(1 << 20), "--queue-depth",
+               "16"], "write", 16),
+}
+
+
+def bench_writes(binary, url, job, seconds, size):
+    """One write job over iSCSI by `blockwire bench`; returns MB/s, IOPS and the
+    target's CPU seconds over the job's own measurement (its other phases left out)."""
+    name, rw, request, depth = job
+    args, op, row_depth = BENCH_WRITES[rw]
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        cmd = [binary, "bench", url, "--size", str(size), "--force", "--time", str(seconds),
+               "--json", out.name, *args]
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              timeout=8 * seconds + LIMIT)
+        if proc.returncode != 0:
+            raise SystemExit(f"blockwire bench failed: {' '.join(cmd)}\n"
+                             f"{proc.stderr.decode()[-2000:]}")
+        results = json.load(open(out.name))["results"]
+    row = next(r for r in results if r["op"] == op and r["queue_depth"] == row_depth)
+    cpu = row.get("target_cpu_percent")
+    return row["mb_per_s"], row["iops"], None if cpu is None else cpu / 100.0 * seconds
+
+
 class Blockwire:
     def __init__(self, binary, spec, iscsi):
         listen = ["--iscsi", "127.0.0.1:0"] if iscsi else ["--listen", "127.0.0.1:0"]
@@ -215,6 +243,12 @@ class TgtRbd:
         return ["tgtadm", "-C", str(self.control), "--lld", "iscsi", *args]
 
     def close(self):
+        # Delete the logical unit first: tgtd then closes the image, and librbd gives
+        # back the exclusive lock and its watch. Stopped with them held, the next
+        # writer in the run would wait until the cluster times the watch out.
+        for args in (["--mode", "logicalunit", "--op", "delete", "--tid", "1", "--lun", "1"],
+                     ["--mode", "target", "--op", "delete", "--force", "--tid", "1"]):
+            subprocess.run(self.adm(*args), capture_output=True, timeout=LIMIT)
         stop(self.proc, grace=5)
         self.log.close()
         for suffix in ("", ".lock"):
@@ -250,6 +284,11 @@ def main():
         subprocess.run(["fio", "--name=prefill", "--rw=write", "--bs=4M", "--iodepth=16",
                         f"--size={size}", *direct], check=True, env=env,
                        capture_output=True, timeout=3600)
+        # One whole read first: otherwise the first round meets a colder OSD cache
+        # than the later ones (direct 4K random reads doubled from round 1 to 2).
+        subprocess.run(["fio", "--name=warm", "--rw=read", "--bs=4M", "--iodepth=16",
+                        f"--size={size}", *direct], check=True, env=env,
+                       capture_output=True, timeout=3600)
         spec = f"rbd:rbd/img:conf={cluster.conf}"
         for rnd in range(1, args.rounds + 1):
             for server in servers:
@@ -263,17 +302,20 @@ def main():
                 try:
                     for job in JOBS:
                         name, rw, request, depth = job
-                        if server in ("iscsi", "tgt-rbd") and "write" in rw:
-                            continue  # iscsi-perf only reads
                         before = cpu_seconds(target.pid) if target else 0.0
+                        cpu = None
                         if server == "direct":
                             mbps, iops = fio(direct, job, args.time, size, env)
                         elif server == "nbd":
                             mbps, iops = fio(["--ioengine=nbd", f"--uri={target.url}"], job,
                                              args.time, size)
+                        elif "write" in rw:
+                            mbps, iops, cpu = bench_writes(args.blockwire, target.url, job,
+                                                           args.time, size)
                         else:
                             mbps, iops = iscsi_perf(target.url, job, args.time)
-                        cpu = cpu_seconds(target.pid) - before if target else None
+                        if target and cpu is None:
+                            cpu = cpu_seconds(target.pid) - before
                         gb = mbps * args.time / 1000
                         r = {"server": server, "job": name, "round": rnd,
                              "mb_per_s": round(mbps, 1), "iops": round(iops),

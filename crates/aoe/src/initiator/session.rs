@@ -22,6 +22,14 @@
 //! [`Purpose`]). The driver sends them as they are; their answers go to
 //! `handle_frame` like any other.
 //!
+//! Fences: AoE has no sequence numbers, so a copy of a write frame that is still on
+//! its way (its answer was beaten by a retransmission's, or its request failed) may
+//! reach the target after a later write to the same sectors and put the old data
+//! back. After a write frame went out more than once, or failed with copies
+//! outstanding, its sectors are fenced for [`FENCE_LIFETIME`]: a new write that
+//! overlaps them waits (and the requests behind it with it) until the fence
+//! lapses, by when a stale copy has arrived or is gone.
+//!
 //! Tags: the low [`SLOT_BITS`] bits are the index of the window slot a frame occupies,
 //! the high bits a per-slot generation that advances with every transmission. An
 //! answer is accepted when its slot holds a frame and its generation is one of that
@@ -416,6 +424,18 @@ pub struct Stats {
     pub rediscoveries: u64,
     /// Identity checks passed by a target found again (at a new MAC or its old one).
     pub recoveries: u64,
+    /// Write frames whose sectors were fenced (sent more than once, or failed with
+    /// copies outstanding).
+    pub fences: u64,
+    /// Times a new write waited for a fence to lapse.
+    pub fenced_waits: u64,
+}
+
+/// Sectors a stale copy of a write may still reach, until `until`.
+#[derive(Debug, Clone)]
+struct Fence {
+    sectors: Range<u64>,
+    until: Instant,
 }
 
 struct RequestState<R> {
@@ -542,6 +562,8 @@ pub struct Session<R> {
     checks: Vec<Check>,
     /// Generation of the control slot's latest transmission.
     control_generation: u32,
+    /// Sectors new writes keep off for now; see the module documentation.
+    fences: Vec<Fence>,
     stats: Stats,
 }
 
@@ -591,6 +613,7 @@ impl<R: Clone> Session<R> {
             expected: None,
             checks: Vec::new(),
             control_generation: config.tag_seed & GEN_MASK,
+            fences: Vec::new(),
             stats: Stats::default(),
         }
     }
@@ -707,6 +730,12 @@ impl<R: Clone> Session<R> {
             if self.in_flight >= self.limit() || handed == max {
                 break;
             }
+            if let Some(until) = self.fenced(key, now) {
+                // Held, with everything behind it, until the fence lapses: the
+                // timer brings the driver back then.
+                self.note_deadline(until);
+                break;
+            }
             let Some(slot) = self.free.pop() else {
                 break;
             };
@@ -743,6 +772,44 @@ impl<R: Clone> Session<R> {
             out.transmits.push(self.transmit(slot, false));
         }
         handed
+    }
+
+    /// When the next frame of request `key` may go, if it is a write onto fenced
+    /// sectors; lapsed fences are dropped on the way.
+    fn fenced(&mut self, key: u32, now: Instant) -> Option<Instant> {
+        if self.fences.is_empty() {
+            return None;
+        }
+        self.fences.retain(|fence| fence.until > now);
+        let state = self.requests[key as usize].as_ref()?;
+        if state.plan.kind != Kind::Write {
+            return None;
+        }
+        let spec = state
+            .plan
+            .frame(self.config.sectors_per_frame, state.issued);
+        let sectors = spec.lba..spec.lba + u64::from(spec.sectors);
+        let until = self
+            .fences
+            .iter()
+            .filter(|fence| fence.sectors.start < sectors.end && sectors.start < fence.sectors.end)
+            .map(|fence| fence.until)
+            .max()?;
+        self.stats.fenced_waits += 1;
+        Some(until)
+    }
+
+    /// Fences the sectors of write frame `index` of `plan` from `now` on.
+    fn fence(&mut self, plan: Plan, index: u32, now: Instant) {
+        if plan.kind != Kind::Write {
+            return;
+        }
+        let spec = plan.frame(self.config.sectors_per_frame, index);
+        self.stats.fences += 1;
+        self.fences.push(Fence {
+            sectors: spec.lba..spec.lba + u64::from(spec.sectors),
+            until: now + FENCE_LIFETIME,
+        });
     }
 
     fn healthy(&self, path: usize) -> bool {
@@ -943,7 +1010,7 @@ impl<R: Clone> Session<R> {
         self.waiting_since = Some(now);
         let key = inflight.request;
         if header.error != 0 {
-            self.fail(key, Fault::Aoe { code: header.error }, out);
+            self.fail(key, Fault::Aoe { code: header.error }, Some(now), out);
             return Handled::Answered;
         }
         let state = self.requests[key as usize]
@@ -960,7 +1027,7 @@ impl<R: Clone> Session<R> {
                     "an ATA answer of {} bytes, shorter than its {ATA_HEADER_LEN}-byte header",
                     frame.len()
                 ));
-                self.fail(key, fault, out);
+                self.fail(key, fault, Some(now), out);
                 return Handled::Answered;
             }
         };
@@ -969,7 +1036,7 @@ impl<R: Clone> Session<R> {
                 status: args.cmd_status,
                 error: args.err_feature,
             };
-            self.fail(key, fault, out);
+            self.fail(key, fault, Some(now), out);
             return Handled::Answered;
         }
         // Targets either echo the count or, like an ATA device, count it down to zero.
@@ -978,7 +1045,7 @@ impl<R: Clone> Session<R> {
                 "the answer reports {} sectors for a frame of {}",
                 args.sector_count, spec.sectors
             ));
-            self.fail(key, fault, out);
+            self.fail(key, fault, Some(now), out);
             return Handled::Answered;
         }
         let data_len = usize::from(spec.sectors) * SECTOR_SIZE;
@@ -988,7 +1055,7 @@ impl<R: Clone> Session<R> {
                 "a read answer carries {} bytes of data, expected {data_len}",
                 frame.len() - ATA_HEADER_LEN
             ));
-            self.fail(key, fault, out);
+            self.fail(key, fault, Some(now), out);
             return Handled::Answered;
         }
 
@@ -1012,6 +1079,14 @@ impl<R: Clone> Session<R> {
             if std::mem::take(&mut state.release_held) {
                 self.release_held(now, path, inflight.sent_seq);
             }
+        }
+        if inflight.retries > 0 {
+            // Another copy of this frame may still be on its way.
+            let plan = self.requests[key as usize]
+                .as_ref()
+                .expect("frames belong to live requests")
+                .plan;
+            self.fence(plan, inflight.index, now);
         }
         self.cwnd = (self.cwnd + 1.0 / self.cwnd).min(self.slots.len() as f64);
         self.slots[slot].retransmitted =
@@ -1079,18 +1154,25 @@ impl<R: Clone> Session<R> {
     }
 
     /// Fails a request: its outstanding frames are forgotten (their answers will be
-    /// ignored), its unsent frames dropped.
-    fn fail(&mut self, key: u32, fault: Fault, out: &mut Outputs<R>) {
+    /// ignored), its unsent frames dropped. With `now`, the sectors of its write
+    /// frames still outstanding are fenced: their copies may yet land. (Without,
+    /// the session is closing and takes no more writes.)
+    fn fail(&mut self, key: u32, fault: Fault, now: Option<Instant>, out: &mut Outputs<R>) {
         let Some(state) = self.requests[key as usize].as_ref() else {
             return;
         };
+        let plan = state.plan;
         if state.issued < state.frames {
             self.queue.retain(|&queued| queued != key);
         }
         for slot in 0..self.slots.len() {
-            if self.slots[slot].frame.is_some_and(|f| f.request == key) {
-                self.release_slot(slot);
+            let Some(frame) = self.slots[slot].frame.filter(|f| f.request == key) else {
+                continue;
+            };
+            if let Some(now) = now {
+                self.fence(plan, frame.index, now);
             }
+            self.release_slot(slot);
         }
         let state = self.remove_request(key);
         out.finished.push(Finished {
@@ -1129,7 +1211,7 @@ impl<R: Clone> Session<R> {
                     retransmits,
                     silent: true,
                 };
-                self.fail_all(fault, out);
+                self.fail_all(fault, Some(now), out);
                 return;
             }
             self.note_deadline(since + timeout);
@@ -1219,8 +1301,13 @@ impl<R: Clone> Session<R> {
                     retransmits: retries,
                     silent: false,
                 };
-                self.fail(key, fault, out);
+                self.fail(key, fault, Some(now), out);
             }
+        }
+        // A write held by a fence goes when the fence lapses: wake up then.
+        self.fences.retain(|fence| fence.until > now);
+        if let Some(until) = self.fences.iter().map(|fence| fence.until).min() {
+            self.note_deadline(until);
         }
         self.rediscover(now, out);
         self.run_checks(now, out);
@@ -1559,7 +1646,7 @@ impl<R: Clone> Session<R> {
     fn break_session(&mut self, fault: Fault, out: &mut Outputs<R>) {
         self.broken = Some(fault.clone());
         self.checks.clear();
-        self.fail_all(fault, out);
+        self.fail_all(fault, None, out);
     }
 
     /// Sends the frame in `slot` again: a new tag, the next path (writes: the same
@@ -1602,13 +1689,13 @@ impl<R: Clone> Session<R> {
         frame
     }
 
-    fn fail_all(&mut self, fault: Fault, out: &mut Outputs<R>) {
+    fn fail_all(&mut self, fault: Fault, now: Option<Instant>, out: &mut Outputs<R>) {
         for key in 0..self.requests.len() as u32 {
             if self.requests[key as usize].is_some() {
                 if matches!(fault, Fault::TimedOut { .. }) {
                     self.stats.timeouts += 1;
                 }
-                self.fail(key, fault.clone(), out);
+                self.fail(key, fault.clone(), now, out);
             }
         }
         self.next_deadline = None;
@@ -1618,12 +1705,16 @@ impl<R: Clone> Session<R> {
     pub fn close(&mut self, out: &mut Outputs<R>) {
         self.closed = true;
         self.checks.clear();
-        self.fail_all(Fault::Closed, out);
+        self.fail_all(Fault::Closed, None, out);
     }
 }
 
 /// ATA status: device fault.
 const STATUS_DF: u8 = 0x20;
+/// How long the sectors of a write frame with copies unaccounted for stay fenced:
+/// the longest the retransmission timer ever waits for an answer ([`RTO_MAX`]),
+/// past which a copy is presumed lost everywhere else in the session too.
+pub const FENCE_LIFETIME: Duration = RTO_MAX;
 /// Answers without a needless retransmission after which the reordering window
 /// halves.
 const REORDER_DECAY: u32 = 4096;

@@ -1460,3 +1460,102 @@ fn only_a_path_that_lost_its_target_takes_another_mac() {
     assert!(h.control.is_empty(), "path 1's MAC is not path 0's to take");
     assert_eq!(h.session.paths()[0].target, TARGET);
 }
+
+/// Polls, moving the clock on in steps of `step`, until the session sends
+/// something; returns when, and what.
+fn poll_until_sent(
+    h: &mut Harness,
+    step: Duration,
+    limit: Duration,
+) -> (Duration, Vec<(usize, Vec<u8>)>) {
+    let start = h.now;
+    while h.now - start < limit {
+        h.now += step;
+        h.session.handle_timeout(h.now, &mut h.out);
+        let sent = h.transmit();
+        if !sent.is_empty() {
+            return (h.now - start, sent);
+        }
+    }
+    panic!("nothing sent within {limit:?}");
+}
+
+#[test]
+fn a_write_waits_while_a_copy_of_an_earlier_one_may_still_land() {
+    let mut h = Harness::new(config(16, 2));
+    let mut target = FakeTarget::new(64);
+    // The old data: its first copy is held up on the way (a busy path, a target
+    // thread that stalls); the retransmission gets there and is answered.
+    let old = h.submit(Plan::write(0, 2), vec![1; 2 * SECTOR_SIZE]);
+    let first = h.transmit();
+    assert_eq!(first.len(), 1);
+    let held_up = first[0].1.clone();
+    let again = h.advance_until_sent();
+    let answer = target.answer(&again[0].1, TARGET);
+    h.receive(again[0].0, &answer);
+    assert_eq!(h.results[&old], Ok(()));
+    assert_eq!(h.session.stats().fences, 1);
+
+    // New data for the same sectors must not go before the old copy can land.
+    let new = h.submit(Plan::write(1, 2), vec![2; 2 * SECTOR_SIZE]);
+    assert!(h.transmit().is_empty(), "the new write went out at once");
+    let wake = h.session.next_timeout().expect("a timer for the fence");
+    assert!(
+        wake <= h.now + FENCE_LIFETIME,
+        "no wake-up when the fence lapses"
+    );
+    // Half a fence later the old copy lands (its late answer is ignored)...
+    h.now += FENCE_LIFETIME / 2;
+    let late = target.answer(&held_up, TARGET);
+    assert!(matches!(h.receive(0, &late), Handled::Ignored(_)));
+    // ...and only once the fence lapsed does the new write go, and its data stays.
+    let (waited, sent) = poll_until_sent(&mut h, MS, FENCE_LIFETIME);
+    assert!(
+        waited + FENCE_LIFETIME / 2 >= FENCE_LIFETIME,
+        "the new write went out {waited:?} after the old copy, before the fence lapsed"
+    );
+    assert_eq!(sent.len(), 1);
+    let answer = target.answer(&sent[0].1, TARGET);
+    h.receive(sent[0].0, &answer);
+    assert_eq!(h.results[&new], Ok(()));
+    assert!(target.disk[SECTOR_SIZE..3 * SECTOR_SIZE]
+        .iter()
+        .all(|&b| b == 2));
+    assert!(h.session.stats().fenced_waits >= 1);
+
+    // Reads and writes elsewhere never wait for a fence.
+    h.submit(Plan::write(8, 2), vec![3; 2 * SECTOR_SIZE]);
+    assert_eq!(h.transmit().len(), 1, "lost on the way");
+    let again = h.advance_until_sent();
+    h.receive(again[0].0, &target.answer(&again[0].1, TARGET));
+    let fences = h.session.stats().fences;
+    assert_eq!(fences, 2, "the retransmitted write at 8 fenced its sectors");
+    h.read(8, 2);
+    assert_eq!(h.transmit().len(), 1, "a read of fenced sectors waited");
+    h.submit(Plan::write(20, 2), vec![4; 2 * SECTOR_SIZE]);
+    assert_eq!(h.transmit().len(), 1, "a write elsewhere waited");
+}
+
+#[test]
+fn a_write_that_failed_with_copies_outstanding_fences_its_sectors() {
+    let mut cfg = config(16, 2);
+    cfg.timeout = Duration::from_millis(200);
+    let mut h = Harness::new(cfg);
+    let mut target = FakeTarget::new(64);
+    // Nothing answers until the write fails; its copies may still be on the way.
+    let lost = h.submit(Plan::write(4, 2), vec![1; 2 * SECTOR_SIZE]);
+    h.transmit();
+    while !h.results.contains_key(&lost) {
+        h.advance(MS);
+    }
+    assert!(matches!(h.results[&lost], Err(Fault::TimedOut { .. })));
+    // The caller writes the sectors again: that waits out the fence.
+    h.submit(Plan::write(4, 2), vec![2; 2 * SECTOR_SIZE]);
+    assert!(h.transmit().is_empty(), "the rewrite went out at once");
+    let (waited, sent) = poll_until_sent(&mut h, MS, 2 * FENCE_LIFETIME);
+    assert!(waited >= FENCE_LIFETIME - MS, "went after {waited:?}");
+    h.receive(sent[0].0, &target.answer(&sent[0].1, TARGET));
+    assert!(target.disk[4 * SECTOR_SIZE..6 * SECTOR_SIZE]
+        .iter()
+        .all(|&b| b == 2));
+}
