@@ -137,6 +137,20 @@ fn an_rbd_image_served_over_nbd_and_iscsi_matches_what_ceph_reads() {
         assert!(said.contains("exclusive lock"), "{said}");
         assert_eq!(said.trim().lines().count(), 1, "{said}");
     }
+    // A gateway that stops gives back its lock and its watch at once, so the next
+    // writer (a restarted gateway) does not wait for the cluster to time them out.
+    let locks = cluster.rbd_ok(&["lock", "ls", "rbd/gw"]);
+    assert!(
+        text(&locks.stdout).trim().is_empty(),
+        "a stopped gateway left its lock: {}",
+        text(&locks.stdout)
+    );
+    let status = cluster.rbd_ok(&["status", "rbd/gw"]);
+    assert!(
+        text(&status.stdout).contains("Watchers: none"),
+        "a stopped gateway left its watch: {}",
+        text(&status.stdout)
+    );
 
     // A config file's export names the image as its path and how to reach the
     // cluster in its `rbd` table: here a user of its own, whose key is only in the

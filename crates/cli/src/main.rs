@@ -120,6 +120,9 @@ fn main() -> ExitCode {
         Command::Completions(args) => completions::run(args),
         Command::Manpages(args) => manpages::run(args),
     };
+    // Ceph images still held somewhere (a server's parts that outlive its run)
+    // are closed before the process exits, so their lock and watch go with it.
+    blockwire_rbd::close_all();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -5,7 +5,7 @@
 //! thread.
 
 use std::io::IoSlice;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use blockwire_blockdev::{
@@ -46,6 +46,21 @@ impl Description {
     }
 }
 
+/// Every image this process opened and has not dropped, for [`close_all`].
+static OPEN_IMAGES: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+/// Closes every RBD image this process still has open, whoever holds it, so a
+/// server that stops gives back librbd's exclusive lock and watch before it exits
+/// (an exiting process closes nothing: the next writer, a restarted gateway
+/// included, would wait for the cluster to time the dead watch out). Later
+/// requests to those images fail. Call it once nothing serves them any more.
+pub fn close_all() {
+    let open = std::mem::take(&mut *OPEN_IMAGES.lock().unwrap_or_else(|e| e.into_inner()));
+    for shared in open.iter().filter_map(Weak::upgrade) {
+        shared.close();
+    }
+}
+
 /// An open RBD image.
 pub struct RbdDevice {
     shared: Arc<Shared>,
@@ -70,6 +85,11 @@ impl RbdDevice {
         let snapshots = image.snapshots().map_err(query)?;
         let events = EventFd::new().map_err(|e| OpenError::new(&label, format!("eventfd: {e}")))?;
         let shared = Arc::new(Shared::new(image, spec.name(), events));
+        {
+            let mut open = OPEN_IMAGES.lock().unwrap_or_else(|e| e.into_inner());
+            open.retain(|weak| weak.strong_count() > 0);
+            open.push(Arc::downgrade(&shared));
+        }
         let poller = Poller::start(shared.clone())
             .map_err(|e| OpenError::new(&label, format!("poller: {e}")))?;
         let read_only = read_only || spec.snapshot.is_some();

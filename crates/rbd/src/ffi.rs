@@ -10,7 +10,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::marker::PhantomData;
 use std::ptr;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard};
 
 use blockwire_blockdev::IoBuf;
 use libloading::Library;
@@ -397,6 +397,9 @@ pub struct AioRequest<T> {
 pub struct Image<T> {
     api: &'static Api,
     handle: ImageT,
+    /// Whether the handle is still open: [`close`](Image::close) may end it while
+    /// others hold the image, so every call takes this shared and finds out.
+    open: RwLock<bool>,
     /// The pool (and through it the cluster) outlives the image.
     _ioctx: Arc<Ioctx>,
     _requests: PhantomData<fn(T) -> T>,
@@ -435,13 +438,41 @@ impl<T: Send> Image<T> {
         Ok(Image {
             api,
             handle,
+            open: RwLock::new(true),
             _ioctx: ioctx.clone(),
             _requests: PhantomData,
         })
     }
 
+    /// The handle for one call of `function`, held open for the call; an error
+    /// once the image was closed.
+    fn live(&self, function: &'static str) -> Result<RwLockReadGuard<'_, bool>, CallError> {
+        let open = self.open.read().unwrap_or_else(|e| e.into_inner());
+        if *open {
+            Ok(open)
+        } else {
+            Err(CallError {
+                function,
+                errno: libc::ESHUTDOWN,
+            })
+        }
+    }
+
+    /// `rbd_close` now, while others may still hold the image: it waits for the
+    /// requests librbd has in flight, gives back the exclusive lock and the watch,
+    /// and every later call fails with ESHUTDOWN. Requests finished but not yet
+    /// polled are not handed back.
+    pub fn close(&self) {
+        let mut open = self.open.write().unwrap_or_else(|e| e.into_inner());
+        if std::mem::replace(&mut *open, false) {
+            // SAFETY: a live image, and no call on it runs (we hold the gate).
+            unsafe { (self.api.rbd_close)(self.handle) };
+        }
+    }
+
     /// `rbd_stat`.
     pub fn stat(&self) -> Result<Stat, CallError> {
+        let _open = self.live("rbd_stat")?;
         let mut info = std::mem::MaybeUninit::<RbdImageInfo>::zeroed();
         // SAFETY: a live image and a buffer of the size we pass.
         check("rbd_stat", unsafe {
@@ -463,6 +494,7 @@ impl<T: Send> Image<T> {
 
     /// `rbd_get_features`: the RBD_FEATURE_* bits.
     pub fn features(&self) -> Result<u64, CallError> {
+        let _open = self.live("rbd_get_features")?;
         let mut features = 0;
         // SAFETY: a live image and a valid out-pointer.
         check("rbd_get_features", unsafe {
@@ -473,6 +505,7 @@ impl<T: Send> Image<T> {
 
     /// `rbd_snap_list`, growing the array while librbd asks for more (-ERANGE).
     pub fn snapshots(&self) -> Result<Vec<Snapshot>, CallError> {
+        let _open = self.live("rbd_snap_list")?;
         let mut capacity: c_int = 16;
         loop {
             let mut snaps: Vec<RbdSnapInfo> = (0..capacity)
@@ -512,6 +545,7 @@ impl<T: Send> Image<T> {
     /// `rbd_lock_acquire` in exclusive mode: librbd then keeps the lock instead of
     /// handing it to another client that asks.
     pub fn lock_exclusive(&self) -> Result<(), CallError> {
+        let _open = self.live("rbd_lock_acquire")?;
         // SAFETY: a live image.
         check("rbd_lock_acquire", unsafe {
             (self.api.rbd_lock_acquire)(self.handle, RBD_LOCK_MODE_EXCLUSIVE)
@@ -522,6 +556,7 @@ impl<T: Send> Image<T> {
     /// `rbd_set_image_notification` with an eventfd: librbd then queues finished
     /// completions for [`poll`](Self::poll) and bumps the eventfd.
     pub fn notify_eventfd(&self, fd: i32) -> Result<(), CallError> {
+        let _open = self.live("rbd_set_image_notification")?;
         // SAFETY: a live image and an open eventfd that outlives the image.
         check("rbd_set_image_notification", unsafe {
             (self.api.rbd_set_image_notification)(self.handle, fd, EVENT_TYPE_EVENTFD)
@@ -535,6 +570,10 @@ impl<T: Send> Image<T> {
         &self,
         mut request: Box<AioRequest<T>>,
     ) -> Result<(), (CallError, Box<AioRequest<T>>)> {
+        let _open = match self.live(request.kind.function()) {
+            Ok(open) => open,
+            Err(error) => return Err((error, request)),
+        };
         let (ptr, len) = match request.buf.as_mut() {
             Some(buf) => (buf.as_mut_ptr(), buf.len()),
             None => (ptr::null_mut(), 0),
@@ -605,6 +644,9 @@ impl<T: Send> Image<T> {
     /// (the operation's return value: a negative errno on failure).
     pub fn poll(&self, out: &mut Vec<(Box<AioRequest<T>>, isize)>) -> usize {
         const BATCH: usize = 64;
+        let Ok(_open) = self.live("rbd_poll_io_events") else {
+            return 0;
+        };
         let mut total = 0;
         loop {
             let mut completions: [CompletionT; BATCH] = [ptr::null_mut(); BATCH];
@@ -642,6 +684,7 @@ impl<T: Send> Image<T> {
     /// image's creation, whole objects, parent included): (offset, len) pairs in
     /// the order librbd reports them.
     pub fn allocated(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>, CallError> {
+        let _open = self.live("rbd_diff_iterate2")?;
         unsafe extern "C" fn collect(
             offset: u64,
             len: usize,
@@ -676,8 +719,11 @@ impl<T: Send> Image<T> {
 
 impl<T> Drop for Image<T> {
     fn drop(&mut self) {
-        // SAFETY: a live image; rbd_close waits for its operations in flight.
-        unsafe { (self.api.rbd_close)(self.handle) };
+        let open = self.open.get_mut().unwrap_or_else(|e| e.into_inner());
+        if *open {
+            // SAFETY: a live image; rbd_close waits for its operations in flight.
+            unsafe { (self.api.rbd_close)(self.handle) };
+        }
     }
 }
 

@@ -18,7 +18,7 @@ mod poller;
 mod queue;
 mod spec;
 
-pub use device::{Description, RbdDevice};
+pub use device::{close_all, Description, RbdDevice};
 pub use errors::OpenError;
 pub use ffi::{check_loadable, rbd_version, Snapshot, Stat, LIBRADOS, LIBRBD};
 pub use queue::RbdQueue;

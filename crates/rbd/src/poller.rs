@@ -61,6 +61,13 @@ impl Shared {
         }
     }
 
+    /// Stops the poller and closes the image now (see [`Image::close`]).
+    pub fn close(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.events.wake();
+        self.image.close();
+    }
+
     /// Starts `request`; if librbd refuses it, it is answered at once with the error.
     pub fn submit(&self, request: Box<Request>) {
         if let Err((call, request)) = self.image.submit(request) {
