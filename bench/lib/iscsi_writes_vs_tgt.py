@@ -32,9 +32,10 @@ JOBS = [
 ]
 
 
-def run_job(binary, url, args, op, depth, seconds, size):
+def run_job(binary, url, args, op, depth, seconds, size, pin=PIN_CLIENT):
+    """One `blockwire bench` run (pinned with `pin`); the row of `op` at `depth`."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [*PIN_CLIENT, binary, "bench", url, "--size", str(size), "--force",
+        cmd = [*pin, binary, "bench", url, "--size", str(size), "--force",
                "--time", str(seconds), "--json", out.name, *args]
         proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         if proc.returncode != 0:

@@ -19,6 +19,9 @@ import uuid
 
 from procs import CLOCK_TICKS, cpu_seconds, free_port, log, parse_size, stop, write_json  # noqa: F401
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from iscsi_writes_vs_tgt import run_job  # noqa: E402
+
 # (job name, fio rw, request bytes, requests in flight)
 JOBS = [
     ("rand-read-4K-qd32", "randread", 4096, 32),
@@ -173,21 +176,13 @@ BENCH_WRITES = {
 
 
 def bench_writes(binary, url, job, seconds, size):
-    """One write job over iSCSI by `blockwire bench`; returns MB/s, IOPS and the
-    target's CPU seconds over the job's own measurement (its other phases left out)."""
+    """One write job over iSCSI by `blockwire bench`, unpinned like the other clients;
+    returns MB/s, IOPS and the target's CPU seconds over the job's own measurement
+    (its other phases left out)."""
     name, rw, request, depth = job
     args, op, row_depth = BENCH_WRITES[rw]
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [binary, "bench", url, "--size", str(size), "--force", "--time", str(seconds),
-               "--json", out.name, *args]
-        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              timeout=8 * seconds + LIMIT)
-        if proc.returncode != 0:
-            raise SystemExit(f"blockwire bench failed: {' '.join(cmd)}\n"
-                             f"{proc.stderr.decode()[-2000:]}")
-        results = json.load(open(out.name))["results"]
-    row = next(r for r in results if r["op"] == op and r["queue_depth"] == row_depth)
-    cpu = row.get("target_cpu_percent")
+    row = run_job(binary, url, args, op, row_depth, seconds, size, pin=[])
+    cpu = row["server_cpu_percent"]
     return row["mb_per_s"], row["iops"], None if cpu is None else cpu / 100.0 * seconds
 
 

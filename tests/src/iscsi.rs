@@ -313,6 +313,24 @@ impl ConformanceCounts {
             self.passed, self.failed, self.skipped
         )
     }
+
+    /// Fails the test, naming `who`, unless nothing failed and more than `at_least`
+    /// tests passed.
+    pub fn assert_clean(&self, who: &str, at_least: usize) {
+        assert!(
+            self.failures.is_empty(),
+            "{who}: {}; failures:\n{}\n\nfull output:\n{}",
+            self.summary(),
+            self.failures.join("\n"),
+            self.output
+        );
+        assert!(
+            self.passed > at_least,
+            "{who}: only {} tests passed:\n{}",
+            self.passed,
+            self.output
+        );
+    }
 }
 
 /// Runs `iscsi-test-cu --dataloss --test=ALL URL` (every test, destructive ones
