@@ -3,7 +3,8 @@
 //! - [`uri`]: `aoe://IFACE/eSHELF.SLOT` and `aoe://eth0,eth1/e1.2`;
 //! - [`discovery`]: the config query broadcast and the answers collected;
 //! - [`session`]: the protocol state without I/O — tags, the window, the
-//!   retransmission timer ([`rtt`]), the checks every answer must pass;
+//!   retransmission timer ([`rtt`]), the checks every answer must pass, the fences
+//!   that keep stale write copies from landing on newer data (`fence`);
 //! - `engine`: the sockets and threads around the session: callers send their own
 //!   frames, one receiver thread per interface completes them;
 //! - [`errors`]: ATA and AoE errors to our neutral error kinds;
@@ -26,6 +27,7 @@ mod device;
 pub mod discovery;
 mod engine;
 pub mod errors;
+mod fence;
 mod queue;
 pub mod rtt;
 pub mod session;

@@ -22,13 +22,10 @@
 //! [`Purpose`]). The driver sends them as they are; their answers go to
 //! `handle_frame` like any other.
 //!
-//! Fences: AoE has no sequence numbers, so a copy of a write frame that is still on
-//! its way (its answer was beaten by a retransmission's, or its request failed) may
-//! reach the target after a later write to the same sectors and put the old data
-//! back. After a write frame went out more than once, or failed with copies
-//! outstanding, its sectors are fenced for [`FENCE_LIFETIME`]: a new write that
-//! overlaps them waits (and the requests behind it with it) until the fence
-//! lapses, by when a stale copy has arrived or is gone.
+//! Fences ([`super::fence`]): after a write frame went out more than once, or failed
+//! with copies outstanding, its sectors are fenced for [`FENCE_LIFETIME`]: a new
+//! write that overlaps them waits (and the requests behind it with it) until the
+//! fence lapses, by when a stale copy has arrived or is gone.
 //!
 //! Tags: the low [`SLOT_BITS`] bits are the index of the window slot a frame occupies,
 //! the high bits a per-slot generation that advances with every transmission. An
@@ -42,6 +39,8 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use super::discovery::{format_mac, query_frame};
+use super::fence::Fences;
+pub use super::fence::FENCE_LIFETIME;
 use super::rtt::{RttEstimator, RTO_MAX, RTO_MIN};
 use crate::identify::Identity;
 use crate::wire::{
@@ -431,13 +430,6 @@ pub struct Stats {
     pub fenced_waits: u64,
 }
 
-/// Sectors a stale copy of a write may still reach, until `until`.
-#[derive(Debug, Clone)]
-struct Fence {
-    sectors: Range<u64>,
-    until: Instant,
-}
-
 struct RequestState<R> {
     handle: R,
     plan: Plan,
@@ -563,7 +555,7 @@ pub struct Session<R> {
     /// Generation of the control slot's latest transmission.
     control_generation: u32,
     /// Sectors new writes keep off for now; see the module documentation.
-    fences: Vec<Fence>,
+    fences: Fences,
     stats: Stats,
 }
 
@@ -613,7 +605,7 @@ impl<R: Clone> Session<R> {
             expected: None,
             checks: Vec::new(),
             control_generation: config.tag_seed & GEN_MASK,
-            fences: Vec::new(),
+            fences: Fences::default(),
             stats: Stats::default(),
         }
     }
@@ -775,12 +767,8 @@ impl<R: Clone> Session<R> {
     }
 
     /// When the next frame of request `key` may go, if it is a write onto fenced
-    /// sectors; lapsed fences are dropped on the way.
+    /// sectors.
     fn fenced(&mut self, key: u32, now: Instant) -> Option<Instant> {
-        if self.fences.is_empty() {
-            return None;
-        }
-        self.fences.retain(|fence| fence.until > now);
         let state = self.requests[key as usize].as_ref()?;
         if state.plan.kind != Kind::Write {
             return None;
@@ -788,13 +776,9 @@ impl<R: Clone> Session<R> {
         let spec = state
             .plan
             .frame(self.config.sectors_per_frame, state.issued);
-        let sectors = spec.lba..spec.lba + u64::from(spec.sectors);
         let until = self
             .fences
-            .iter()
-            .filter(|fence| fence.sectors.start < sectors.end && sectors.start < fence.sectors.end)
-            .map(|fence| fence.until)
-            .max()?;
+            .blocking(&(spec.lba..spec.lba + u64::from(spec.sectors)), now)?;
         self.stats.fenced_waits += 1;
         Some(until)
     }
@@ -806,10 +790,8 @@ impl<R: Clone> Session<R> {
         }
         let spec = plan.frame(self.config.sectors_per_frame, index);
         self.stats.fences += 1;
-        self.fences.push(Fence {
-            sectors: spec.lba..spec.lba + u64::from(spec.sectors),
-            until: now + FENCE_LIFETIME,
-        });
+        self.fences
+            .add(spec.lba..spec.lba + u64::from(spec.sectors), now);
     }
 
     fn healthy(&self, path: usize) -> bool {
@@ -1305,8 +1287,7 @@ impl<R: Clone> Session<R> {
             }
         }
         // A write held by a fence goes when the fence lapses: wake up then.
-        self.fences.retain(|fence| fence.until > now);
-        if let Some(until) = self.fences.iter().map(|fence| fence.until).min() {
+        if let Some(until) = self.fences.next_lapse(now) {
             self.note_deadline(until);
         }
         self.rediscover(now, out);
@@ -1711,10 +1692,6 @@ impl<R: Clone> Session<R> {
 
 /// ATA status: device fault.
 const STATUS_DF: u8 = 0x20;
-/// How long the sectors of a write frame with copies unaccounted for stay fenced:
-/// the longest the retransmission timer ever waits for an answer ([`RTO_MAX`]),
-/// past which a copy is presumed lost everywhere else in the session too.
-pub const FENCE_LIFETIME: Duration = RTO_MAX;
 /// Answers without a needless retransmission after which the reordering window
 /// halves.
 const REORDER_DECAY: u32 = 4096;
