@@ -120,9 +120,17 @@ mod tests {
     fn reads_this_process() {
         assert!(resident_bytes().unwrap() > 0);
         assert!(threads().unwrap() >= 1);
+        // Other tests of this process open and close files meanwhile (the count
+        // was once off by one under CI), so open many and allow for a few.
         let before = open_fds().unwrap();
-        let file = std::fs::File::open("/proc/self/statm").unwrap();
-        assert_eq!(open_fds().unwrap(), before + 1);
-        drop(file);
+        let files: Vec<_> = (0..64)
+            .map(|_| std::fs::File::open("/proc/self/statm").unwrap())
+            .collect();
+        let during = open_fds().unwrap();
+        assert!(
+            (during - before - 64).abs() <= 16,
+            "{before} descriptors, then {during} with 64 more open"
+        );
+        drop(files);
     }
 }
