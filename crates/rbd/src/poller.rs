@@ -61,10 +61,15 @@ impl Shared {
         }
     }
 
-    /// Stops the poller and closes the image now (see [`Image::close`]).
-    pub fn close(&self) {
+    /// Tells the poller thread to stop, and wakes it to notice.
+    fn stop_polling(&self) {
         self.stop.store(true, Ordering::Release);
         self.events.wake();
+    }
+
+    /// Stops the poller and closes the image now (see [`Image::close`]).
+    pub fn close(&self) {
+        self.stop_polling();
         self.image.close();
     }
 
@@ -163,8 +168,7 @@ fn run(shared: &Shared) {
 
 impl Drop for Poller {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        self.shared.events.wake();
+        self.shared.stop_polling();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }

@@ -394,7 +394,7 @@ struct Connection {
     text_in: Vec<u8>,
     /// A long Text Response still being handed out: its tag and the rest.
     text_out: Option<(u32, Vec<u8>)>,
-    /// READs to LUNs whose device has a request queue (an RBD image).
+    /// READs and WRITEs to LUNs whose device has a request queue (an RBD image).
     queued: Option<QueuedCommands>,
 }
 
@@ -823,6 +823,13 @@ fn close_sequence(task: &mut PendingWrite, index: Option<usize>, final_bit: bool
     }
 }
 
+/// Whether `lun`'s device has a request queue that wakes its owner, which
+/// [`super::queued`] drives.
+fn lun_queues(scsi: &blockwire_scsi::ScsiTarget, lun: u64) -> bool {
+    scsi.lun(lun)
+        .is_some_and(|unit| unit.device().info().queue_wakes)
+}
+
 impl Connection {
     /// Answers a small read from the device's cache on this thread: a hand-off to a
     /// worker costs more than the read. Large reads go to the pool, where several
@@ -863,10 +870,7 @@ impl Connection {
             return false;
         };
         let scsi = self.session.scsi.as_ref().expect("normal session");
-        if !scsi
-            .lun(lun)
-            .is_some_and(|unit| unit.device().info().queue_wakes)
-        {
+        if !lun_queues(scsi, lun) {
             return false;
         }
         let plan = scsi.plan_read(
@@ -901,11 +905,8 @@ impl Connection {
             return Err(None);
         };
         let scsi = self.session.scsi.as_ref().expect("normal session");
-        let queues = scsi
-            .lun(lun)
-            .is_some_and(|unit| unit.device().info().queue_wakes);
         // Only a buffer holding exactly the data-out goes to the device as is.
-        if !queues || buf.len() != received as usize {
+        if !lun_queues(scsi, lun) || buf.len() != received as usize {
             return Err(Some((buf, received)));
         }
         let plan = scsi.plan_write(
