@@ -1,8 +1,10 @@
 //! An AoE lab for tests: our target (`blockwire serve ... --aoe eth0`) in one network
 //! namespace, and in the other a raw client that builds frames with our codec, so
-//! tests can send exactly the frames they mean (also malformed ones).
+//! tests can send exactly the frames they mean (also malformed ones). [`Vblade`]
+//! runs the reference target instead.
 
 use std::path::Path;
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use blockwire_aoe::rawsock::{Interface, RawSocket, RecvBatch};
@@ -85,6 +87,11 @@ impl AoeLab {
             status.success(),
             "ip link set eth{link} address {mac}: {status}"
         );
+    }
+
+    /// The MAC address of the target side's `eth0`: what the lab target answers from.
+    pub fn target_mac(&self) -> MacAddr {
+        interface_mac(&self.lab, self.lab.target_ns(), "eth0")
     }
 
     /// A raw client on the initiator side's eth0, aimed at the lab target.
@@ -276,4 +283,70 @@ pub fn ata_args(command: u8, lba: u64, count: u8, write: bool) -> AtaArgs {
 pub fn file_has(path: &Path, offset: usize, data: &[u8]) -> bool {
     let contents = std::fs::read(path).expect("read backing file");
     contents.get(offset..offset + data.len()) == Some(data)
+}
+
+/// The MAC address of `interface` in namespace `ns` of `lab`.
+pub fn interface_mac(lab: &VethLab, ns: &str, interface: &str) -> MacAddr {
+    lab.run_in(ns, || {
+        Interface::lookup(interface)
+            .unwrap_or_else(|e| panic!("{interface} in {ns}: {e}"))
+            .mac
+    })
+}
+
+/// Where vblade is installed, if it is (Debian package vblade).
+pub fn vblade_path() -> Option<std::path::PathBuf> {
+    ["/usr/sbin/vblade", "/usr/bin/vblade", "/sbin/vblade"]
+        .iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.exists())
+}
+
+/// Returns early from a test, saying so, when vblade is not installed.
+#[macro_export]
+macro_rules! require_vblade {
+    () => {
+        if $crate::aoe::vblade_path().is_none() {
+            eprintln!("skipped: vblade is not installed (Debian package vblade)");
+            return;
+        }
+    };
+}
+
+/// vblade (the reference AoE target) serving a file, killed when dropped.
+pub struct Vblade {
+    child: Child,
+}
+
+impl Vblade {
+    /// Starts `vblade SHELF SLOT INTERFACE IMAGE` in namespace `ns` of `lab`. vblade
+    /// announces itself at once; callers that need it answering wait for that (it
+    /// prints nothing when ready).
+    pub fn start(
+        lab: &VethLab,
+        ns: &str,
+        shelf: u16,
+        slot: u8,
+        interface: &str,
+        image: &Path,
+    ) -> Vblade {
+        let vblade = vblade_path().expect("vblade is installed (check require_vblade!)");
+        let child = lab
+            .command_in(ns, vblade)
+            .args([&shelf.to_string(), &slot.to_string(), interface])
+            .arg(image)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start vblade");
+        Vblade { child }
+    }
+}
+
+impl Drop for Vblade {
+    fn drop(&mut self) {
+        // `ip netns exec` execs vblade, so the PID is vblade's own.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
