@@ -1,5 +1,8 @@
 //! Human sizes: `4096`, `512K`, `64M`, `4G`, `1T`, `1GiB`, `100MB` (binary multiples).
 
+/// What a size may be, for error messages.
+const ALLOWED: &str = "a number of bytes with an optional suffix K, M, G, T or P, e.g. 64M";
+
 /// Parses a size with an optional binary suffix (K, M, G, T, P; `iB`/`B` accepted).
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let trimmed = text.trim();
@@ -8,9 +11,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .unwrap_or(trimmed.len());
     let (number, suffix) = trimmed.split_at(digits_end);
     if number.is_empty() {
-        return Err(format!(
-            "'{text}' is not a size (expected e.g. 4096, 64M, 4G)"
-        ));
+        return Err(format!("'{text}' is not a size ({ALLOWED})"));
     }
     let value: u64 = number
         .parse()
@@ -22,7 +23,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "G" | "GB" | "GIB" => 30,
         "T" | "TB" | "TIB" => 40,
         "P" | "PB" | "PIB" => 50,
-        other => return Err(format!("'{text}': unknown size suffix '{other}'")),
+        other => {
+            return Err(format!(
+                "'{text}' has an unknown suffix '{other}' ({ALLOWED})"
+            ))
+        }
     };
     value
         .checked_mul(1u64 << shift)

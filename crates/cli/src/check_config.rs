@@ -3,15 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use blockwire_blockdev::size::{format_size, parse_size};
 use clap::Args;
 
-use crate::config::{Config, ConfigError, ExportSection, IscsiExport};
-use crate::serve_iscsi::{default_iqn, DEFAULT_IQN_PREFIX, DEFAULT_LISTEN as ISCSI_LISTEN};
-
-/// The NBD listener when [server] names none (as `serve` does).
-const NBD_LISTEN: &str = "127.0.0.1:10809";
+use crate::config::{Config, ExportSection};
+use crate::config_validate::{export_iqn, ISCSI_LISTEN, NBD_LISTEN};
 
 #[derive(Args, Debug)]
 pub struct CheckConfigArgs {
@@ -19,139 +16,59 @@ pub struct CheckConfigArgs {
     pub file: PathBuf,
 }
 
+/// Loads the file as `serve --config` does (the same validation, the same errors)
+/// and says what it would serve.
 pub fn run(args: CheckConfigArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&args.file)
-        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", args.file.display()))?;
-    match check(&text) {
-        Ok(report) => {
-            println!("{}: valid", args.file.display());
-            print!("{report}");
-            Ok(())
-        }
-        Err(Located { line, message }) => match line {
-            Some(line) => bail!("{}:{line}: {message}", args.file.display()),
-            None => bail!("{}: {message}", args.file.display()),
-        },
-    }
+    let config = Config::load(&args.file)?;
+    println!("{}: valid", args.file.display());
+    print!("{}", describe(&config));
+    Ok(())
 }
 
-/// An error and the line (1-based) it is on, when known.
-#[derive(Debug)]
-pub struct Located {
-    pub line: Option<usize>,
-    pub message: String,
-}
-
-/// The report for a configuration's text, or its first error.
-pub fn check(text: &str) -> Result<String, Located> {
-    let config: Config = toml::from_str(text).map_err(|e| Located {
-        line: e.span().map(|span| line_at(text, span.start)),
-        message: e.message().trim().to_string(),
-    })?;
-    config.validate().map_err(|e| locate(text, e))?;
+/// What a valid configuration serves, and where.
+pub fn describe(config: &Config) -> String {
     let mut report = String::new();
-    for (index, export) in config.exports.iter().enumerate() {
-        describe_export(&config, export, &mut report).map_err(|message| Located {
-            line: table_line(text, "export", index),
-            message,
-        })?;
+    for export in &config.exports {
+        describe_export(config, export, &mut report);
     }
     if let Some(listen) = &config.metrics.listen {
         report.push_str(&format!("metrics: http://{listen}/metrics\n"));
     }
-    Ok(report)
-}
-
-fn locate(text: &str, error: ConfigError) -> Located {
-    Located {
-        line: error
-            .table
-            .and_then(|(table, index)| table_line(text, table, index)),
-        message: error.message,
-    }
-}
-
-/// The 1-based line of byte `offset`.
-fn line_at(text: &str, offset: usize) -> usize {
-    text[..offset.min(text.len())].matches('\n').count() + 1
-}
-
-/// The line of the `index`-th `[[table]]` (or the `[table]`) header.
-fn table_line(text: &str, table: &str, index: usize) -> Option<usize> {
-    let array = format!("[[{table}]]");
-    let single = format!("[{table}]");
-    text.lines()
-        .enumerate()
-        .filter(|(_, line)| {
-            let line = line.trim_start();
-            line.starts_with(&array) || line.starts_with(&single)
-        })
-        .nth(index)
-        .map(|(number, _)| number + 1)
+    report
 }
 
 /// Where the device comes from, as `serve` would open it, without opening it.
-fn describe_source(export: &ExportSection) -> Result<String, String> {
+fn describe_source(export: &ExportSection) -> String {
     if let Some(volume) = &export.volume {
-        return Ok(format!("volume '{volume}'"));
+        return format!("volume '{volume}'");
     }
     if let Some(memory) = &export.memory {
-        let size = parse_size(memory).map_err(|e| format!("export '{}': {e}", export.name))?;
-        return Ok(format!("memory, {}", format_size(size)));
+        let size = parse_size(memory).unwrap_or_default();
+        return format!("memory, {}", format_size(size));
     }
-    if let Some(spec) = export.rbd_spec() {
-        return describe_rbd(&spec?, export);
+    if let Some(Ok(spec)) = export.rbd_spec() {
+        let conf = spec.conf.as_deref().unwrap_or("Ceph's default search");
+        return format!(
+            "Ceph RBD image {} (user {}, conf {conf})",
+            spec.name(),
+            spec.id
+        );
     }
     let path = export.path.as_deref().unwrap_or(Path::new(""));
-    match crate::serve::remote_target(path) {
-        Ok(Some(_)) => return Ok(format!("{} (a remote device)", path.display())),
-        Ok(None) => {}
-        Err(e) => return Err(format!("export '{}': {e:#}", export.name)),
+    if let Ok(Some(_)) = crate::serve::remote_target(path) {
+        return format!("{} (a remote device)", path.display());
     }
-    let size = export
-        .size
-        .as_deref()
-        .map(parse_size)
-        .transpose()
-        .map_err(|e| format!("export '{}': size: {e}", export.name))?;
-    match (std::fs::metadata(path), size) {
-        (Ok(_), _) => Ok(format!("{}", path.display())),
-        (Err(_), Some(size)) if !export.read_only => Ok(format!(
+    match export.size.as_deref().map(parse_size) {
+        Some(Ok(size)) if !path.exists() => format!(
             "{} (missing: would be created as a sparse file of {})",
             path.display(),
             format_size(size)
-        )),
-        (Err(e), _) => Err(format!(
-            "export '{}': {}: {e} (give `size` to create it)",
-            export.name,
-            path.display()
-        )),
+        ),
+        _ => format!("{}", path.display()),
     }
 }
 
-/// A Ceph image as `serve` would open it, without reaching the cluster: the
-/// files it names must be there.
-fn describe_rbd(spec: &blockwire_rbd::RbdSpec, export: &ExportSection) -> Result<String, String> {
-    for (what, file) in [("conf", &spec.conf), ("keyring", &spec.keyring)] {
-        if let Some(file) = file {
-            if let Err(e) = std::fs::metadata(file) {
-                return Err(format!("export '{}': rbd {what} {file}: {e}", export.name));
-            }
-        }
-    }
-    let conf = spec.conf.as_deref().unwrap_or("Ceph's default search");
-    Ok(format!(
-        "Ceph RBD image {} (user {}, conf {conf})",
-        spec.name(),
-        spec.id
-    ))
-}
-
-fn describe_export(
-    config: &Config,
-    export: &ExportSection,
-    out: &mut String,
-) -> Result<(), String> {
+fn describe_export(config: &Config, export: &ExportSection, out: &mut String) {
     let mode = if export.read_only {
         "read-only"
     } else {
@@ -160,7 +77,7 @@ fn describe_export(
     out.push_str(&format!(
         "export '{}': {}, {mode}\n",
         export.name,
-        describe_source(export)?
+        describe_source(export)
     ));
     if export.nbd {
         let server = &config.server;
@@ -189,15 +106,7 @@ fn describe_export(
             aoe.interfaces.join(", ")
         ));
     }
-    if let Some(settings) = export.iscsi.as_ref().and_then(IscsiExport::settings) {
-        let prefix = config
-            .iscsi
-            .iqn_prefix
-            .as_deref()
-            .unwrap_or(DEFAULT_IQN_PREFIX);
-        let iqn = settings
-            .iqn
-            .unwrap_or_else(|| default_iqn(prefix, &export.name));
+    if let Some(iqn) = export_iqn(config, export) {
         let defaults = [ISCSI_LISTEN.to_string()];
         let listen = if config.iscsi.listen.is_empty() {
             &defaults[..]
@@ -208,23 +117,33 @@ fn describe_export(
             out.push_str(&format!("  iscsi://{addr}/{iqn}/0\n"));
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// What `check-config` says of `text`: the report, or the error line with the
+    /// file's name replaced by `c.toml`.
+    fn check(text: &str) -> Result<String, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, text).unwrap();
+        Config::load(&path)
+            .map(|config| describe(&config))
+            .map_err(|e| format!("{e:#}").replace(&path.display().to_string(), "c.toml"))
+    }
+
     #[test]
     fn reports_each_export_with_its_addresses() {
         let text =
             "[server]\nlisten = [\"0.0.0.0:10809\"]\n[metrics]\nlisten = \"127.0.0.1:9723\"\n\
                     [[export]]\nname = \"a\"\nmemory = \"1G\"\niscsi = true\n\
-                    aoe = { interfaces = [\"eth1\"], shelf = 3, slot = 4 }\n";
+                    aoe = { interfaces = [\"lo\"], shelf = 3, slot = 4 }\n";
         let report = check(text).unwrap();
         assert_eq!(
             report,
-            "export 'a': memory, 1G, read-write\n  nbd://0.0.0.0:10809/a\n  aoe e3.4 on eth1\n  \
+            "export 'a': memory, 1G, read-write\n  nbd://0.0.0.0:10809/a\n  aoe e3.4 on lo\n  \
              iscsi://127.0.0.1:3260/iqn.2026-11.dev.blockwire:a/0\n\
              metrics: http://127.0.0.1:9723/metrics\n"
         );
@@ -233,30 +152,63 @@ mod tests {
     #[test]
     fn a_syntax_error_is_given_with_its_line() {
         let error = check("[[export]]\nname = \"a\"\nmemory = 1G\n").unwrap_err();
-        assert_eq!(error.line, Some(3), "{error:?}");
+        assert!(error.starts_with("c.toml:3: export 'a': "), "{error}");
     }
 
     #[test]
-    fn an_unknown_key_is_given_with_its_line() {
+    fn an_unknown_key_is_one_line_with_its_line_and_the_allowed_keys() {
         let error =
             check("[[export]]\nname = \"a\"\nmemory = \"1G\"\nreadonly = true\n").unwrap_err();
-        assert_eq!(error.line, Some(4), "{error:?}");
-        assert!(error.message.contains("readonly"), "{error:?}");
+        assert!(
+            error.starts_with("c.toml:4: export 'a': unknown key 'readonly' (allowed: name, "),
+            "{error}"
+        );
+        assert!(!error.contains('\n') && !error.contains('`'), "{error}");
+    }
+
+    #[test]
+    fn a_single_listen_address_is_a_list_of_one() {
+        let report = check(
+            "[server]\nlisten = \"127.0.0.1:10811\"\n[[export]]\nname = \"a\"\nmemory = \"1M\"\n",
+        )
+        .unwrap();
+        assert!(report.contains("nbd://127.0.0.1:10811/a"), "{report}");
+    }
+
+    #[test]
+    fn wrong_types_are_said_without_rust_type_names() {
+        let error =
+            check("[server]\nworkers = \"many\"\n[[export]]\nname = \"a\"\nmemory = \"1M\"\n")
+                .unwrap_err();
+        assert!(error.starts_with("c.toml:2: [server] workers: "), "{error}");
+        assert!(!error.contains("usize"), "{error}");
+        let error = check("[[export]]\nname = \"a\"\nmemory = \"10Q\"\n").unwrap_err();
+        assert!(
+            error.starts_with("c.toml:3: export 'a': memory: '10Q'"),
+            "{error}"
+        );
+        assert!(error.contains("K, M, G, T or P"), "{error}");
     }
 
     #[test]
     fn a_senseless_export_is_given_with_the_line_of_its_table() {
         let text = "[[export]]\nname = \"a\"\nmemory = \"1G\"\n\n[[export]]\nname = \"b\"\n";
         let error = check(text).unwrap_err();
-        assert_eq!(error.line, Some(5), "{error:?}");
-        assert!(error.message.contains("exactly one of"), "{error:?}");
+        assert_eq!(
+            error,
+            "c.toml:5: export 'b': give exactly one of path, memory or volume"
+        );
     }
 
     #[test]
-    fn a_missing_file_without_a_size_is_an_error() {
-        let text = "[[export]]\nname = \"a\"\npath = \"/nonexistent/blockwire/a.img\"\n";
+    fn a_missing_file_without_a_size_is_an_error_that_names_the_key() {
+        let text = "[[export]]\nname = \"a\"\npath = \"/nonexistent-blockwire-a.img\"\n";
         let error = check(text).unwrap_err();
-        assert_eq!(error.line, Some(1), "{error:?}");
+        assert_eq!(
+            error,
+            "c.toml:3: export 'a': path: /nonexistent-blockwire-a.img does not exist; \
+             set size = \"SIZE\" to create it as a sparse file"
+        );
         let text = format!("{text}size = \"1G\"\n");
         assert!(check(&text).unwrap().contains("would be created"));
     }
@@ -288,14 +240,39 @@ mod tests {
         let missing = text.replace("id = \"gw\"", "keyring = \"/nonexistent/k\"");
         let error = check(&missing).unwrap_err();
         assert!(
-            error.message.contains("rbd keyring /nonexistent/k"),
-            "{error:?}"
+            error.contains("rbd: keyring: cannot read /nonexistent/k"),
+            "{error}"
         );
         let twice = text.replace("rbd:rbd/vm", "rbd:rbd/vm:id=admin");
         let error = check(&twice).unwrap_err();
+        assert!(error.contains("'id' given in the spec"), "{error}");
+    }
+
+    #[test]
+    fn what_serve_refuses_check_config_refuses() {
+        let two_iqns = "[[export]]\nname = \"a\"\nmemory = \"1M\"\niscsi = { iqn = \"iqn.2026-11.x:t\" }\n\
+                        [[export]]\nname = \"b\"\nmemory = \"1M\"\niscsi = { iqn = \"iqn.2026-11.x:t\" }\n";
+        let error = check(two_iqns).unwrap_err();
         assert!(
-            error.message.contains("'id' given in the spec"),
-            "{error:?}"
+            error.starts_with("c.toml:8: export 'b': iscsi: "),
+            "{error}"
+        );
+        let broadcast = "[[export]]\nname = \"a\"\nmemory = \"1M\"\n\
+                         aoe = { interfaces = [\"lo\"], shelf = 65535, slot = 255 }\n";
+        assert!(check(broadcast).unwrap_err().contains("aoe.shelf: 65535"));
+        let metrics_on_nbd = "[metrics]\nlisten = \"127.0.0.1:10809\"\n\
+                              [[export]]\nname = \"a\"\nmemory = \"1M\"\n";
+        let error = check(metrics_on_nbd).unwrap_err();
+        assert!(
+            error.starts_with("c.toml:2: [metrics] listen: 127.0.0.1:10809 is also NBD's default"),
+            "{error}"
+        );
+        let chap = "[iscsi]\nchap_user = \"u\"\nchap_secret_file = \"/nonexistent/s\"\n\
+                    [[export]]\nname = \"a\"\nmemory = \"1M\"\niscsi = true\n";
+        let error = check(chap).unwrap_err();
+        assert!(
+            error.starts_with("c.toml:3: [iscsi] chap_secret_file: cannot read /nonexistent/s"),
+            "{error}"
         );
     }
 }

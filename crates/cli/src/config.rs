@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use blockwire_blockdev::size::{format_size, parse_size};
 use blockwire_blockdev::DeviceInfo;
 use schemars::JsonSchema;
@@ -41,8 +41,8 @@ pub struct MetricsSection {
 #[derive(Debug, Default, Deserialize, JsonSchema, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct IscsiSection {
-    /// TCP addresses; default 127.0.0.1:3260.
-    #[serde(default)]
+    /// TCP addresses ("HOST:PORT" or a list of them); default 127.0.0.1:3260.
+    #[serde(default, deserialize_with = "one_or_many")]
     pub listen: Vec<String>,
     /// Target names are this, ':' and the export name (default
     /// iqn.2026-11.dev.blockwire).
@@ -100,8 +100,9 @@ impl IscsiExport {
 #[derive(Debug, Default, Deserialize, JsonSchema, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ServerSection {
-    /// TCP addresses; default 127.0.0.1:10809 unless only a socket is given.
-    #[serde(default)]
+    /// TCP addresses ("HOST:PORT" or a list of them); default 127.0.0.1:10809
+    /// unless only a socket is given.
+    #[serde(default, deserialize_with = "one_or_many")]
     pub listen: Vec<String>,
     /// Unix socket paths.
     #[serde(default)]
@@ -314,141 +315,52 @@ impl ServerSection {
     }
 }
 
-/// A configuration that parses but does not make sense, and the table at fault
-/// (`("export", 2)`: the third `[[export]]`), so `check-config` can give its line.
-#[derive(Debug)]
-pub struct ConfigError {
-    pub message: String,
-    pub table: Option<(&'static str, usize)>,
-}
-
-impl std::fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
-fn invalid(message: String, table: Option<(&'static str, usize)>) -> ConfigError {
-    ConfigError { message, table }
-}
-
 impl Config {
-    /// Reads, parses and checks the file at `path`.
+    /// Reads, parses and checks the file at `path`: the one validation
+    /// ([`crate::config_validate`]), files and interfaces included. An error is one
+    /// line, `FILE:LINE: export 'NAME': KEY: what is wrong (what is allowed)`.
     pub fn load(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read config file {}", path.display()))?;
-        let config: Config = toml::from_str(&text)
-            .with_context(|| format!("config file {} is not valid", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            anyhow!(
+                "cannot read config file {}: {}",
+                path.display(),
+                crate::config_validate::io_text(&e)
+            )
+        })?;
+        Config::parse(path, &text)
+    }
+
+    /// Parses and checks `text`, the contents of the file at `path`.
+    pub fn parse(path: &Path, text: &str) -> Result<Config> {
+        let config: Config = toml::from_str(text)
+            .map_err(|e| anyhow!(crate::config_error::parse_error(path, text, &e)))?;
         config
             .validate()
-            .with_context(|| format!("config file {} is not valid", path.display()))?;
+            .and_then(|()| crate::config_validate::check_environment(&config))
+            .map_err(|e| anyhow!(e.in_file(path, text)))?;
         Ok(config)
     }
 
-    /// Checks what the types cannot: every export has one source and one
-    /// protocol, volumes exist and are unique, limits are sane.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.exports.is_empty() {
-            return Err(invalid("the file defines no [[export]]".into(), None));
-        }
-        for (index, export) in self.exports.iter().enumerate() {
-            let at = Some(("export", index));
-            if self.exports[..index].iter().any(|e| e.name == export.name) {
-                return Err(invalid(
-                    format!("two [[export]] tables are named '{}'", export.name),
-                    at,
-                ));
-            }
-            let iscsi = export
-                .iscsi
-                .as_ref()
-                .and_then(IscsiExport::settings)
-                .is_some();
-            if !export.nbd && export.aoe.is_none() && !iscsi {
-                return Err(invalid(
-                    format!(
-                        "export '{}' is served by no protocol (nbd = false, no aoe, no iscsi)",
-                        export.name
-                    ),
-                    at,
-                ));
-            }
-            let sources = [
-                export.path.is_some(),
-                export.memory.is_some(),
-                export.volume.is_some(),
-            ];
-            if sources.iter().filter(|&&given| given).count() != 1 {
-                return Err(invalid(
-                    format!(
-                        "export '{}': give exactly one of `path`, `memory` or `volume`",
-                        export.name
-                    ),
-                    at,
-                ));
-            }
-            if export.rbd.is_some() && export.rbd_spec().is_none() {
-                return Err(invalid(
-                    format!(
-                        "export '{}': an `rbd` table needs a `path` of rbd:POOL/IMAGE",
-                        export.name
-                    ),
-                    at,
-                ));
-            }
-            if let Some(volume) = &export.volume {
-                if !self.volumes.iter().any(|v| &v.name == volume) {
-                    return Err(invalid(
-                        format!("export '{}': no [[volume]] named '{volume}'", export.name),
-                        at,
-                    ));
-                }
-            }
-        }
-        for (index, volume) in self.volumes.iter().enumerate() {
-            let at = Some(("volume", index));
-            if self.volumes[..index].iter().any(|v| v.name == volume.name) {
-                return Err(invalid(
-                    format!("two [[volume]] tables are named '{}'", volume.name),
-                    at,
-                ));
-            }
-            if volume.members.is_empty() {
-                return Err(invalid(
-                    format!("volume '{}' has no members", volume.name),
-                    at,
-                ));
-            }
-        }
-        let server = Some(("server", 0));
-        if self.server.max_connections_per_address == Some(0) {
-            return Err(invalid(
-                "[server] max_connections_per_address must be at least 1".into(),
-                server,
-            ));
-        }
-        if self.server.max_handshakes_per_address == Some(0) {
-            return Err(invalid(
-                "[server] max_handshakes_per_address must be at least 1".into(),
-                server,
-            ));
-        }
-        if let Some(secs) = self.server.send_timeout {
-            if !(secs > 0.0 && secs.is_finite()) {
-                return Err(invalid(
-                    format!(
-                        "[server] send_timeout must be a number of seconds above zero, not {secs}"
-                    ),
-                    server,
-                ));
-            }
-        }
-        if let Err(e) = self.server.unnegotiated_payload_limit() {
-            return Err(invalid(e.to_string(), server));
-        }
-        Ok(())
+    /// Checks what the types cannot, without looking outside the configuration.
+    pub fn validate(&self) -> Result<(), crate::config_error::ConfigError> {
+        crate::config_validate::validate(self)
+    }
+}
+
+/// A list of strings, or one string for a list of one (`listen = "host:port"`).
+fn one_or_many<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    match OneOrMany::deserialize(deserializer) {
+        Ok(OneOrMany::One(one)) => Ok(vec![one]),
+        Ok(OneOrMany::Many(many)) => Ok(many),
+        Err(_) => Err(serde::de::Error::custom(
+            "expected an address \"HOST:PORT\" or a list of them",
+        )),
     }
 }
 
@@ -637,7 +549,7 @@ mod tests {
              [[export]]\nname = \"a\"\nvolume = \"v\"\n",
         )
         .unwrap_err();
-        assert!(err.contains("volume 'v' has no members"), "{err}");
+        assert!(err.contains("volume 'v': members: the volume has no members"), "{err}");
         let err = load("[[export]]\nname = \"a\"\nmemory = \"1M\"\nvolume = \"v\"\n").unwrap_err();
         assert!(err.contains("exactly one of"), "{err}");
     }
@@ -679,7 +591,7 @@ mod tests {
         )
         .unwrap();
         let err = format!("{:#}", Config::load(&path).unwrap_err());
-        assert!(err.contains("needs a `path` of rbd:"), "{err}");
+        assert!(err.contains("export 'a': rbd: an rbd table needs a path of rbd:"), "{err}");
         let unknown = "[[export]]\nname = \"a\"\npath = \"rbd:p/i\"\nrbd = { user = \"x\" }\n";
         assert!(toml::from_str::<Config>(unknown).is_err());
     }
@@ -742,11 +654,13 @@ mod tests {
             let blocks = toml_blocks(text);
             assert!(!blocks.is_empty(), "{page} has no TOML example");
             for block in blocks {
-                let dir = tempfile::tempdir().unwrap();
-                let path = dir.path().join("blockwire.toml");
-                std::fs::write(&path, &block).unwrap();
-                if let Err(e) = Config::load(&path) {
-                    panic!("{page}: the example does not load: {e:#}\n{block}");
+                // The files and interfaces they name are the reader's: the
+                // configuration itself must be valid.
+                let parsed = toml::from_str::<Config>(&block)
+                    .map_err(|e| e.to_string())
+                    .and_then(|config| config.validate().map_err(|e| e.to_string()));
+                if let Err(e) = parsed {
+                    panic!("{page}: the example is not valid: {e}\n{block}");
                 }
             }
         }

@@ -18,16 +18,20 @@ pub struct NetserveArgs {
     pub listen: Option<String>,
 }
 
-/// Binds a netperf server on `addr` and says where it listens.
+/// Binds a netperf server on `addr`.
 pub fn bind(addr: &str) -> Result<NetServer> {
-    let server = NetServer::bind(addr, ServerConfig::default())
-        .with_context(|| format!("netserve: cannot listen on {addr}"))?;
+    NetServer::bind(addr, ServerConfig::default())
+        .with_context(|| format!("netserve: cannot listen on {addr}"))
+}
+
+/// Says where a bound netperf server listens.
+pub fn announce(server: &NetServer) -> Result<()> {
     let local = server.local_addr()?;
     println!(
         "netserve: listening on {local} (measure with: blockwire bench ... --netserve-port {})",
         local.port()
     );
-    Ok(server)
+    Ok(())
 }
 
 pub fn run(args: NetserveArgs) -> Result<()> {
@@ -37,6 +41,7 @@ pub fn run(args: NetserveArgs) -> Result<()> {
         .listen
         .unwrap_or_else(|| format!("127.0.0.1:{}", netperf::DEFAULT_PORT));
     let server = bind(&listen)?;
+    announce(&server)?;
     let handle = server.shutdown_handle();
     stop_signals::on_first(signals, move || handle.shutdown())?;
     println!("press Ctrl-C to stop");

@@ -18,6 +18,7 @@ use clap::Args;
 use crate::config::{
     AoeSection, Config, ExportSection, IscsiExport as IscsiExportConfig, XdpChoice,
 };
+use crate::created_files::CreatedFiles;
 use crate::open::{create_sparse, open, parse_reconnect, reconnect_setting, Remote, Target};
 use crate::serve_iscsi::{self, ChapSources, IscsiExport, IscsiPlan};
 use crate::serve_live::{Live, Loaded};
@@ -210,12 +211,14 @@ pub struct Plan {
 
 /// Opens `path`, creating a sparse file of `size` bytes if it does not exist.
 /// Refuses to resize an existing file.
-pub fn open_or_create(path: &Path, size: Option<u64>, options: FileOptions) -> Result<Device> {
+pub fn open_or_create(
+    path: &Path,
+    size: Option<u64>,
+    options: FileOptions,
+    created: &CreatedFiles,
+) -> Result<Device> {
     match (path.exists(), size) {
-        (false, None) => bail!(
-            "{} does not exist (give --size to create it as a sparse file)",
-            path.display()
-        ),
+        (false, None) => bail!("{} does not exist", path.display()),
         (false, Some(size)) => {
             if options.read_only {
                 bail!(
@@ -224,6 +227,7 @@ pub fn open_or_create(path: &Path, size: Option<u64>, options: FileOptions) -> R
                 );
             }
             create_sparse(path, size)?;
+            created.add(path);
             tracing::info!(
                 "created sparse file {} of {}",
                 path.display(),
@@ -232,7 +236,7 @@ pub fn open_or_create(path: &Path, size: Option<u64>, options: FileOptions) -> R
         }
         (true, _) => {}
     }
-    let device = FileDevice::open(path, options).map_err(|e| anyhow!("{e}"))?;
+    let device = FileDevice::open(path, options).map_err(|e| open_error(path, &e, options))?;
     if let Some(size) = size {
         let actual = blockwire_blockdev::BlockDevice::info(&device).size;
         if actual != size {
@@ -243,6 +247,30 @@ pub fn open_or_create(path: &Path, size: Option<u64>, options: FileOptions) -> R
         }
     }
     Ok(Device::from_device(device))
+}
+
+/// Why a file could not be opened, in one line naming it, with the likely fix.
+fn open_error(
+    path: &Path,
+    error: &blockwire_blockdev::Error,
+    options: FileOptions,
+) -> anyhow::Error {
+    let io = std::error::Error::source(error).and_then(|s| s.downcast_ref::<std::io::Error>());
+    let cause = match io {
+        Some(io) => crate::config_validate::io_text(io),
+        None => error.to_string(),
+    };
+    let refused = io.and_then(std::io::Error::raw_os_error);
+    let hint = match refused {
+        Some(libc::EACCES | libc::EPERM | libc::EROFS) if !options.read_only => {
+            " (to serve it read-only: --read-only, or read_only = true in a config file)"
+        }
+        Some(libc::EINVAL) if options.direct => {
+            " (this file system refuses O_DIRECT: serve it without --direct / direct = true)"
+        }
+        _ => "",
+    };
+    anyhow!("cannot open {}: {cause}{hint}", path.display())
 }
 
 fn resolve(addr: &str) -> Result<Vec<SocketAddr>> {
@@ -290,6 +318,7 @@ fn throttled(name: &str, device: Device, config: ThrottleConfig) -> Device {
 pub(crate) fn export_from_section(
     section: &ExportSection,
     volumes: &mut Volumes,
+    created: &CreatedFiles,
 ) -> Result<Export> {
     let throttle =
         throttle_args::from_config(&section.name, section.disk_rate, section.disk_latency)?;
@@ -337,7 +366,7 @@ pub(crate) fn export_from_section(
                 direct: section.direct,
                 write_behind,
             };
-            open_or_create(path, size, options)
+            open_or_create(path, size, options, created)
                 .with_context(|| format!("export '{}'", section.name))?
         }
         (None, Some(memory)) => {
@@ -355,8 +384,8 @@ pub(crate) fn export_from_section(
     Ok(Export::new(&section.name, &section.description, device))
 }
 
-fn export_from_args(args: &ServeArgs) -> Result<Export> {
-    let export = plain_export_from_args(args)?;
+fn export_from_args(args: &ServeArgs, created: &CreatedFiles) -> Result<Export> {
+    let export = plain_export_from_args(args, created)?;
     let throttle = ThrottleConfig {
         rate: args.disk_rate,
         latency: args.disk_latency.unwrap_or_default(),
@@ -365,7 +394,7 @@ fn export_from_args(args: &ServeArgs) -> Result<Export> {
     Ok(Export::new(export.name, export.description, device))
 }
 
-fn plain_export_from_args(args: &ServeArgs) -> Result<Export> {
+fn plain_export_from_args(args: &ServeArgs, created: &CreatedFiles) -> Result<Export> {
     Ok(match &args.path {
         None => {
             let device = Device::from_device(MemoryDevice::new(DEMO_SIZE));
@@ -420,7 +449,7 @@ fn plain_export_from_args(args: &ServeArgs) -> Result<Export> {
                 direct: args.direct,
                 write_behind: args.write_behind,
             };
-            let device = open_or_create(path, args.size, options)?;
+            let device = open_or_create(path, args.size, options, created)?;
             let name = match &args.name {
                 Some(name) => name.clone(),
                 None => path
@@ -444,7 +473,12 @@ pub(crate) fn aoe_config(section: &AoeSection) -> TargetConfig {
     config
 }
 
-fn plan_from_file(path: &Path, workers: usize, tls: &serve_tls::TlsArgs) -> Result<Plan> {
+fn plan_from_file(
+    path: &Path,
+    workers: usize,
+    tls: &serve_tls::TlsArgs,
+    created: &CreatedFiles,
+) -> Result<Plan> {
     let file = Config::load(path)?;
     let mut exports = ExportSet::new();
     let mut aoe = Vec::new();
@@ -457,7 +491,7 @@ fn plan_from_file(path: &Path, workers: usize, tls: &serve_tls::TlsArgs) -> Resu
     let mut volumes = Volumes::new(&file.volumes, &file.exports);
     let mut devices = HashMap::new();
     for section in &file.exports {
-        let export = export_from_section(section, &mut volumes)?;
+        let export = export_from_section(section, &mut volumes, created)?;
         devices.insert(export.name.clone(), export.device.clone());
         if let Some(served) = iscsi_export(prefix, section, &export.device) {
             iscsi.push(served);
@@ -576,8 +610,9 @@ fn iscsi_listen(listen: &[String]) -> Result<Vec<SocketAddr>> {
     Ok(addrs)
 }
 
-fn plan_from_args(args: &ServeArgs) -> Result<Plan> {
-    let export = export_from_args(args)?;
+fn plan_from_args(args: &ServeArgs, created: &CreatedFiles) -> Result<Plan> {
+    crate::serve_args_check::check(args)?;
+    let export = export_from_args(args, created)?;
     let mut aoe = Vec::new();
     if !args.aoe.is_empty() {
         let (Some(shelf), Some(slot)) = (args.shelf, args.slot) else {
@@ -637,31 +672,26 @@ fn plan_from_args(args: &ServeArgs) -> Result<Plan> {
     })
 }
 
-fn start_aoe(targets: Vec<(String, Device, TargetConfig)>) -> Result<Vec<(String, AoeTarget)>> {
-    let mut started = Vec::new();
-    for (name, device, config) in targets {
-        let target = start_aoe_target(&name, device, config)?;
-        started.push((name, target));
-    }
-    Ok(started)
-}
-
-/// Serves one export over AoE, saying where.
+/// Serves one export over AoE, unless another target already answers its address
+/// on one of its interfaces.
 pub(crate) fn start_aoe_target(
     name: &str,
     device: Device,
     config: TargetConfig,
 ) -> Result<AoeTarget> {
     let address = format!("e{}.{}", config.shelf, config.slot);
-    let target = AoeTarget::start(device, config)
-        .with_context(|| format!("export '{name}': cannot serve AoE {address}"))?;
+    AoeTarget::start(device, config)
+        .with_context(|| format!("export '{name}': cannot serve AoE {address}"))
+}
+
+/// Says where an AoE target answers, as `eSHELF.SLOT`.
+pub(crate) fn announce_aoe(name: &str, address: &str, target: &AoeTarget) {
     for interface in target.interfaces() {
         println!(
             "export '{name}': aoe {address} on {} (MTU {}); initiators use aoe://IFACE/{address}",
             interface.name, interface.mtu
         );
     }
-    Ok(target)
 }
 
 fn uri_host(addr: &SocketAddr) -> String {
@@ -672,7 +702,7 @@ fn uri_host(addr: &SocketAddr) -> String {
 }
 
 /// Prints each export's URIs: `nbds` when the target requires TLS.
-fn announce(server: &Server, sockets: &[PathBuf], tls_required: bool) {
+fn announce_nbd(server: &Server, sockets: &[PathBuf], tls_required: bool) {
     let scheme = if tls_required { "nbds" } else { "nbd" };
     for export in server.exports().iter() {
         let info = export.device.info();
@@ -700,14 +730,28 @@ fn announce(server: &Server, sockets: &[PathBuf], tls_required: bool) {
     }
 }
 
-pub fn run(args: ServeArgs) -> Result<()> {
+/// What a start bound and opened, announced only once all of it is there.
+struct Started {
+    server: Option<(Server, Vec<PathBuf>, bool)>,
+    tls: Option<String>,
+    targets: Vec<(String, AoeTarget)>,
+    /// Each AoE target's address, in the order of `targets`.
+    aoe_addresses: Vec<String>,
+    iscsi: Option<blockwire_iscsi::IscsiTarget>,
+    iscsi_devices: Vec<Device>,
+    metrics: Option<crate::metrics::MetricsEndpoint>,
+    meters: Option<serve_metrics::Meters>,
+    netserve: Option<blockwire_bench::netperf::NetServer>,
+    file: Option<Loaded>,
+}
+
+/// Validates, opens every device, binds every listener and starts every target,
+/// printing nothing; on failure whatever was started is dropped (closed).
+fn start(args: &ServeArgs, created: &CreatedFiles) -> Result<Started> {
     let plan = match &args.config {
-        Some(path) => plan_from_file(path, args.workers, &args.tls)?,
-        None => plan_from_args(&args)?,
+        Some(path) => plan_from_file(path, args.workers, &args.tls, created)?,
+        None => plan_from_args(args, created)?,
     };
-    // Installed first, so a signal during start-up still stops cleanly.
-    let mut signals = stop_signals::install()?;
-    let reloader = serve_reload::install(args.config.clone())?;
     let (plan, metrics, meters) = match args.metrics.as_deref().or(plan.metrics.as_deref()) {
         Some(listen) => {
             let addr = resolve(listen)?[0];
@@ -716,36 +760,120 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
         None => (plan, None, None),
     };
-    let file = plan.file;
-    // Bound before any export is announced: whoever sees an address printed may
-    // connect to every listener at once (connections wait in the backlog until the
-    // server thread starts).
     let netserve = args
         .netserve
         .as_deref()
         .map(crate::netserve::bind)
         .transpose()?;
+    let mut tls = None;
     let server = match plan.nbd {
         Some((exports, config, sockets)) => {
             let tls_required = config
                 .tls
                 .as_ref()
                 .is_some_and(|tls| tls.mode() == blockwire_nbd::tls::TlsMode::Require);
-            let server = Server::bind(exports, config)?;
-            announce(&server, &sockets, tls_required);
-            Some(server)
+            tls = config.tls.as_deref().map(serve_tls::describe);
+            let server = Server::bind(exports, config)
+                .map_err(|e| busy_hint(e, "NBD", "--listen", "[server] listen"))?;
+            Some((server, sockets, tls_required))
         }
         None => None,
     };
-    let mut targets = start_aoe(plan.aoe)?;
-    let mut iscsi_devices: Vec<Device> = plan
+    let iscsi_devices = plan
         .iscsi
         .iter()
         .flat_map(|p| p.exports.iter().map(|e| e.device.clone()))
         .collect();
-    let iscsi = match plan.iscsi {
-        Some(plan) => {
-            let target = serve_iscsi::bind(plan)?;
+    let iscsi = plan
+        .iscsi
+        .map(|plan| {
+            serve_iscsi::bind(plan).map_err(|e| busy_hint(e, "iSCSI", "--iscsi", "[iscsi] listen"))
+        })
+        .transpose()?;
+    let mut targets = Vec::new();
+    let mut aoe_addresses = Vec::new();
+    for (name, device, config) in plan.aoe {
+        aoe_addresses.push(format!("e{}.{}", config.shelf, config.slot));
+        let target = start_aoe_target(&name, device, config)?;
+        targets.push((name, target));
+    }
+    Ok(Started {
+        server,
+        tls,
+        targets,
+        aoe_addresses,
+        iscsi,
+        iscsi_devices,
+        metrics,
+        meters,
+        netserve,
+        file: plan.file,
+    })
+}
+
+/// A listener that cannot bind because another program holds its address, with
+/// how to choose another.
+fn busy_hint(
+    error: impl Into<anyhow::Error>,
+    protocol: &str,
+    flag: &str,
+    key: &str,
+) -> anyhow::Error {
+    let error = error.into();
+    let busy = error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse)
+    });
+    if busy {
+        anyhow!("{error:#} (another program listens there: give {protocol} another address with {flag} HOST:PORT, or {key} in a config file)")
+    } else {
+        error
+    }
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    // A start is all or nothing: what it created goes again if any part fails, and
+    // nothing is announced before every part is up.
+    let created = CreatedFiles::default();
+    let started = match start(&args, &created) {
+        Ok(started) => {
+            created.keep();
+            started
+        }
+        Err(e) => {
+            created.remove_all();
+            return Err(e);
+        }
+    };
+    let Started {
+        server,
+        tls,
+        mut targets,
+        aoe_addresses,
+        iscsi,
+        mut iscsi_devices,
+        metrics,
+        meters,
+        netserve,
+        file,
+    } = started;
+    // Installed before the announcement, so a client's first request and a signal
+    // right after it are handled.
+    let mut signals = stop_signals::install()?;
+    let reloader = serve_reload::install(args.config.clone())?;
+    if let Some(line) = &tls {
+        println!("{line}");
+    }
+    let server = server.map(|(server, sockets, tls_required)| {
+        announce_nbd(&server, &sockets, tls_required);
+        server
+    });
+    for ((name, target), address) in targets.iter().zip(&aoe_addresses) {
+        announce_aoe(name, address, target);
+    }
+    let iscsi = match iscsi {
+        Some(target) => {
             serve_iscsi::announce(&target);
             let handles = (target.shutdown_handle(), target.reload_handle());
             let thread = std::thread::Builder::new()
@@ -755,6 +883,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
         None => None,
     };
+    if let Some(metrics) = &metrics {
+        println!("metrics: http://{}/metrics", metrics.addr());
+    }
+    if let Some(netserve) = &netserve {
+        crate::netserve::announce(netserve)?;
+    }
     let iscsi_stop = iscsi.as_ref().map(|((handle, _), _)| handle.clone());
     let live = file.map(|loaded| {
         Arc::new(Mutex::new(Live::new(

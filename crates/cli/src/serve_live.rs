@@ -11,16 +11,17 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, Result};
 use blockwire_aoe::target::AoeTarget;
 use blockwire_blockdev::Device;
 use blockwire_iscsi::TargetDefinition;
 use blockwire_nbd::{Export, ExportSet};
 
 use crate::config::Config;
+use crate::created_files::CreatedFiles;
 use crate::metrics::Protocol;
 use crate::reload_diff::{self, Change, ExportChange};
-use crate::serve::{aoe_config, export_from_section, iscsi_export, start_aoe_target};
+use crate::serve::{announce_aoe, aoe_config, export_from_section, iscsi_export, start_aoe_target};
 use crate::serve_iscsi;
 use crate::serve_metrics::Meters;
 use crate::serve_volume::Volumes;
@@ -108,7 +109,18 @@ impl Live {
         for setting in reload_diff::restart_needed(&self.config, &next) {
             tracing::warn!("reload: {setting} changed; restart the service to apply it (the running value stays)");
         }
-        let prepared = self.prepare(&next, &changes)?;
+        // Files created for added exports go again if the reload is refused.
+        let created = CreatedFiles::default();
+        let prepared = match self.prepare(&next, &changes, &created) {
+            Ok(prepared) => {
+                created.keep();
+                prepared
+            }
+            Err(e) => {
+                created.remove_all();
+                return Err(e);
+            }
+        };
         let mut applied = Applied::default();
         for change in &changes {
             if !self.can_serve(change.protocol) && change.change != Change::Removed {
@@ -156,7 +168,12 @@ impl Live {
     }
 
     /// Opens the devices `next` needs anew and builds the NBD and iSCSI sets.
-    fn prepare(&self, next: &Config, changes: &[ExportChange]) -> Result<Prepared> {
+    fn prepare(
+        &self,
+        next: &Config,
+        changes: &[ExportChange],
+        created: &CreatedFiles,
+    ) -> Result<Prepared> {
         let mut volumes = Volumes::new(&next.volumes, &next.exports);
         for (name, (device, read_only)) in &self.volumes {
             let section =
@@ -173,7 +190,7 @@ impl Live {
                 .filter(|_| reload_diff::same_device(&self.config, next, &section.name));
             let device = match kept {
                 Some(device) => device.clone(),
-                None => export_from_section(section, &mut volumes)?.device,
+                None => export_from_section(section, &mut volumes, created)?.device,
             };
             devices.insert(section.name.clone(), device);
         }
@@ -307,6 +324,8 @@ impl Live {
             let device = self.metered(&devices[name], name, Protocol::Aoe);
             match start_aoe_target(name, device, aoe_config(settings)) {
                 Ok(target) => {
+                    let address = format!("e{}.{}", settings.shelf, settings.slot);
+                    announce_aoe(name, &address, &target);
                     self.aoe.insert(name.clone(), target);
                 }
                 Err(e) => tracing::error!(
@@ -318,15 +337,9 @@ impl Live {
     }
 }
 
-/// Reads and checks the file as `serve` and `check-config` would: the error names
-/// the line at fault where it can.
+/// Reads and checks the file as `serve` and `check-config` do: one validation,
+/// one line naming the place at fault.
 pub fn load(path: &std::path::Path) -> Result<Config> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    if let Err(located) = crate::check_config::check(&text) {
-        let at = located.line.map(|l| format!(":{l}")).unwrap_or_default();
-        anyhow::bail!("{}{at}: {}", path.display(), located.message);
-    }
     Config::load(path)
 }
 
@@ -354,7 +367,8 @@ mod tests {
         let mut devices = HashMap::new();
         let mut set = ExportSet::new();
         for section in &config.exports {
-            let export = export_from_section(section, &mut volumes).unwrap();
+            let export =
+                export_from_section(section, &mut volumes, &CreatedFiles::default()).unwrap();
             devices.insert(section.name.clone(), export.device.clone());
             set.add(export).unwrap();
         }

@@ -56,7 +56,6 @@ pub fn instrument(mut plan: Plan, addr: SocketAddr) -> Result<(Plan, MetricsEndp
         iscsi.sessions = Some(sessions as Arc<dyn SessionMeter>);
     }
     let endpoint = MetricsEndpoint::start(addr, metrics)?;
-    println!("metrics: http://{}/metrics", endpoint.addr());
     Ok((plan, endpoint, meters))
 }
 

@@ -94,14 +94,16 @@ pub fn target_tls(
         _ => args.settings(),
     };
     let tls = TargetTls::load(&settings).map_err(|e| anyhow!("TLS: {e}"))?;
-    if let Some(tls) = &tls {
-        let mode = match tls.mode() {
-            TlsMode::Require => "required",
-            _ => "offered",
-        };
-        println!("NBD TLS {mode}: {}", tls.summary());
-    }
     Ok(tls.map(Arc::new))
+}
+
+/// What the target's TLS is, for the start-up announcement.
+pub fn describe(tls: &TargetTls) -> String {
+    let mode = match tls.mode() {
+        TlsMode::Require => "required",
+        _ => "offered",
+    };
+    format!("NBD TLS {mode}: {}", tls.summary())
 }
 
 #[cfg(test)]
