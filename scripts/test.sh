@@ -40,6 +40,16 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "== warning: missing $packages (not root); tests that need them will be skipped" >&2
   fi
 fi
+# The qemu-utils these machines ship comes from bookworm-backports, and so must
+# every qemu package installed beside it: add that suite to apt's sources if missing.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 &&
+   ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/ &&
+   grep -rqs 'bookworm' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+  echo "== adding bookworm-backports to apt's sources (qemu packages)"
+  printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+    >/etc/apt/sources.list.d/blockwire-backports.sources
+  apt-get update -qq || echo "== warning: apt-get update failed" >&2
+fi
 # qemu's iSCSI driver (qemu-img/qemu-io iscsi://) is a module in qemu-block-extra,
 # which must be the very version of the installed qemu-utils (a backport, say): pin
 # it, and never let apt remove anything for it; without it those tests skip.
