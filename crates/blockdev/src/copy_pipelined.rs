@@ -2,7 +2,9 @@
 //! reads in flight on the source's queue and hands each filled buffer to a writing
 //! thread, which keeps writes in flight on the destination's queue and hands the
 //! buffers back. Neither waits for one request before starting the next, as nbdcopy
-//! does with libnbd.
+//! does with libnbd. Onto a destination that reads as zeroes, a buffer that is all
+//! zero is not written, and one that is partly zero is written (its blocks that are
+//! not) by the writing thread itself.
 
 use std::thread;
 
@@ -44,7 +46,7 @@ pub(super) fn copy<'a>(
                 state,
             )
         });
-        scope.spawn(move || write_side(writes, filled_rx, empty_tx, state));
+        scope.spawn(move || write_side(destination, writes, filled_rx, empty_tx, state));
         scope.spawn(move || zero_side(destination, zero_rx, options, state));
         let planned = plan(source, request_size, |piece| {
             !state.failed() && piece_tx.send(piece).is_ok()
@@ -155,6 +157,7 @@ fn zero_side(
 
 /// Writes filled buffers through the queue and hands them back.
 fn write_side(
+    destination: &Device,
     mut queue: Queue<'_>,
     filled: Receiver<(u64, IoBuf)>,
     empty: Sender<IoBuf>,
@@ -162,8 +165,19 @@ fn write_side(
 ) {
     let mut done: Vec<Completion> = Vec::new();
     let mut reader_done = false;
-    let submit = |queue: &mut Queue<'_>, (offset, buf): (u64, IoBuf)| {
+    let mut runs = Vec::new();
+    let mut submit = |queue: &mut Queue<'_>, (offset, buf): (u64, IoBuf)| {
         if state.failed() {
+            let _ = empty.send(buf);
+            return;
+        }
+        state.data_runs(&buf, offset, &mut runs);
+        if runs.len() != 1 || runs[0] != (0..buf.len()) {
+            // Zero blocks in it, onto a zero destination: no write at all, or one
+            // per run of data, here (a queued request writes a whole buffer). The
+            // rest of the copy goes on meanwhile; on a local destination (the usual
+            // zero one, a new file) the queue would run the write inline anyway.
+            state.write_runs(destination, &buf, offset, &runs);
             let _ = empty.send(buf);
             return;
         }
