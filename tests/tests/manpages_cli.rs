@@ -147,8 +147,110 @@ fn check_config_gives_the_first_error_and_its_line() {
     assert!(!output.status.success());
     let error = text(&output.stderr);
     assert!(
-        error.contains(&format!("{}:5:", path_str(&config))),
-        "{error}"
+        error.contains(&format!("{}:8: export 'b': nbd: ", path_str(&config))),
+        "the line of the key at fault: {error}"
     );
     assert!(error.contains("served by no protocol"), "{error}");
+}
+
+#[test]
+fn pages_have_signals_exit_status_and_examples_and_no_literal_backticks() {
+    require!("man");
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(blockwire_bin())
+        .arg("manpages")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_success(&output);
+    let render = |page: &str| {
+        let output = Command::new("man")
+            .args(["-l", path_str(&dir.path().join(page))])
+            .env("MANWIDTH", "100")
+            .env("MAN_KEEP_FORMATTING", "0")
+            .output()
+            .unwrap();
+        assert_success(&output);
+        // man overstrikes bold text when it writes to a pipe: X, backspace, X.
+        let mut plain = String::new();
+        for c in text(&output.stdout).chars() {
+            if c == '\u{8}' {
+                plain.pop();
+            } else {
+                plain.push(c);
+            }
+        }
+        plain
+    };
+    let serve = render("blockwire-serve.1");
+    for section in ["SIGNALS", "EXIT STATUS", "EXAMPLES", "SIGHUP", "SIGUSR1", "SIGTERM"] {
+        assert!(serve.contains(section), "blockwire-serve(1) lacks {section}");
+    }
+    let copy = render("blockwire-copy.1");
+    assert!(copy.contains("EXIT STATUS") && copy.contains("EXAMPLES"), "{copy}");
+    let toml = std::fs::read_to_string(dir.path().join("blockwire.toml.5")).unwrap();
+    assert!(!toml.contains('`'), "a literal backtick in blockwire.toml(5)");
+}
+
+#[test]
+fn serve_help_groups_flags_by_protocol() {
+    let output = Command::new(blockwire_bin())
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    assert_success(&output);
+    let help = text(&output.stdout);
+    // Headings are lines without indentation that end in a colon.
+    let mut headings = Vec::new();
+    let mut offset = 0;
+    for line in help.split_inclusive('\n') {
+        if !line.starts_with(' ') && line.trim_end().ends_with(':') {
+            headings.push((line.trim_end().trim_end_matches(':').to_string(), offset));
+        }
+        offset += line.len();
+    }
+    for (name, flag) in [
+        ("NBD", "--listen"),
+        ("AoE", "--shelf"),
+        ("iSCSI", "--chap-user"),
+        ("TLS (NBD)", "--tls-psk"),
+        ("Limits", "--workers"),
+        ("Service", "--metrics"),
+    ] {
+        let index = headings
+            .iter()
+            .position(|(heading, _)| heading == name)
+            .unwrap_or_else(|| panic!("no {name} heading:\n{help}"));
+        let start = headings[index].1;
+        let end = headings.get(index + 1).map_or(help.len(), |(_, at)| *at);
+        let flag_at = help.find(&format!("  {flag} ")).unwrap();
+        assert!(
+            (start..end).contains(&flag_at),
+            "{flag} is not under {name}:\n{help}"
+        );
+    }
+}
+
+#[test]
+fn completions_offer_the_allowed_values_of_enumerated_flags() {
+    require!("bash");
+    let modes = bash_completes("blockwire serve --tls ");
+    for mode in ["off", "on", "require"] {
+        assert!(modes.lines().any(|l| l == mode), "no {mode}: {modes}");
+    }
+    let formats = bash_completes("blockwire serve --log-format ");
+    assert!(formats.lines().any(|l| l == "json"), "{formats}");
+}
+
+#[test]
+fn info_of_an_unknown_scheme_lists_every_scheme() {
+    let output = Command::new(blockwire_bin())
+        .args(["info", "foo://host/x"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let error = text(&output.stderr);
+    for scheme in ["nbd://", "aoe://", "iscsi://", "rbd:", "stripe:"] {
+        assert!(error.contains(scheme), "{error}");
+    }
 }

@@ -52,7 +52,7 @@ pub fn render() -> String {
             };
             page.control("SH", [heading.as_str()]);
             if let Some(text) = description(property) {
-                page.text([roman(text)]);
+                page.text(marked_up(text));
             }
             if let Some(def) = def.and_then(|name| defs.get(&name)) {
                 keys(&mut page, def, defs, &heading, &mut nested);
@@ -69,7 +69,7 @@ pub fn render() -> String {
         page.control("SH", [heading.as_str()]);
         if let Some(schema) = defs.get(&def) {
             if let Some(text) = description(schema) {
-                page.text([roman(text)]);
+                page.text(marked_up(text));
             }
             keys(&mut page, schema, defs, &heading, &mut nested);
         }
@@ -112,8 +112,24 @@ fn keys(
         }
         tag.push(roman(")"));
         page.text(tag);
-        page.text([roman(description(property).unwrap_or("(undocumented)"))]);
+        page.text(marked_up(description(property).unwrap_or("(undocumented)")));
     }
+}
+
+/// A doc comment's text with its `code` spans in bold, as manual pages set
+/// literals, and no backtick left.
+fn marked_up(text: &str) -> Vec<roff::Inline> {
+    text.split('`')
+        .enumerate()
+        .filter(|(_, piece)| !piece.is_empty())
+        .map(|(index, piece)| {
+            if index % 2 == 1 {
+                bold(piece)
+            } else {
+                roman(piece)
+            }
+        })
+        .collect()
 }
 
 /// The definition a schema refers to (`{"$ref": "#/$defs/NAME"}`), also through
@@ -226,6 +242,7 @@ mod tests {
             );
         }
         assert!(!page.contains("(undocumented)"), "a key has no doc comment");
+        assert!(!page.contains('`'), "a literal backtick on the page");
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub struct CopyArgs {
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
     /// Fail when a remote target leaves a request unanswered this many seconds
-    /// (default: NBD waits, AoE gives up after 10).
+    /// (default: NBD and iSCSI wait, AoE gives up after 10; rbd: 30).
     #[arg(long, value_name = "SECS", value_parser = parse_timeout)]
     pub timeout: Option<Duration>,
     /// Keep reconnecting this many seconds when an NBD or iSCSI connection drops

@@ -56,6 +56,19 @@ pub fn run(args: InfoArgs) -> Result<()> {
         }
         return crate::info_aoe::run(&args.uri, args.list, args.json);
     }
+    let scheme = args.uri.split("://").next().unwrap_or_default();
+    if !args.uri.contains("://")
+        || !matches!(
+            scheme.to_ascii_lowercase().as_str(),
+            "nbd" | "nbd+unix" | "nbds" | "nbds+unix"
+        )
+    {
+        bail!(
+            "'{}': not a URI blockwire info reads (expected nbd://, nbd+unix://, nbds://, \
+             nbds+unix://, aoe://, iscsi://, rbd:POOL/IMAGE or stripe:CHUNK:MEMBER,...)",
+            args.uri
+        );
+    }
     let uri: NbdUri = args.uri.parse().map_err(|e| anyhow!("{e}"))?;
     let text = if args.list {
         let exports = list_exports(&uri).map_err(|e| anyhow!("{e}"))?;

@@ -24,6 +24,7 @@ mod open;
 mod open_stripe;
 mod reload_diff;
 mod serve;
+mod serve_aoe;
 mod serve_args_check;
 mod serve_iscsi;
 mod serve_live;

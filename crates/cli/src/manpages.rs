@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::{Args, CommandFactory};
 use clap_mangen::Man;
+use roff::{bold, roman, Roff};
 
 #[derive(Args, Debug)]
 pub struct ManpagesArgs {
@@ -35,14 +36,14 @@ pub fn write_all(dir: &Path) -> Result<Vec<PathBuf>> {
         written.push(path);
         Ok(())
     };
-    write("blockwire.1", render(Man::new(command.clone()))?)?;
+    write("blockwire.1", render(Man::new(command.clone()), None)?)?;
     for sub in command.get_subcommands() {
         if sub.get_name() == "help" {
             continue;
         }
         let name = format!("blockwire-{}", sub.get_name());
         let page = Man::new(sub.clone().name(name.clone())).title(name.to_uppercase());
-        write(&format!("{name}.1"), render(page)?)?;
+        write(&format!("{name}.1"), render(page, Some(sub.get_name()))?)?;
     }
     write(
         "blockwire.toml.5",
@@ -51,9 +52,162 @@ pub fn write_all(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(written)
 }
 
-fn render(man: Man) -> Result<Vec<u8>> {
+/// A page as clap_mangen writes it, then the sections it has no place for: SIGNALS
+/// (blockwire(1) and serve's page), EXIT STATUS and EXAMPLES.
+fn render(man: Man, subcommand: Option<&str>) -> Result<Vec<u8>> {
     let mut page = Vec::new();
     man.render(&mut page)
         .context("cannot render a manual page")?;
+    page.extend_from_slice(extra_sections(subcommand).render().as_bytes());
     Ok(page)
+}
+
+fn extra_sections(subcommand: Option<&str>) -> Roff {
+    let mut page = Roff::new();
+    if matches!(subcommand, None | Some("serve")) {
+        page.control("SH", ["SIGNALS"]);
+        for (signal, meaning) in SIGNALS {
+            page.control("TP", []);
+            page.text([bold(signal)]);
+            page.text([roman(meaning)]);
+        }
+    }
+    page.control("SH", ["EXIT STATUS"]);
+    for (status, meaning) in EXIT_STATUS {
+        page.control("TP", []);
+        page.text([bold(status)]);
+        page.text([roman(meaning)]);
+    }
+    let examples = examples(subcommand);
+    if !examples.is_empty() {
+        page.control("SH", ["EXAMPLES"]);
+        for (what, command) in examples {
+            page.control("PP", []);
+            page.text([roman(what)]);
+            page.control("RS", ["4"]);
+            page.control("nf", []);
+            page.text([bold(command)]);
+            page.control("fi", []);
+            page.control("RE", []);
+        }
+    }
+    page
+}
+
+/// What `serve` does on each signal.
+const SIGNALS: [(&str, &str); 3] = [
+    (
+        "SIGINT, SIGTERM",
+        "Stop accepting, finish every request already read, flush every export and \
+         exit 0. A second signal exits at once.",
+    ),
+    (
+        "SIGHUP",
+        "Reload the --config file: exports added, removed or changed are applied, \
+         the others keep their connections; a file that does not validate is refused \
+         (the log says why and where) and the running configuration stays.",
+    ),
+    (
+        "SIGUSR1",
+        "Log one status line: resident memory, threads, open files, NBD connections, \
+         iSCSI connections and AoE targets.",
+    ),
+];
+
+const EXIT_STATUS: [(&str, &str); 3] = [
+    ("0", "Done: everything asked was done."),
+    (
+        "1",
+        "Failed, or did nothing of what was asked; the reason is one line on standard \
+         error (for a configuration, FILE:LINE and the key at fault).",
+    ),
+    (
+        "2",
+        "The command line is wrong (an unknown flag, a missing value).",
+    ),
+];
+
+/// Examples for a page: what it does, and the command.
+fn examples(subcommand: Option<&str>) -> Vec<(&'static str, &'static str)> {
+    match subcommand {
+        None => vec![
+            (
+                "Serve a file over NBD on loopback:",
+                "blockwire serve /srv/disk.img",
+            ),
+            (
+                "Show what an export offers:",
+                "blockwire info nbd://127.0.0.1/disk.img",
+            ),
+            ("Measure it:", "blockwire bench nbd://127.0.0.1/disk.img"),
+        ],
+        Some("serve") => vec![
+            (
+                "A file over NBD on every address:",
+                "blockwire serve /srv/disk.img --listen 0.0.0.0:10809",
+            ),
+            (
+                "Create a 10 GiB sparse file and serve it over iSCSI:",
+                "blockwire serve /srv/new.img --size 10G --iscsi 0.0.0.0:3260",
+            ),
+            (
+                "A disk over AoE as e1.2 on eth0:",
+                "blockwire serve /dev/sdb --aoe eth0 --shelf 1 --slot 2",
+            ),
+            (
+                "The exports of a configuration file:",
+                "blockwire serve --config /etc/blockwire/blockwire.toml",
+            ),
+        ],
+        Some("bench") => vec![
+            ("A local file system:", "blockwire bench /mnt/data"),
+            (
+                "An NBD export with an HTML report:",
+                "blockwire bench nbd://host/disk --html run.html",
+            ),
+        ],
+        Some("info") => vec![
+            (
+                "The exports of an NBD server:",
+                "blockwire info --list nbd://host",
+            ),
+            (
+                "The targets of an iSCSI portal:",
+                "blockwire info iscsi://host",
+            ),
+            (
+                "The AoE targets on an interface:",
+                "blockwire info --list aoe://eth0",
+            ),
+        ],
+        Some("copy") => vec![
+            (
+                "An image onto an export, checked after:",
+                "blockwire copy disk.img nbd://host/disk --verify",
+            ),
+            (
+                "An iSCSI LUN into a sparse file:",
+                "blockwire copy iscsi://host/iqn.2026-11.dev.blockwire:disk/0 disk.img",
+            ),
+        ],
+        Some("check-config") => vec![(
+            "What a file would serve, or its first error:",
+            "blockwire check-config /etc/blockwire/blockwire.toml",
+        )],
+        Some("lab") => vec![("The seed 003 bed (root):", "blockwire lab --seed 003")],
+        Some("netserve") => vec![(
+            "On the target host:",
+            "blockwire netserve --listen 0.0.0.0:10810",
+        )],
+        Some("demo") => vec![("Serve and measure a memory disk:", "blockwire demo")],
+        Some("completions") => vec![(
+            "Bash completion for this shell:",
+            "source <(blockwire completions bash)",
+        )],
+        Some("manpages") => vec![(
+            "Write the pages:",
+            "blockwire manpages /usr/local/share/man/man1",
+        )],
+        Some(_) => Vec::new(),
+    }
 }

@@ -20,6 +20,10 @@ use blockwire_rbd::{RbdDevice, RbdSpec};
 
 use crate::open_stripe::StripeSpec;
 
+/// Every form a device may be named in, for errors.
+pub const SCHEMES: &str = "a path, file://, nbd://, nbd+unix://, nbds://, nbds+unix://, \
+                           aoe://, iscsi://, rbd:POOL/IMAGE or stripe:CHUNK:MEMBER,...";
+
 /// What a command line names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
@@ -65,7 +69,7 @@ impl Target {
             return Ok(Target::Path(PathBuf::from(path)));
         }
         if spec.contains("://") {
-            bail!("'{spec}': unknown URI scheme (expected a path, file://, nbd://, nbd+unix://, nbds://, nbds+unix://, aoe:// or iscsi://)");
+            bail!("'{spec}': unknown URI scheme (expected {SCHEMES})");
         }
         Ok(Target::Path(PathBuf::from(spec)))
     }

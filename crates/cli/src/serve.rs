@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use blockwire_aoe::target::{AoeTarget, TargetConfig};
+use blockwire_aoe::target::TargetConfig;
 use blockwire_blockdev::size::{format_size, parse_size};
 use blockwire_blockdev::write_behind::DEFAULT_WRITE_BEHIND;
 use blockwire_blockdev::{Device, FileDevice, FileOptions, MemoryDevice, Throttle, ThrottleConfig};
@@ -20,6 +20,7 @@ use crate::config::{
 };
 use crate::created_files::CreatedFiles;
 use crate::open::{create_sparse, open, parse_reconnect, reconnect_setting, Remote, Target};
+use crate::serve_aoe::ServedAoe;
 use crate::serve_iscsi::{self, ChapSources, IscsiExport, IscsiPlan};
 use crate::serve_live::{Live, Loaded};
 use crate::serve_metrics;
@@ -74,12 +75,13 @@ pub struct ServeArgs {
     #[arg(long, default_value = "")]
     pub description: String,
 
-    /// TCP address to listen on; repeatable. Default 127.0.0.1:10809 (loopback only).
-    #[arg(long, value_name = "HOST:PORT")]
+    /// NBD: TCP address to listen on; repeatable. Default 127.0.0.1:10809 (loopback
+    /// only).
+    #[arg(help_heading = "NBD", long, value_name = "HOST:PORT")]
     pub listen: Vec<String>,
 
-    /// Unix socket to listen on; repeatable. With only --socket, no TCP listener.
-    #[arg(long, value_name = "PATH")]
+    /// NBD: Unix socket to listen on; repeatable. With only --socket, no TCP listener.
+    #[arg(help_heading = "NBD", long, value_name = "PATH")]
     pub socket: Vec<PathBuf>,
 
     /// Refuse every write.
@@ -108,88 +110,109 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECS", value_parser = parse_reconnect)]
     pub reconnect: Option<Duration>,
 
-    /// Threads for requests that may block (flush, FUA, cache misses).
-    #[arg(long, default_value_t = 16)]
+    /// Threads for requests that may block (flush, FUA, cache misses), for every
+    /// protocol.
+    #[arg(help_heading = "Limits", long, default_value_t = 16)]
     pub workers: usize,
 
-    /// Serve over AoE on these interfaces (comma-separated), as eSHELF.SLOT. Without
+    /// AoE: serve on these interfaces (comma-separated), as eSHELF.SLOT. Without
     /// --listen or --socket, NBD is then not served.
-    #[arg(long, value_name = "IFACE[,IFACE...]", value_delimiter = ',')]
+    #[arg(
+        help_heading = "AoE",
+        long,
+        value_name = "IFACE[,IFACE...]",
+        value_delimiter = ','
+    )]
     pub aoe: Vec<String>,
 
-    /// AoE shelf (major address, 0-65534) for --aoe.
-    #[arg(long, requires = "aoe")]
+    /// AoE: the shelf (major address, 0-65534) for --aoe.
+    #[arg(help_heading = "AoE", long, requires = "aoe")]
     pub shelf: Option<u16>,
 
-    /// AoE slot (minor address, 0-254) for --aoe.
-    #[arg(long, requires = "aoe")]
+    /// AoE: the slot (minor address, 0-254) for --aoe.
+    #[arg(help_heading = "AoE", long, requires = "aoe")]
     pub slot: Option<u8>,
 
-    /// AoE buffer count: the frames an initiator may have outstanding at once (its
+    /// AoE: the buffer count, the frames an initiator may have outstanding at once (its
     /// window), 1-65535; default 256.
-    #[arg(long, requires = "aoe", value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(help_heading = "AoE", long, requires = "aoe", value_parser = clap::value_parser!(u16).range(1..))]
     pub buffer_count: Option<u16>,
 
-    /// Send and receive AoE through AF_XDP: an XDP program on each --aoe interface
+    /// AoE: send and receive through AF_XDP; an XDP program on each --aoe interface
     /// hands AoE frames to the target (faster per frame at MTU 1500; MTU up to
     /// 3822; tcpdump no longer sees those frames). HOOK is generic (any interface,
     /// the faster on veth; the default) or driver (native XDP).
-    #[arg(long, requires = "aoe", value_name = "HOOK", num_args = 0..=1, default_missing_value = "generic")]
+    #[arg(help_heading = "AoE", long, requires = "aoe", value_name = "HOOK", num_args = 0..=1, default_missing_value = "generic")]
     pub aoe_xdp: Option<XdpChoice>,
 
-    /// Serve over iSCSI on this TCP address (repeatable), e.g. 127.0.0.1:3260 or
+    /// iSCSI: serve on this TCP address (repeatable), e.g. 127.0.0.1:3260 or
     /// 0.0.0.0:3260; port 0 takes a free port. The export is LUN 0 of one target.
     /// Without --listen or --socket, NBD is then not served.
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(help_heading = "iSCSI", long, value_name = "HOST:PORT")]
     pub iscsi: Vec<String>,
 
-    /// iSCSI target name (default iqn.2026-11.dev.blockwire:NAME).
-    #[arg(long, requires = "iscsi")]
+    /// iSCSI: the target name (default iqn.2026-11.dev.blockwire:NAME).
+    #[arg(help_heading = "iSCSI", long, requires = "iscsi")]
     pub iqn: Option<String>,
 
-    /// Logical block size of the iSCSI LUN: 512 or 4096.
-    #[arg(long, requires = "iscsi", default_value_t = 512)]
+    /// iSCSI: the logical block size of the LUN: 512 or 4096.
+    #[arg(
+        help_heading = "iSCSI",
+        long,
+        requires = "iscsi",
+        default_value_t = 512
+    )]
     pub block_size: u32,
 
-    /// Require one-way CHAP with this user name for iSCSI logins; the secret comes
+    /// iSCSI: require one-way CHAP with this user name for logins; the secret comes
     /// from --chap-secret-file or the BLOCKWIRE_CHAP_SECRET environment variable.
-    #[arg(long, requires = "iscsi")]
+    #[arg(help_heading = "iSCSI", long, requires = "iscsi")]
     pub chap_user: Option<String>,
 
-    /// File whose first line is the CHAP secret.
-    #[arg(long, requires = "chap_user", value_name = "FILE")]
+    /// iSCSI: the file whose first line is the CHAP secret.
+    #[arg(
+        help_heading = "iSCSI",
+        long,
+        requires = "chap_user",
+        value_name = "FILE"
+    )]
     pub chap_secret_file: Option<PathBuf>,
 
-    /// Mutual CHAP: the name the target answers the initiator's challenge with; the
+    /// iSCSI: mutual CHAP, the name the target answers the initiator's challenge with; the
     /// secret comes from --mutual-chap-secret-file or BLOCKWIRE_MUTUAL_CHAP_SECRET.
-    #[arg(long, requires = "chap_user")]
+    #[arg(help_heading = "iSCSI", long, requires = "chap_user")]
     pub mutual_chap_user: Option<String>,
 
-    /// File whose first line is the mutual CHAP secret.
-    #[arg(long, requires = "mutual_chap_user", value_name = "FILE")]
+    /// iSCSI: the file whose first line is the mutual CHAP secret.
+    #[arg(
+        help_heading = "iSCSI",
+        long,
+        requires = "mutual_chap_user",
+        value_name = "FILE"
+    )]
     pub mutual_chap_secret_file: Option<PathBuf>,
 
     /// Also answer the bench's network test (`blockwire bench --netserve-port`) on
     /// this TCP address, e.g. 0.0.0.0:10810; see `blockwire netserve`.
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(help_heading = "Service", long, value_name = "HOST:PORT")]
     pub netserve: Option<String>,
 
     /// Limit the export's reads and writes together to this many MB/s (10^6 bytes),
     /// to stand in for a disk (the lab's 70 MB/s disk, say).
-    #[arg(long, value_name = "MB/s", value_parser = throttle_args::parse_rate, conflicts_with = "config")]
+    #[arg(help_heading = "Limits", long, value_name = "MB/s", value_parser = throttle_args::parse_rate, conflicts_with = "config")]
     pub disk_rate: Option<u64>,
 
     /// Add this many milliseconds to every request of the export, like a disk.
-    #[arg(long, value_name = "MS", value_parser = throttle_args::parse_latency, conflicts_with = "config")]
+    #[arg(help_heading = "Limits", long, value_name = "MS", value_parser = throttle_args::parse_latency, conflicts_with = "config")]
     pub disk_latency: Option<std::time::Duration>,
 
     /// Answer Prometheus scrapes at http://HOST:PORT/metrics (overrides the config
     /// file's [metrics] listen); port 0 takes a free port.
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(help_heading = "Service", long, value_name = "HOST:PORT")]
     pub metrics: Option<String>,
 
     /// Serve the exports of this TOML file instead of PATH.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["path", "size", "name", "read_only", "direct", "aoe", "iscsi"])]
+    #[arg(help_heading = "Service", long, value_name = "FILE", conflicts_with_all = ["path", "size", "name", "read_only", "direct", "aoe", "iscsi"])]
     pub config: Option<PathBuf>,
 
     #[command(flatten)]
@@ -672,28 +695,6 @@ fn plan_from_args(args: &ServeArgs, created: &CreatedFiles) -> Result<Plan> {
     })
 }
 
-/// Serves one export over AoE, unless another target already answers its address
-/// on one of its interfaces.
-pub(crate) fn start_aoe_target(
-    name: &str,
-    device: Device,
-    config: TargetConfig,
-) -> Result<AoeTarget> {
-    let address = format!("e{}.{}", config.shelf, config.slot);
-    AoeTarget::start(device, config)
-        .with_context(|| format!("export '{name}': cannot serve AoE {address}"))
-}
-
-/// Says where an AoE target answers, as `eSHELF.SLOT`.
-pub(crate) fn announce_aoe(name: &str, address: &str, target: &AoeTarget) {
-    for interface in target.interfaces() {
-        println!(
-            "export '{name}': aoe {address} on {} (MTU {}); initiators use aoe://IFACE/{address}",
-            interface.name, interface.mtu
-        );
-    }
-}
-
 fn uri_host(addr: &SocketAddr) -> String {
     match addr {
         SocketAddr::V4(v4) => format!("{}:{}", v4.ip(), v4.port()),
@@ -734,9 +735,7 @@ fn announce_nbd(server: &Server, sockets: &[PathBuf], tls_required: bool) {
 struct Started {
     server: Option<(Server, Vec<PathBuf>, bool)>,
     tls: Option<String>,
-    targets: Vec<(String, AoeTarget)>,
-    /// Each AoE target's address, in the order of `targets`.
-    aoe_addresses: Vec<String>,
+    targets: Vec<(String, ServedAoe)>,
     iscsi: Option<blockwire_iscsi::IscsiTarget>,
     iscsi_devices: Vec<Device>,
     metrics: Option<crate::metrics::MetricsEndpoint>,
@@ -791,17 +790,14 @@ fn start(args: &ServeArgs, created: &CreatedFiles) -> Result<Started> {
         })
         .transpose()?;
     let mut targets = Vec::new();
-    let mut aoe_addresses = Vec::new();
     for (name, device, config) in plan.aoe {
-        aoe_addresses.push(format!("e{}.{}", config.shelf, config.slot));
-        let target = start_aoe_target(&name, device, config)?;
+        let target = ServedAoe::start(&name, device, config)?;
         targets.push((name, target));
     }
     Ok(Started {
         server,
         tls,
         targets,
-        aoe_addresses,
         iscsi,
         iscsi_devices,
         metrics,
@@ -850,7 +846,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
         server,
         tls,
         mut targets,
-        aoe_addresses,
         iscsi,
         mut iscsi_devices,
         metrics,
@@ -869,8 +864,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         announce_nbd(&server, &sockets, tls_required);
         server
     });
-    for ((name, target), address) in targets.iter().zip(&aoe_addresses) {
-        announce_aoe(name, address, target);
+    for (name, target) in &targets {
+        target.announce(name);
     }
     let iscsi = match iscsi {
         Some(target) => {
@@ -928,7 +923,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
     };
     service::stopping();
-    let targets: Vec<AoeTarget> = match &live {
+    let targets: Vec<ServedAoe> = match &live {
         // What is served now, after any reload; none is applied from here on.
         Some(live) => {
             let (aoe, iscsi) = live.lock().unwrap_or_else(|e| e.into_inner()).shut_down();

@@ -12,7 +12,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
-use blockwire_aoe::target::AoeTarget;
 use blockwire_blockdev::Device;
 use blockwire_iscsi::TargetDefinition;
 use blockwire_nbd::{Export, ExportSet};
@@ -21,7 +20,8 @@ use crate::config::Config;
 use crate::created_files::CreatedFiles;
 use crate::metrics::Protocol;
 use crate::reload_diff::{self, Change, ExportChange};
-use crate::serve::{announce_aoe, aoe_config, export_from_section, iscsi_export, start_aoe_target};
+use crate::serve::{aoe_config, export_from_section, iscsi_export};
+use crate::serve_aoe::ServedAoe;
 use crate::serve_iscsi;
 use crate::serve_metrics::Meters;
 use crate::serve_volume::Volumes;
@@ -42,7 +42,7 @@ pub struct Live {
     volumes: HashMap<String, (Device, bool)>,
     nbd: Option<blockwire_nbd::ReloadHandle>,
     iscsi: Option<blockwire_iscsi::ReloadHandle>,
-    aoe: HashMap<String, AoeTarget>,
+    aoe: HashMap<String, ServedAoe>,
     meters: Option<Meters>,
     /// Shutting down: a late SIGHUP changes nothing.
     stopping: bool,
@@ -69,7 +69,7 @@ impl Live {
         loaded: Loaded,
         nbd: Option<blockwire_nbd::ReloadHandle>,
         iscsi: Option<blockwire_iscsi::ReloadHandle>,
-        aoe: Vec<(String, AoeTarget)>,
+        aoe: Vec<(String, ServedAoe)>,
         meters: Option<Meters>,
     ) -> Live {
         Live {
@@ -86,7 +86,7 @@ impl Live {
 
     /// Shutting down: returns the AoE targets to stop and the devices served over
     /// iSCSI now (the final flush is the caller's); reloads are refused from now on.
-    pub fn shut_down(&mut self) -> (Vec<AoeTarget>, Vec<Device>) {
+    pub fn shut_down(&mut self) -> (Vec<ServedAoe>, Vec<Device>) {
         self.stopping = true;
         let iscsi = self
             .config
@@ -322,10 +322,9 @@ impl Live {
                 continue;
             };
             let device = self.metered(&devices[name], name, Protocol::Aoe);
-            match start_aoe_target(name, device, aoe_config(settings)) {
+            match ServedAoe::start(name, device, aoe_config(settings)) {
                 Ok(target) => {
-                    let address = format!("e{}.{}", settings.shelf, settings.slot);
-                    announce_aoe(name, &address, &target);
+                    target.announce(name);
                     self.aoe.insert(name.clone(), target);
                 }
                 Err(e) => tracing::error!(

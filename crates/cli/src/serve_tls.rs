@@ -13,27 +13,30 @@ use crate::config::ServerSection;
 /// TLS for the NBD target (NBD_OPT_STARTTLS).
 #[derive(Args, Debug, Default)]
 pub struct TlsArgs {
-    /// TLS for NBD clients: off, on (clients choose) or require (every option but
+    /// NBD: TLS for clients: off, on (clients choose) or require (every option but
     /// NBD_OPT_STARTTLS is refused with NBD_REP_ERR_TLS_REQD until TLS is up).
-    #[arg(long, value_name = "MODE", value_parser = parse_mode)]
+    #[arg(long, help_heading = "TLS (NBD)", value_name = "MODE", value_parser = mode_parser())]
     pub tls: Option<TlsMode>,
 
-    /// Directory with server-cert.pem, server-key.pem and (for --tls-verify-peer)
-    /// ca-cert.pem, as qemu and nbdkit lay it out.
-    #[arg(long, value_name = "DIR")]
+    /// NBD: the directory with server-cert.pem, server-key.pem and (for
+    /// --tls-verify-peer) ca-cert.pem, as qemu and nbdkit lay it out.
+    #[arg(long, help_heading = "TLS (NBD)", value_name = "DIR")]
     pub tls_certificates: Option<PathBuf>,
 
-    /// Pre-shared keys: a file of USERNAME:HEXKEY lines (psktool's format).
-    #[arg(long, value_name = "FILE")]
+    /// NBD: pre-shared keys, a file of USERNAME:HEXKEY lines (psktool's format).
+    #[arg(long, help_heading = "TLS (NBD)", value_name = "FILE")]
     pub tls_psk: Option<PathBuf>,
 
-    /// Require client certificates signed by DIR/ca-cert.pem.
-    #[arg(long)]
+    /// NBD: require client certificates signed by DIR/ca-cert.pem.
+    #[arg(long, help_heading = "TLS (NBD)")]
     pub tls_verify_peer: bool,
 }
 
-fn parse_mode(text: &str) -> Result<TlsMode, String> {
-    text.parse()
+/// `--tls MODE`: its values listed, so help and shell completions offer them.
+fn mode_parser() -> impl clap::builder::TypedValueParser<Value = TlsMode> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(["off", "on", "require"])
+        .map(|text| text.parse::<TlsMode>().expect("one of the listed modes"))
 }
 
 impl TlsArgs {
