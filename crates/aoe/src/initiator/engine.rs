@@ -24,9 +24,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-use super::discovery::format_mac;
 use super::session::{
-    encode_transmit_head, Event, Fault, Handled, Outputs, Plan, Purpose, Session, Stats,
+    encode_transmit_head, Fault, Handled, Outputs, Plan, Purpose, Session, Stats,
 };
 use crate::identify::Identity;
 use crate::rawsock::{RawSocket, RecvBatch};
@@ -301,39 +300,12 @@ impl Engine {
             }
         }
         for event in out.events.drain(..) {
-            match event {
-                Event::Rediscovering { socket, .. } => tracing::debug!(
-                    "AoE {}: no answer on {}; looking for the target again",
-                    self.name,
-                    self.sockets[socket].interface().name
-                ),
-                Event::Rediscovered {
-                    socket,
-                    previous,
-                    target,
-                    ..
-                } => {
-                    let interface = &self.sockets[socket].interface().name;
-                    if previous == target {
-                        tracing::info!(
-                            "AoE {}: the target answers again at {} on {interface}",
-                            self.name,
-                            format_mac(&target)
-                        );
-                    } else {
-                        tracing::warn!(
-                            "AoE {}: the target moved from {} to {} on {interface}",
-                            self.name,
-                            format_mac(&previous),
-                            format_mac(&target)
-                        );
-                    }
-                }
-                Event::Verified { socket, .. } => tracing::debug!(
-                    "AoE {}: the target answers again on {}",
-                    self.name,
-                    self.sockets[socket].interface().name
-                ),
+            let interface = &self.sockets[event.socket()].interface().name;
+            let (level, message) = event.message(&self.name, interface);
+            match level {
+                tracing::Level::ERROR | tracing::Level::WARN => tracing::warn!("{message}"),
+                tracing::Level::INFO => tracing::info!("{message}"),
+                _ => tracing::debug!("{message}"),
             }
         }
     }

@@ -312,10 +312,34 @@ pub struct Control {
 }
 
 /// What a driver may want to tell its user.
+///
+/// A target that stops answering for a moment (a flush, writeback) is looked for
+/// and checked like one that went away (`Rediscovering`, then `Rediscovered` or
+/// `Verified`) — a few milliseconds of silence are enough to start that — but only
+/// a silence of [`OUTAGE_AFTER`] is an outage worth telling the user about:
+/// `Unreachable`, and `Reachable` once it is over. A driver logs those two, and
+/// the others quietly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
     /// The path's target stopped answering: rediscovery starts.
     Rediscovering { path: usize, socket: usize },
+    /// The path's target has answered nothing for `silent`, at least
+    /// [`OUTAGE_AFTER`], while frames were outstanding: an outage, not a stall.
+    /// Once per outage; [`Event::Reachable`] follows when it ends.
+    Unreachable {
+        path: usize,
+        socket: usize,
+        silent: Duration,
+    },
+    /// The target of a path that was [`Event::Unreachable`] answers again, at
+    /// `target`, and passed the identity check (when there is an identity to check
+    /// against); `after` the outage began.
+    Reachable {
+        path: usize,
+        socket: usize,
+        target: MacAddr,
+        after: Duration,
+    },
     /// The target was found again on the path, at `target` (`previous` before; the
     /// same when it came back at its old MAC) and passed the identity check; the
     /// path's frames go there now.
@@ -328,6 +352,77 @@ pub enum Event {
     /// The target answered again at its MAC after an outage and passed the identity
     /// check.
     Verified { path: usize, socket: usize },
+}
+
+impl Event {
+    /// The local socket of the path the event is about.
+    pub fn socket(&self) -> usize {
+        match *self {
+            Event::Rediscovering { socket, .. }
+            | Event::Unreachable { socket, .. }
+            | Event::Reachable { socket, .. }
+            | Event::Rediscovered { socket, .. }
+            | Event::Verified { socket, .. } => socket,
+        }
+    }
+
+    /// What a driver logs for the event, and how loud: `target` is `eSHELF.SLOT`,
+    /// `interface` the path's local interface. Only an outage and its end, and a
+    /// target found at another MAC, are above DEBUG.
+    pub fn message(&self, target: &str, interface: &str) -> (tracing::Level, String) {
+        match *self {
+            Event::Rediscovering { .. } => (
+                tracing::Level::DEBUG,
+                format!("AoE {target}: no answer on {interface}; looking for the target again"),
+            ),
+            Event::Unreachable { silent, .. } => (
+                tracing::Level::WARN,
+                format!(
+                    "AoE {target}: the target does not answer on {interface} (nothing for {:.1} s); still trying",
+                    silent.as_secs_f64()
+                ),
+            ),
+            Event::Reachable {
+                target: mac, after, ..
+            } => (
+                tracing::Level::INFO,
+                format!(
+                    "AoE {target}: the target answers again at {} on {interface} after {:.1} s",
+                    format_mac(&mac),
+                    after.as_secs_f64()
+                ),
+            ),
+            Event::Rediscovered {
+                previous,
+                target: mac,
+                ..
+            } if previous == mac => (
+                tracing::Level::DEBUG,
+                format!(
+                    "AoE {target}: found the target at {} on {interface} again; identity checked",
+                    format_mac(&mac)
+                ),
+            ),
+            Event::Rediscovered {
+                previous,
+                target: mac,
+                ..
+            } => (
+                tracing::Level::WARN,
+                format!(
+                    "AoE {target}: the target moved from {} to {} on {interface}",
+                    format_mac(&previous),
+                    format_mac(&mac)
+                ),
+            ),
+            Event::Verified { .. } => (
+                tracing::Level::DEBUG,
+                format!(
+                    "AoE {target}: the target answers on {interface} again; identity checked"
+                ),
+            ),
+        }
+    }
 }
 
 /// What the session produced in one call: frames to send, finished requests, frames
@@ -421,8 +516,11 @@ pub struct Stats {
     pub timeouts: u64,
     /// Config queries broadcast to find a target that stopped answering.
     pub rediscoveries: u64,
-    /// Identity checks passed by a target found again (at a new MAC or its old one).
+    /// Identity checks passed by a target found again (at a new MAC or its old one),
+    /// after a stall as after an outage.
     pub recoveries: u64,
+    /// Outages: a path's target silent for [`OUTAGE_AFTER`] ([`Event::Unreachable`]).
+    pub outages: u64,
     /// Write frames whose sectors were fenced (sent more than once, or failed with
     /// copies outstanding).
     pub fences: u64,
@@ -474,6 +572,12 @@ struct PathState {
     /// answered, the frames sent before it are lost (targets answer a path's frames
     /// in order) and go again at once, not when their hold runs out.
     release_held: bool,
+    /// Since when nothing has answered on it, while it has failures: the later of
+    /// its last answer and the transmission whose timeout was the first failure.
+    unanswered_since: Option<Instant>,
+    /// Set when an outage was reported ([`Event::Unreachable`]), to when it began;
+    /// taken when [`Event::Reachable`] reports its end.
+    outage: Option<Instant>,
 }
 
 /// An IDENTIFY DEVICE sent to `mac` on `path`, to check it is the device opened.
@@ -980,6 +1084,7 @@ impl<R: Clone> Session<R> {
         // The answer is ours: from here on it completes or fails its frame.
         self.stats.answers += 1;
         self.path_state[path].failures = 0;
+        self.path_state[path].unanswered_since = None;
         self.path_state[path].last_answer = Some(now);
         if self.path_state[path].rediscovering.take().is_some() {
             // Back after an outage at the same MAC: perhaps a restarted target, perhaps
@@ -988,6 +1093,11 @@ impl<R: Clone> Session<R> {
             let target = self.config.paths[path].target;
             self.checks.retain(|c| c.path != path);
             self.start_check(now, path, target, false, out);
+        }
+        if !self.checks.iter().any(|c| c.path == path) {
+            // No check to wait for (no identity to compare, or it gave up): an
+            // outage ends with this answer.
+            self.outage_over(now, path, out);
         }
         self.waiting_since = Some(now);
         let key = inflight.request;
@@ -1332,6 +1442,21 @@ impl<R: Clone> Session<R> {
             }
             let last = self.path_state[path].rediscovering.unwrap_or(now);
             self.note_deadline(last + REDISCOVER_INTERVAL);
+            let state = self.path_state[path];
+            if let Some(since) = state.unanswered_since.filter(|_| state.outage.is_none()) {
+                let silent = now.saturating_duration_since(since);
+                if silent >= OUTAGE_AFTER {
+                    self.path_state[path].outage = Some(since);
+                    self.stats.outages += 1;
+                    out.events.push(Event::Unreachable {
+                        path,
+                        socket: addr.socket,
+                        silent,
+                    });
+                } else {
+                    self.note_deadline(since + OUTAGE_AFTER);
+                }
+            }
         }
     }
 
@@ -1527,6 +1652,7 @@ impl<R: Clone> Session<R> {
         self.checks.retain(|c| c.path != path);
         let state = &mut self.path_state[path];
         state.failures = 0;
+        state.unanswered_since = None;
         state.last_answer = Some(now);
         state.rediscovering = None;
         if self.in_flight > 0 {
@@ -1550,7 +1676,22 @@ impl<R: Clone> Session<R> {
         } else {
             out.events.push(Event::Verified { path, socket });
         }
+        self.outage_over(now, path, out);
         Handled::Control
+    }
+
+    /// The path's target answers again (and passed its check, if it had one): if an
+    /// outage was reported, its end is too.
+    fn outage_over(&mut self, now: Instant, path: usize, out: &mut Outputs<R>) {
+        if let Some(since) = self.path_state[path].outage.take() {
+            let addr = self.config.paths[path];
+            out.events.push(Event::Reachable {
+                path,
+                socket: addr.socket,
+                target: addr.target,
+                after: now.saturating_duration_since(since),
+            });
+        }
     }
 
     /// Why an IDENTIFY DEVICE block shows another device than the one opened, if it
@@ -1641,6 +1782,7 @@ impl<R: Clone> Session<R> {
         out: &mut Outputs<R>,
     ) -> InFlight {
         let mut frame = self.slots[slot].frame.expect("slot holds a frame");
+        let unanswered_since = frame.sent_at;
         frame.reordered = reordered;
         // Lost (or slow): halve the window once per round trip.
         if self.recover_until.is_none_or(|until| now >= until) {
@@ -1652,8 +1794,15 @@ impl<R: Clone> Session<R> {
         frame.sent_at = now;
         frame.sent_seq = self.next_seq();
         frame.deadline = now + self.rtt.backoff(frame.retries);
-        let failures = &mut self.path_state[frame.path].failures;
-        *failures = failures.saturating_add(1);
+        let state = &mut self.path_state[frame.path];
+        state.failures = state.failures.saturating_add(1);
+        if state.failures == 1 {
+            // Nothing answered on the path since then (an answer resets failures).
+            let since = state
+                .last_answer
+                .map_or(unanswered_since, |at| at.max(unanswered_since));
+            state.unanswered_since = Some(since);
+        }
         // A write's copies stay on one path while it is alive: the target takes a
         // path's frames in order, so a stale copy is written before anything sent
         // after it. Across paths a late copy could land after a newer write to the
@@ -1704,6 +1853,11 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 pub const REDISCOVER_AFTER: u32 = PATH_FAILURES;
 /// How often the config query is broadcast while the target stays lost.
 pub const REDISCOVER_INTERVAL: Duration = Duration::from_millis(250);
+/// How long a path's target must answer nothing, frames outstanding, before that is
+/// an outage ([`Event::Unreachable`]) rather than a stall: twice the longest wait of
+/// the retransmission timer. A target busy with a flush or writeback stalls for
+/// milliseconds to a few hundred; a killed, restarting or unplugged one for longer.
+pub const OUTAGE_AFTER: Duration = Duration::from_secs(2);
 /// How often an unanswered identity check is sent again.
 const CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
