@@ -549,7 +549,10 @@ mod tests {
              [[export]]\nname = \"a\"\nvolume = \"v\"\n",
         )
         .unwrap_err();
-        assert!(err.contains("volume 'v': members: the volume has no members"), "{err}");
+        assert!(
+            err.contains("volume 'v': members: the volume has no members"),
+            "{err}"
+        );
         let err = load("[[export]]\nname = \"a\"\nmemory = \"1M\"\nvolume = \"v\"\n").unwrap_err();
         assert!(err.contains("exactly one of"), "{err}");
     }
@@ -591,7 +594,10 @@ mod tests {
         )
         .unwrap();
         let err = format!("{:#}", Config::load(&path).unwrap_err());
-        assert!(err.contains("export 'a': rbd: an rbd table needs a path of rbd:"), "{err}");
+        assert!(
+            err.contains("export 'a': rbd: an rbd table needs a path of rbd:"),
+            "{err}"
+        );
         let unknown = "[[export]]\nname = \"a\"\npath = \"rbd:p/i\"\nrbd = { user = \"x\" }\n";
         assert!(toml::from_str::<Config>(unknown).is_err());
     }
