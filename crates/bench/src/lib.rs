@@ -9,6 +9,7 @@
 //! - [`report`] turns reports into a terminal table, a bonnie++ CSV line, JSON, HTML,
 //!   and side-by-side comparisons.
 
+pub mod child;
 pub mod config;
 pub mod error;
 pub mod machine;
@@ -129,7 +130,12 @@ pub struct RunRequest {
 
 /// Runs everything `request` asks for. `note` receives what the user should know
 /// before and while it runs (files created, skipped workloads, cache warnings).
+///
+/// A URI whose scheme the bench does not speak is refused before anything is sent
+/// ([`TargetSpec::check`]).
 pub fn run(request: &RunRequest, note: &mut dyn FnMut(&str)) -> Result<RunReport> {
+    let spec = TargetSpec::parse(&request.target);
+    spec.check()?;
     let machine = machine::this_machine();
     let mut config = request.config.clone();
     let mut warnings = Vec::new();
@@ -146,7 +152,7 @@ pub fn run(request: &RunRequest, note: &mut dyn FnMut(&str)) -> Result<RunReport
     .filter(|&w| config.wants(w))
     .collect();
 
-    match TargetSpec::parse(&request.target) {
+    match spec {
         TargetSpec::Remote(remote) => {
             if config.wants(Workload::Network) && remote.scheme == "aoe" {
                 note("network: skipped (AoE is layer 2: there is no IP host for a TCP test)");
@@ -386,6 +392,33 @@ mod tests {
         assert!(
             notes.iter().any(|n| n.contains("--iperf-port")),
             "{notes:?}"
+        );
+    }
+
+    #[test]
+    fn a_scheme_the_bench_does_not_speak_is_refused_before_anything_is_sent() {
+        // Where the network test would connect first.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let request = RunRequest {
+            target: "nfs://127.0.0.1/e/f".into(),
+            netserve_port: Some(listener.local_addr().unwrap().port()),
+            ..network_only(None, Duration::from_millis(300), 1)
+        };
+        let mut notes = Vec::new();
+        let err = run(&request, &mut |n| notes.push(n.to_string()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("does not speak nfs://") && err.contains("nbd://, "),
+            "{err}"
+        );
+        assert!(err.contains("iscsi://") && !err.contains('\n'), "{err}");
+        assert!(notes.is_empty(), "{notes:?}");
+        let accepted = listener.accept();
+        assert!(
+            matches!(&accepted, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "the bench connected: {accepted:?}"
         );
     }
 

@@ -15,7 +15,7 @@ use std::fs::{self, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use blockwire_blockdev::size::format_size;
 use blockwire_blockdev::{Device, ErrorKind, FileDevice, FileOptions};
@@ -75,9 +75,49 @@ pub enum TargetSpec {
 pub struct RemoteTarget {
     pub uri: String,
     pub scheme: String,
+    /// The host, without a `user@` in front (an iSCSI CHAP name, an NBD TLS
+    /// username).
     pub host: String,
     pub port: Option<u16>,
 }
+
+impl RemoteTarget {
+    /// The TCP port the target listens on: the URI's, else the protocol's registered
+    /// port (NBD 10809, iSCSI 3260); `None` for a target with no TCP port (AoE, a
+    /// Unix socket, a stripe, RBD).
+    pub fn tcp_port(&self) -> Option<u16> {
+        if self.host.is_empty() {
+            return None;
+        }
+        self.port.or(match self.scheme.as_str() {
+            "nbd" | "nbds" => Some(NBD_PORT),
+            "iscsi" => Some(ISCSI_PORT),
+            _ => None,
+        })
+    }
+}
+
+/// NBD's registered port, the one `nbd://host/export` means.
+pub const NBD_PORT: u16 = 10809;
+/// iSCSI's registered port, the one `iscsi://host/IQN/LUN` means (RFC 7143 §13.1).
+pub const ISCSI_PORT: u16 = 3260;
+
+/// The `scheme://` forms the bench measures; `stripe:`, `rbd:` and a bare `host:port`
+/// besides.
+pub const URI_SCHEMES: [&str; 7] = [
+    "file",
+    "nbd",
+    "nbd+unix",
+    "nbds",
+    "nbds+unix",
+    "aoe",
+    "iscsi",
+];
+
+/// What the bench takes, in the words of the line that refuses anything else.
+pub const ACCEPTED: &str = "a path, file://, nbd://, nbd+unix://, nbds://, nbds+unix://, \
+aoe://, iscsi://, stripe:CHUNK:URI,... or rbd:POOL/IMAGE to measure, or HOST:PORT for the \
+network alone";
 
 impl TargetSpec {
     /// Tells paths from URIs: `file:///p` and anything that exists or contains a
@@ -127,10 +167,35 @@ impl TargetSpec {
         }
         TargetSpec::Path(PathBuf::from(text))
     }
+
+    /// Refuses a target whose URI scheme the bench does not speak, in one line
+    /// naming what it takes: before anything is opened or sent, so that a scheme
+    /// blockwire has no initiator for is not mistaken for a host to measure.
+    pub fn check(&self) -> Result<()> {
+        let TargetSpec::Remote(remote) = self else {
+            return Ok(());
+        };
+        let known = match remote.scheme.as_str() {
+            // Set by `parse` for the forms without "://" of their own.
+            "stripe" | "rbd" => remote.uri.starts_with(&format!("{}:", remote.scheme)),
+            "tcp" => !remote.uri.contains("://"),
+            scheme => URI_SCHEMES.contains(&scheme),
+        };
+        if known {
+            return Ok(());
+        }
+        Err(Error::target(format!(
+            "{}: blockwire bench does not speak {}://; it takes {ACCEPTED}",
+            remote.uri, remote.scheme
+        )))
+    }
 }
 
-/// `host`, `host:port`, `[v6]:port` -> (host, port).
+/// `host`, `host:port`, `[v6]:port`, with or without `user@` -> (host, port).
 fn split_host_port(authority: &str) -> (String, Option<u16>) {
+    let authority = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
     if let Some(rest) = authority.strip_prefix('[') {
         if let Some((host, after)) = rest.split_once(']') {
             let port = after.strip_prefix(':').and_then(|p| p.parse().ok());
@@ -490,10 +555,11 @@ const PROBE_BYTES: usize = 128 << 10;
 
 /// `Some(answer)` when blkid ran; `None` when it is missing or failed.
 fn blkid_probe(path: &Path) -> Option<Option<String>> {
-    let output = Command::new("blkid")
-        .args(["-p", "-o", "export"])
-        .arg(path)
-        .output()
+    let mut command = Command::new("blkid");
+    command.args(["-p", "-o", "export"]).arg(path);
+    command.stdout(Stdio::piped()).stderr(Stdio::null());
+    let output = crate::child::Owned::spawn(&mut command)
+        .and_then(crate::child::Owned::wait_with_output)
         .ok()?;
     match output.status.code() {
         // 2: nothing found.
@@ -588,6 +654,34 @@ mod tests {
         match TargetSpec::parse("nbd://[::1]/e") {
             TargetSpec::Remote(r) => assert_eq!((r.host.as_str(), r.port), ("::1", None)),
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_schemes_the_bench_speaks_pass_the_check() {
+        for text in [
+            "/tmp/x",
+            "file:///srv/disk.img",
+            "nbd://h/e",
+            "NBD://h/e",
+            "nbd+unix:///e?socket=/s",
+            "nbds://alice@h/e",
+            "aoe://eth0/e1.1",
+            "iscsi://h/iqn.2026-11.x:y/0",
+            "stripe:64K:nbd://a/e,nbd://b/e",
+            "rbd:pool/image",
+            "storage-host:5201",
+        ] {
+            assert!(TargetSpec::parse(text).check().is_ok(), "{text}");
+        }
+        for text in ["nfs://h/e/f", "http://h/", "tcp://h:5201", "smb://h/share"] {
+            let err = TargetSpec::parse(text).check().unwrap_err().to_string();
+            let scheme = text.split("://").next().unwrap();
+            assert!(
+                err.starts_with(text) && err.contains(&format!("does not speak {scheme}://")),
+                "{err}"
+            );
+            assert!(err.contains(ACCEPTED), "{err}");
         }
     }
 

@@ -2,12 +2,13 @@
 //! target's CPU% beside the bench's own (seed 003's Tables 1-3 put both sides'
 //! load next to the throughput).
 //!
-//! In order of preference: the process the user named (`--target-pid`); blockwire's
-//! own target reporting it over the network (`blockwire serve --netserve`, asked
-//! with the netperf protocol's CPU sample, which works across hosts); else, for a
+//! In order of preference: the process the user named (`--target-pid`); for a
 //! target on this host (a loopback address or a Unix socket), the process that
-//! listens on the target's socket, found through /proc. A target the bench can see
-//! none of these ways gets no target CPU figure, and the run says so.
+//! listens on the target's socket (the protocol's own port when the URI names none:
+//! NBD 10809, iSCSI 3260), found through /proc; for a target on another host,
+//! blockwire's own target reporting it over the network (`blockwire serve
+//! --netserve`, asked with the netperf protocol's CPU sample). A target the bench
+//! can see none of these ways gets no target CPU figure, and the run says so.
 
 use std::fs;
 use std::path::Path;
@@ -16,9 +17,6 @@ use std::time::Duration;
 use crate::meter::process_cpu_time;
 use crate::netperf::{self, ClientConfig};
 use crate::target::RemoteTarget;
-
-/// NBD's registered port, the one `nbd://host/export` means.
-const NBD_PORT: u16 = 10809;
 
 /// A source of the target process's total CPU time.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,55 +50,80 @@ fn probe_config() -> ClientConfig {
 }
 
 /// Finds where the CPU time of `remote`'s target can be read, for a run without
-/// `--target-pid`: its netserve (at `netserve_port`, else the default port), else
-/// the local process listening on its socket. Returns the source and a line for
-/// the user saying which it is.
+/// `--target-pid`. Returns the source and a line for the user saying which it is.
+///
+/// - A target on this host (a loopback address or a Unix socket): the process that
+///   listens on the target's socket, at the URI's port or the protocol's own (NBD
+///   10809, iSCSI 3260). A netserve on this host is used only when it is that same
+///   process (`blockwire serve --netserve`): a `blockwire netserve` of its own
+///   beside another target (tgtd, nbdkit) would report its idle self.
+/// - A target on another host: its netserve (at `netserve_port`, else the default
+///   port), which counts the target only when it runs inside it; the line says so.
 pub fn discover(remote: &RemoteTarget, netserve_port: Option<u16>) -> Option<(TargetCpu, String)> {
     if remote.scheme == "aoe" || remote.scheme == "stripe" || remote.scheme == "rbd" {
         // Layer 2: no host to ask and no socket to look up; a stripe has several;
         // librbd talks to the whole cluster.
         return None;
     }
-    if !remote.host.is_empty() {
-        let port = netserve_port.unwrap_or(netperf::DEFAULT_PORT);
-        if let Ok(Some(_)) = netperf::sample_cpu(&remote.host, port, &probe_config()) {
-            let line = format!(
-                "target CPU: reported by blockwire's netserve at {}:{port}",
-                remote.host
-            );
-            return Some((
-                TargetCpu::Netserve {
-                    host: remote.host.clone(),
-                    port,
-                },
-                line,
-            ));
+    let netserve_port = netserve_port.unwrap_or(netperf::DEFAULT_PORT);
+    let netserve = || {
+        matches!(
+            netperf::sample_cpu(&remote.host, netserve_port, &probe_config()),
+            Ok(Some(_))
+        )
+        .then(|| TargetCpu::Netserve {
+            host: remote.host.clone(),
+            port: netserve_port,
+        })
+    };
+    if remote.host.is_empty() || is_loopback(&remote.host) {
+        let (pid, place) = local_listener(remote)?;
+        if pid == std::process::id() {
+            // The target runs inside the bench (`blockwire demo`): its CPU is already
+            // in the bench's own figure.
+            return None;
         }
+        let netserve_is_target = !remote.host.is_empty()
+            && listening_tcp_inode(netserve_port).and_then(process_with_socket) == Some(pid);
+        if netserve_is_target {
+            if let Some(source) = netserve() {
+                let line = format!(
+                    "target CPU: reported by blockwire's netserve at {}:{netserve_port}",
+                    remote.host
+                );
+                return Some((source, line));
+            }
+        }
+        let name = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let line = format!(
+            "target CPU: process {pid} ({}), which listens on {place}",
+            name.trim()
+        );
+        return Some((TargetCpu::Process(pid), line));
     }
+    let source = netserve()?;
+    let line = format!(
+        "target CPU: reported by blockwire's netserve at {}:{netserve_port} (the target's \
+         only when that netserve runs inside it: blockwire serve --netserve)",
+        remote.host
+    );
+    Some((source, line))
+}
+
+/// The process on this host listening on `remote`'s socket (its TCP port, or the
+/// Unix socket of an `nbd+unix://` URI), and the socket's name for the user.
+fn local_listener(remote: &RemoteTarget) -> Option<(u32, String)> {
     let (inode, place) = if remote.host.is_empty() {
         let socket = unix_socket_of(&remote.uri)?;
         (listening_unix_inode(&socket)?, socket)
-    } else if is_loopback(&remote.host) {
-        let port = remote.port.unwrap_or(NBD_PORT);
+    } else {
+        let port = remote.tcp_port()?;
         (
             listening_tcp_inode(port)?,
             format!("{}:{port}", remote.host),
         )
-    } else {
-        return None;
     };
-    let pid = process_with_socket(inode)?;
-    if pid == std::process::id() {
-        // The target runs inside the bench (`blockwire demo`): its CPU is already
-        // in the bench's own figure.
-        return None;
-    }
-    let name = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-    let line = format!(
-        "target CPU: process {pid} ({}), which listens on {place}",
-        name.trim()
-    );
-    Some((TargetCpu::Process(pid), line))
+    Some((process_with_socket(inode)?, place))
 }
 
 fn is_loopback(host: &str) -> bool {
@@ -227,11 +250,10 @@ mod tests {
         assert!(!is_loopback("10.0.0.1"));
     }
 
-    #[test]
-    fn a_listener_in_another_process_is_found_and_sampled() {
-        // A child process listening on a free loopback port (python3 is on every
-        // machine the tests run on; without it there is nothing to look for).
-        let Ok(mut child) = std::process::Command::new("python3")
+    /// A child process listening on a free loopback port, and the port (python3 is
+    /// on every machine the tests run on; without it there is nothing to look for).
+    fn listener() -> Option<(std::process::Child, u16)> {
+        let mut child = std::process::Command::new("python3")
             .args([
                 "-c",
                 "import socket,sys,time\n\
@@ -241,17 +263,22 @@ mod tests {
             ])
             .stdout(std::process::Stdio::piped())
             .spawn()
-        else {
-            eprintln!("python3 not found; skipping");
-            return;
-        };
+            .ok()?;
         let mut line = String::new();
         std::io::BufRead::read_line(
             &mut std::io::BufReader::new(child.stdout.take().unwrap()),
             &mut line,
         )
         .unwrap();
-        let port: u16 = line.trim().parse().unwrap();
+        Some((child, line.trim().parse().unwrap()))
+    }
+
+    #[test]
+    fn a_listener_in_another_process_is_found_and_sampled() {
+        let Some((mut child, port)) = listener() else {
+            eprintln!("python3 not found; skipping");
+            return;
+        };
         // A netserve port with nothing on it: discovery falls back to /proc.
         let closed = closed_port();
         let found = discover(&remote(&format!("nbd://127.0.0.1:{port}/x")), Some(closed));
@@ -262,6 +289,53 @@ mod tests {
         assert_eq!(source, TargetCpu::Process(child.id()));
         assert!(line.contains(&child.id().to_string()), "{line}");
         assert!(sampled.is_some());
+    }
+
+    #[test]
+    fn an_iscsi_target_is_looked_for_on_its_own_port() {
+        // iscsi:// without a port means 3260, not NBD's 10809; a CHAP name in front
+        // of the host is not part of it.
+        assert_eq!(remote("iscsi://h/iqn.2026-11.x:y/0").tcp_port(), Some(3260));
+        assert_eq!(remote("nbd://h/e").tcp_port(), Some(10809));
+        assert_eq!(remote("nbds://alice@h/e").tcp_port(), Some(10809));
+        assert_eq!(remote("nbds://alice@h/e").host, "h");
+        assert_eq!(remote("aoe://eth0/e1.1").tcp_port(), None);
+        assert_eq!(remote("nbd+unix:///e?socket=/s").tcp_port(), None);
+        let Some((mut child, port)) = listener() else {
+            eprintln!("python3 not found; skipping");
+            return;
+        };
+        let uri = format!("iscsi://chap-user@127.0.0.1:{port}/iqn.2026-11.x:y/0");
+        let found = discover(&remote(&uri), Some(closed_port()));
+        let _ = child.kill();
+        let _ = child.wait();
+        let (source, line) = found.expect("the iSCSI target was not found");
+        assert_eq!(source, TargetCpu::Process(child.id()));
+        assert!(line.contains(&format!("127.0.0.1:{port}")), "{line}");
+    }
+
+    #[test]
+    fn a_netserve_in_another_process_does_not_stand_for_the_target() {
+        // A netserve of its own (here: in the test process) beside a target in
+        // another process: its CPU is not the target's.
+        let server = netperf::NetServer::bind("127.0.0.1:0", Default::default())
+            .unwrap()
+            .spawn()
+            .unwrap();
+        let Some((mut child, port)) = listener() else {
+            eprintln!("python3 not found; skipping");
+            server.stop().unwrap();
+            return;
+        };
+        let found = discover(
+            &remote(&format!("iscsi://127.0.0.1:{port}/iqn.2026-11.x:y/0")),
+            Some(server.addr.port()),
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+        server.stop().unwrap();
+        let (source, line) = found.expect("the target was not found");
+        assert_eq!(source, TargetCpu::Process(child.id()), "{line}");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use blockwire_bench::report::{compare, csv, html, json, table};
-use blockwire_bench::{BenchConfig, RunRequest, TargetCpu, Workload};
+use blockwire_bench::{BenchConfig, RunRequest, TargetCpu, TargetSpec, Workload};
 use blockwire_blockdev::size::parse_size;
 use clap::Args;
 
@@ -18,7 +18,8 @@ use crate::open::{open, parse_reconnect, parse_timeout, reconnect_setting, Remot
 pub struct BenchArgs {
     /// What to measure: a file or block device (overwritten!), a directory (a test
     /// file is created inside and removed afterwards), a remote device (nbd://,
-    /// aoe://, iscsi://, stripe:...), or a host (host:port) for the network test.
+    /// nbd+unix://, nbds://, aoe://, iscsi://, stripe:..., rbd:...), or a host
+    /// (host:port) for the network test. Other URI schemes are refused.
     #[arg(required_unless_present = "compare")]
     pub target: Option<String>,
 
@@ -47,7 +48,7 @@ pub struct BenchArgs {
     pub connections: usize,
 
     /// Fail when a remote target leaves a request unanswered this many seconds
-    /// (default: NBD waits, AoE gives up after 10).
+    /// (default: NBD and iSCSI wait, AoE gives up after 10; rbd: 30).
     #[arg(long, value_name = "SECS", value_parser = parse_timeout)]
     pub timeout: Option<Duration>,
 
@@ -147,9 +148,10 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
-/// On SIGINT or SIGTERM, removes the test files the run created, then exits
-/// (128 + signal, as a shell reports it).
-fn remove_test_files_on_signals() -> Result<()> {
+/// On SIGINT or SIGTERM, stops the run's child processes (an iperf3 client) and
+/// removes the test files it created, then exits (128 + signal, as a shell reports
+/// it).
+fn clean_up_on_signals() -> Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
@@ -159,6 +161,7 @@ fn remove_test_files_on_signals() -> Result<()> {
         .name("signals".into())
         .spawn(move || {
             if let Some(signal) = signals.forever().next() {
+                blockwire_bench::child::end_all(Duration::from_secs(2));
                 for path in blockwire_bench::target::remove_created() {
                     eprintln!("removed {}", path.display());
                 }
@@ -186,7 +189,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.block_size == 0 {
         bail!("--block-size must be larger than 0");
     }
-    let remote = Target::parse(&target).is_ok_and(|t| t.is_remote());
+    // A scheme the bench does not speak is refused before anything is opened or
+    // sent (not taken for a host whose network to measure).
+    TargetSpec::parse(&target).check()?;
+    let parsed = Target::parse(&target);
+    let remote = parsed.as_ref().is_ok_and(|t| t.is_remote());
     let defaults = BenchConfig::default();
     let config = BenchConfig {
         workloads: args.workload.clone().map(|w| w.0).unwrap_or_default(),
@@ -209,15 +216,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // network test alone needs no device (nor an export to be there).
     let wants_storage =
         config.workloads.is_empty() || config.workloads.iter().any(|&w| w != Workload::Network);
-    let remote_device = if remote && wants_storage {
-        let remote = Remote {
-            connections: args.connections,
-            timeout: args.timeout,
-            reconnect: reconnect_setting(args.reconnect),
-        };
-        Some(open(&Target::parse(&target)?, false, remote)?)
-    } else {
-        None
+    let remote_device = match parsed {
+        Ok(parsed) if remote && wants_storage => {
+            let remote = Remote {
+                connections: args.connections,
+                timeout: args.timeout,
+                reconnect: reconnect_setting(args.reconnect),
+            };
+            Some(open(&parsed, false, remote)?)
+        }
+        // A URI of a scheme the bench speaks that does not parse (iscsi://host with
+        // no IQN): the storage workloads cannot run, and the parser says why.
+        Err(e) if wants_storage => return Err(e),
+        _ => None,
     };
     let request = RunRequest {
         target,
@@ -231,9 +242,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
         network_streams: args.network_streams,
         remote_device,
     };
-    remove_test_files_on_signals()?;
+    clean_up_on_signals()?;
     let report = blockwire_bench::run(&request, &mut |note| eprintln!("{note}"))?;
     print!("{}", table::render(&report));
+    if report.results.is_empty() {
+        // Every workload asked for was skipped (the notes above say why): a run
+        // that measured nothing has failed, and writes no report.
+        bail!("nothing was measured of what was asked (see the notes above)");
+    }
     if let Some(path) = &args.json {
         json::write(&report, path)?;
     }

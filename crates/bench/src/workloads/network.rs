@@ -9,9 +9,10 @@
 //! runs there (`--iperf-port`, else iperf3's own default port when iperf3 is
 //! installed here), else a note saying what to run.
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use crate::child;
 use crate::meter::MB;
 use crate::netperf::{self, ClientConfig, Direction, Measurement};
 use crate::results::{Latency, PhaseResult};
@@ -167,7 +168,10 @@ fn measure_iperf3(
         if reverse {
             command.arg("-R");
         }
-        let outcome = match command.output() {
+        command.stdout(Stdio::piped()).stderr(Stdio::piped());
+        // An owned child: an interrupted bench takes its iperf3 with it.
+        let output = child::Owned::spawn(&mut command).and_then(child::Owned::wait_with_output);
+        let outcome = match output {
             Ok(output) => parse_iperf3(&String::from_utf8_lossy(&output.stdout), op)
                 .map(|mut result| {
                     result.block_size = IPERF3_WRITE_SIZE;
