@@ -183,13 +183,29 @@ fn pages_have_signals_exit_status_and_examples_and_no_literal_backticks() {
         plain
     };
     let serve = render("blockwire-serve.1");
-    for section in ["SIGNALS", "EXIT STATUS", "EXAMPLES", "SIGHUP", "SIGUSR1", "SIGTERM"] {
-        assert!(serve.contains(section), "blockwire-serve(1) lacks {section}");
+    for section in [
+        "SIGNALS",
+        "EXIT STATUS",
+        "EXAMPLES",
+        "SIGHUP",
+        "SIGUSR1",
+        "SIGTERM",
+    ] {
+        assert!(
+            serve.contains(section),
+            "blockwire-serve(1) lacks {section}"
+        );
     }
     let copy = render("blockwire-copy.1");
-    assert!(copy.contains("EXIT STATUS") && copy.contains("EXAMPLES"), "{copy}");
+    assert!(
+        copy.contains("EXIT STATUS") && copy.contains("EXAMPLES"),
+        "{copy}"
+    );
     let toml = std::fs::read_to_string(dir.path().join("blockwire.toml.5")).unwrap();
-    assert!(!toml.contains('`'), "a literal backtick in blockwire.toml(5)");
+    assert!(
+        !toml.contains('`'),
+        "a literal backtick in blockwire.toml(5)"
+    );
 }
 
 #[test]

@@ -123,7 +123,11 @@ fn a_refused_start_creates_nothing_and_removes_what_it_made() {
     let said = refusal(&blockwire(&["serve", "--config", path_str(&config)]));
     assert!(said.contains("export 'b': path: "), "{said}");
     assert!(said.contains("set size = \"SIZE\""), "{said}");
-    assert!(!first.exists(), "a refused start created {}", first.display());
+    assert!(
+        !first.exists(),
+        "a refused start created {}",
+        first.display()
+    );
 
     // A busy port is found only when binding: the file made before is removed.
     let busy = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -166,5 +170,8 @@ fn flags_are_checked_by_the_same_rules_and_named_as_flags() {
         "--metrics",
         "127.0.0.1:10809",
     ]));
-    assert!(said.starts_with("--metrics: 127.0.0.1:10809 is also"), "{said}");
+    assert!(
+        said.starts_with("--metrics: 127.0.0.1:10809 is also"),
+        "{said}"
+    );
 }
