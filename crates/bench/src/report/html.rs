@@ -7,7 +7,7 @@ use std::path::Path;
 use blockwire_blockdev::size::format_size;
 
 use super::svg::{escape, grouped_bars, histogram, line_chart, Bins, Series};
-use super::{figure_cells, network_summary};
+use super::{cpu_owner, figure_cells, network_summary};
 use crate::error::{Error, Result};
 use crate::meter::bucket_low_us;
 use crate::results::{PhaseResult, RunReport};
@@ -17,7 +17,8 @@ const STYLE: &str = "body{font-family:sans-serif;margin:2em;color:#222}\
 table{border-collapse:collapse;margin:1em 0}\
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}\
 th{background:#eef}td.l,th.l{text-align:left}\
-.warn{color:#a40}figure{margin:1.5em 0}";
+.warn{color:#a40}figure{margin:1.5em 0}svg{display:block;width:100%;height:auto}\
+.note{font-size:90%;color:#444}";
 
 fn phase_label(r: &PhaseResult) -> String {
     let mut label = r.op.clone();
@@ -51,6 +52,7 @@ fn sweep_chart(report: &RunReport) -> Option<String> {
             "Record-size sweep: throughput",
             "record size",
             "MB/s",
+            "MB/s",
             &series,
             |x| format_size(x as u64),
         )
@@ -76,6 +78,7 @@ fn workload_charts(report: &RunReport) -> Vec<String> {
             charts.push(grouped_bars(
                 "random: IOPS",
                 "IOPS",
+                "IOPS",
                 &groups,
                 &["IOPS".into()],
                 false,
@@ -90,6 +93,7 @@ fn workload_charts(report: &RunReport) -> Vec<String> {
             let title = format!("{workload}: throughput");
             charts.push(grouped_bars(
                 &title,
+                "MB/s",
                 "MB/s",
                 &groups,
                 &["MB/s".into()],
@@ -109,6 +113,7 @@ fn workload_charts(report: &RunReport) -> Vec<String> {
             charts.push(grouped_bars(
                 "bonnie: file operations",
                 "per second",
+                "ops/s",
                 &groups,
                 &["ops/s".into()],
                 false,
@@ -137,6 +142,7 @@ fn latency_chart(report: &RunReport) -> Option<String> {
         grouped_bars(
             "Latency percentiles",
             "microseconds (log)",
+            "µs",
             &groups,
             &series,
             true,
@@ -177,6 +183,22 @@ fn bins(r: &PhaseResult) -> Vec<(f64, f64, f64)> {
             )
         })
         .collect()
+}
+
+/// A phase's latency percentiles for a tooltip: "p50 40 µs, p99 250 µs, p99.9
+/// 900 µs, max 12.5 ms".
+fn percentiles(r: &PhaseResult) -> String {
+    let l = r.latency_us;
+    [
+        ("p50", l.p50),
+        ("p99", l.p99),
+        ("p99.9", l.p999),
+        ("max", l.max),
+    ]
+    .iter()
+    .map(|(name, us)| format!("{name} {}", latency_tick(*us)))
+    .collect::<Vec<_>>()
+    .join(", ")
 }
 
 /// Latency distributions as small multiples: one chart per group of phases small
@@ -225,6 +247,7 @@ fn latency_histograms(report: &RunReport) -> Vec<String> {
                     } else {
                         phase_label(r)
                     },
+                    detail: percentiles(r),
                     bins: bins(r),
                 })
                 .collect();
@@ -289,7 +312,11 @@ fn facts(out: &mut String, report: &RunReport) {
 }
 
 fn results_table(out: &mut String, report: &RunReport) {
-    out.push_str("<table><tr><th class=\"l\">workload</th><th class=\"l\">op</th><th>block</th><th>qd</th><th>MB/s</th><th>IOPS</th><th>p50 µs</th><th>p99 µs</th><th>p99.9 µs</th><th>max µs</th><th>CPU%</th><th>target CPU%</th><th>MB/s per CPU%</th></tr>");
+    let owner = cpu_owner(report);
+    let _ = write!(
+        out,
+        "<table><tr><th class=\"l\">workload</th><th class=\"l\">op</th><th>block</th><th>qd</th><th>MB/s</th><th>IOPS</th><th>p50 µs</th><th>p99 µs</th><th>p99.9 µs</th><th>max µs</th><th>{owner} CPU%</th><th>target CPU%</th><th>MB/s per {owner} CPU%</th></tr>"
+    );
     for r in &report.results {
         let cells = figure_cells(r);
         let _ = write!(
@@ -316,6 +343,11 @@ pub fn page(report: &RunReport) -> String {
         t = escape(&title)
     );
     facts(&mut out, report);
+    // The figures first: the table is what a reader looks up; the charts below
+    // show their shape.
+    out.push_str("<h2>Results</h2>");
+    results_table(&mut out, report);
+    let _ = write!(out, "<p class=\"note\">{}</p>", legend(report));
     let mut charts: Vec<String> = Vec::new();
     charts.extend(sweep_chart(report));
     charts.extend(workload_charts(report));
@@ -333,10 +365,24 @@ pub fn page(report: &RunReport) -> String {
             let _ = write!(out, "<figure>{chart}</figure>");
         }
     }
-    out.push_str("<h2>Results</h2>");
-    results_table(&mut out, report);
-    out.push_str("<p>MB = 10<sup>6</sup> bytes. CPU% is user + system time of the benchmark process (100 = one core).</p></body></html>\n");
+    out.push_str("</body></html>\n");
     out
+}
+
+/// What the table's columns mean, whose CPU above all.
+fn legend(report: &RunReport) -> String {
+    let owner = cpu_owner(report);
+    let whose = if owner == "initiator" {
+        "the bench process, which holds the initiator"
+    } else {
+        "the bench process"
+    };
+    format!(
+        "MB = 10<sup>6</sup> bytes. CPU% is user + system time, 100 = one core: {owner} CPU% \
+         of {whose}; target CPU% of the target's process, when the bench could see it \
+         (--target-pid, the target's netserve, or the process listening on its socket). \
+         MB/s per {owner} CPU% divides the throughput by the {owner}'s CPU%."
+    )
 }
 
 pub fn write(report: &RunReport, path: &Path) -> Result<()> {
@@ -371,6 +417,62 @@ mod tests {
         assert!(page.contains("warning: a &lt;warning&gt; &amp; more"));
         assert!(!page.contains("NaN") && !page.contains("inf"));
         check_well_formed(&page).unwrap();
+    }
+
+    #[test]
+    fn the_results_table_comes_before_the_first_chart() {
+        let report = with_histograms(sample::report("order", 1.0));
+        let page = page(&report);
+        let table = page.find("<h2>Results</h2>").expect("a results table");
+        let first_chart = page.find("<svg").expect("charts");
+        assert!(table < first_chart, "the table comes after a chart");
+        assert!(page[table..first_chart].contains("<table><tr><th class=\"l\">workload"));
+        // Every chart takes the page's width.
+        assert_eq!(
+            page.matches("<svg").count(),
+            page.matches(r#" width="100%" preserveAspectRatio"#).count()
+        );
+        check_well_formed(&page).unwrap();
+    }
+
+    #[test]
+    fn tooltips_carry_units_and_percentiles() {
+        let page = page(&with_histograms(sample::report("tips", 1.0)));
+        // Latency bars: the percentile and µs.
+        assert!(
+            page.contains("<title>sequential write 1M, p99: 250 µs</title>"),
+            "{page}"
+        );
+        // Throughput bars and sweep points: MB/s.
+        assert!(page.contains("<title>write 1M: 500 MB/s</title>"), "{page}");
+        assert!(page.contains(" at 4K: "), "{page}");
+        assert!(page.contains("<title>random: IOPS</title>"));
+        // Histogram outlines: the phase's percentiles.
+        assert!(
+            page.contains(
+                "<title>randread 4K qd4: p50 40 µs, p99 250 µs, p99.9 900 µs, max 12.5 ms</title>"
+            ),
+            "{page}"
+        );
+    }
+
+    #[test]
+    fn the_cpu_columns_say_whose_cpu() {
+        let local = page(&sample::report("local", 1.0));
+        assert!(
+            local.contains("<th>bench CPU%</th><th>target CPU%</th><th>MB/s per bench CPU%</th>")
+        );
+        let mut report = sample::report("remote", 1.0);
+        report.target = "iscsi://10.0.0.2/iqn.2026-11.x:y/0".into();
+        let remote = page(&report);
+        assert!(
+            remote.contains(
+                "<th>initiator CPU%</th><th>target CPU%</th><th>MB/s per initiator CPU%</th>"
+            ),
+            "{remote}"
+        );
+        assert!(remote.contains("initiator CPU% of the bench process, which holds the initiator"));
+        assert!(!remote.contains(">MB/s per CPU%<"));
     }
 
     /// The sample report with a latency histogram in every phase that has
@@ -440,7 +542,7 @@ mod tests {
         }
         // One outline per phase: random has two depths, the sweep three records.
         assert_eq!(charts[3].matches("<path ").count(), 2);
-        assert!(charts[3].contains("<title>randread 4K qd4</title>"));
+        assert!(charts[3].contains("<title>randread 4K qd4: p50 40 µs, "));
         assert_eq!(charts[4].matches("<path ").count(), 3);
         assert!(charts[4].contains(">64K</text>"), "{}", charts[4]);
         // 49% of the operations sit in one bucket, (38.1, 45.3] µs: the y axis

@@ -71,6 +71,17 @@ pub fn network_summary(report: &RunReport) -> Option<String> {
     }
 }
 
+/// Whose CPU the bench's own CPU% is: "initiator" when the target is remote (the
+/// bench process holds blockwire's initiator, and its CPU is the initiator side's),
+/// else "bench" (the process reading and writing a local path). The target's CPU
+/// is the other column.
+pub fn cpu_owner(report: &RunReport) -> &'static str {
+    match crate::target::TargetSpec::parse(&report.target) {
+        crate::target::TargetSpec::Remote(_) => "initiator",
+        crate::target::TargetSpec::Path(_) => "bench",
+    }
+}
+
 /// A plain text table: a header row, a rule, rows; the first `left` columns are
 /// left-aligned, the rest right-aligned (numbers).
 pub struct TextTable {

@@ -60,12 +60,14 @@ fn plot_height() -> f64 {
 }
 
 /// Starts a chart `height` high: the `<svg>` element (with `class`, when given),
-/// its title and the y axis label.
+/// its title and the y axis label. The chart takes the width of the page (or of
+/// what holds it) and keeps its proportions: a `viewBox` and `width="100%"`, no
+/// height of its own.
 fn open(out: &mut String, title: &str, y_label: &str, class: Option<&str>, height: f64) {
     let class = class.map_or(String::new(), |c| format!(r#" class="{}""#, escape(c)));
     let _ = write!(
         out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg"{class} viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" height="{height}" font-family="sans-serif" font-size="12" role="img"><title>{t}</title><rect width="100%" height="100%" fill="white"/><text x="{cx}" y="20" text-anchor="middle" font-size="15" font-weight="bold">{t}</text><text transform="translate(16 {cy}) rotate(-90)" text-anchor="middle">{y}</text>"#,
+        r#"<svg xmlns="http://www.w3.org/2000/svg"{class} viewBox="0 0 {WIDTH} {height}" width="100%" preserveAspectRatio="xMidYMid meet" font-family="sans-serif" font-size="12" role="img"><title>{t}</title><rect width="100%" height="100%" fill="white"/><text x="{cx}" y="20" text-anchor="middle" font-size="15" font-weight="bold">{t}</text><text transform="translate(16 {cy}) rotate(-90)" text-anchor="middle">{y}</text>"#,
         t = escape(title),
         y = escape(y_label),
         cx = LEFT + plot_width() / 2.0,
@@ -144,11 +146,22 @@ fn axes(out: &mut String) {
     );
 }
 
-/// Lines over a log2 x axis (record sizes), y from 0.
+/// A value with its unit, for a tooltip: "512 MB/s", "250 µs", "97 %".
+fn with_unit(value: f64, unit: &str) -> String {
+    if unit.is_empty() {
+        super::number(value)
+    } else {
+        format!("{} {unit}", super::number(value))
+    }
+}
+
+/// Lines over a log2 x axis (record sizes), y from 0. Each point's tooltip names
+/// its series, its x (as `x_tick` writes it) and its value in `unit`.
 pub fn line_chart(
     title: &str,
     x_label: &str,
     y_label: &str,
+    unit: &str,
     series: &[Series],
     x_tick: impl Fn(f64) -> String,
 ) -> String {
@@ -200,20 +213,30 @@ pub fn line_chart(
     axes(&mut out);
     for (index, line) in series.iter().enumerate() {
         let colour = COLOURS[index % COLOURS.len()];
-        let points: Vec<String> = line
-            .points
+        let points: Vec<(f64, f64)> = line.points.iter().copied().filter(|p| p.0 > 0.0).collect();
+        let coordinates: Vec<String> = points
             .iter()
-            .filter(|p| p.0 > 0.0)
             .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
             .collect();
         let _ = write!(
             out,
-            r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#,
-            points.join(" ")
+            r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"><title>{}</title></polyline>"#,
+            coordinates.join(" "),
+            escape(&line.name),
         );
-        for point in &points {
-            let (x, y) = point.split_once(',').unwrap_or(("0", "0"));
-            let _ = write!(out, r#"<circle cx="{x}" cy="{y}" r="3" fill="{colour}"/>"#);
+        for &(x, y) in &points {
+            let _ = write!(
+                out,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{colour}"><title>{}</title></circle>"#,
+                px(x),
+                py(y),
+                escape(&format!(
+                    "{} at {}: {}",
+                    line.name,
+                    x_tick(x),
+                    with_unit(y, unit)
+                )),
+            );
         }
     }
     legend(
@@ -226,10 +249,13 @@ pub fn line_chart(
 }
 
 /// Groups of bars, one bar per series in each group; `log` puts y on a log10 axis
-/// (latencies spread over orders of magnitude).
+/// (latencies spread over orders of magnitude). Each bar's tooltip names its group,
+/// its series when there are several (the percentile of a latency bar) and its
+/// value in `unit`.
 pub fn grouped_bars(
     title: &str,
     y_label: &str,
+    unit: &str,
     groups: &[(String, Vec<f64>)],
     series: &[String],
     log: bool,
@@ -265,15 +291,20 @@ pub fn grouped_bars(
         let start = LEFT + slot * index as f64 + (slot - bar * values.len() as f64) / 2.0;
         for (which, &value) in values.iter().enumerate() {
             let height = plot_height() * scale(value).clamp(0.0, 1.0);
+            let tooltip = match series.get(which) {
+                Some(name) if series.len() > 1 => {
+                    format!("{label}, {name}: {}", with_unit(value, unit))
+                }
+                _ => format!("{label}: {}", with_unit(value, unit)),
+            };
             let _ = write!(
                 out,
-                r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{height:.1}" fill="{}"><title>{}: {}</title></rect>"#,
+                r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{height:.1}" fill="{}"><title>{}</title></rect>"#,
                 start + bar * which as f64,
                 TOP + plot_height() - height,
                 bar,
                 COLOURS[which % COLOURS.len()],
-                escape(label),
-                super::number(value),
+                escape(&tooltip),
             );
         }
         let x = LEFT + slot * (index as f64 + 0.5);
@@ -296,6 +327,9 @@ pub fn grouped_bars(
 /// order; bins need not touch (the outline drops to zero across a gap).
 pub struct Bins {
     pub name: String,
+    /// More for the outline's tooltip than the legend holds (its percentiles,
+    /// with their unit); may be empty.
+    pub detail: String,
     pub bins: Vec<(f64, f64, f64)>,
 }
 
@@ -377,11 +411,16 @@ pub fn histogram(
             previous = Some(x1);
         }
         if let Some(edge) = previous {
+            let tooltip = if line.detail.is_empty() {
+                line.name.clone()
+            } else {
+                format!("{}: {}", line.name, line.detail)
+            };
             let _ = write!(
                 out,
-                r#"<path d="{path}L{edge:.1},{base:.1}Z" fill="{colour}" fill-opacity="0.08" stroke="{colour}" stroke-width="1.5"{dash}><title>{name}</title></path>"#,
+                r#"<path d="{path}L{edge:.1},{base:.1}Z" fill="{colour}" fill-opacity="0.08" stroke="{colour}" stroke-width="1.5"{dash}><title>{tooltip}</title></path>"#,
                 dash = dash(index),
-                name = escape(&line.name),
+                tooltip = escape(&tooltip),
             );
         }
     }
@@ -522,13 +561,14 @@ mod tests {
             name: "read <a&b>".into(),
             points: vec![(4096.0, 100.0), (65536.0, 300.0)],
         }];
-        let svg = line_chart("t", "record", "MB/s", &series, |x| format!("{x}"));
+        let svg = line_chart("t", "record", "MB/s", "MB/s", &series, |x| format!("{x}"));
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
         assert!(svg.contains("read &lt;a&amp;b&gt;"));
         assert!(svg.contains("<polyline"));
         let bars = grouped_bars(
             "b",
             "us",
+            "µs",
             &[("x".into(), vec![1.0, 1000.0])],
             &["p50".into(), "max".into()],
             true,
@@ -545,6 +585,7 @@ mod tests {
         let series: Vec<Bins> = (0..12)
             .map(|index| Bins {
                 name: format!("op <{index}> & co"),
+                detail: String::new(),
                 // Two touching bins, a gap, one more.
                 bins: vec![(10.0, 12.0, 40.0), (12.0, 14.0, 50.0), (300.0, 360.0, 10.0)],
             })
@@ -557,8 +598,8 @@ mod tests {
             format!(r#"<svg xmlns="http://www.w3.org/2000/svg" class="{HISTOGRAM_CLASS}""#);
         assert!(svg.starts_with(&opening), "{svg:.120}");
         // No room kept for slanted labels below: shorter than the bar charts.
-        let short = format!(r#"height="{}""#, TOP + plot_height() + 60.0);
-        assert!(svg.contains(&short) && !svg.contains(&format!(r#"height="{HEIGHT}""#)));
+        let short = format!(r#"viewBox="0 0 {WIDTH} {}""#, TOP + plot_height() + 60.0);
+        assert!(svg.contains(&short), "{svg:.200}");
         assert!(svg.contains("<title>lat &lt;ency&gt;</title>"));
         assert!(svg.contains("<title>op &lt;11&gt; &amp; co</title>"));
         assert_eq!(svg.matches("<path ").count(), 12);
@@ -577,6 +618,87 @@ mod tests {
         assert!(!svg.contains("NaN") && !svg.contains("inf"));
         // Nothing to draw still makes a valid, empty chart.
         check_well_formed(&histogram("empty", "x", "y", &[], |x| x.to_string())).unwrap();
+    }
+
+    #[test]
+    fn charts_take_the_pages_width_and_keep_their_proportions() {
+        let series = vec![Series {
+            name: "write".into(),
+            points: vec![(4096.0, 100.0), (65536.0, 300.0)],
+        }];
+        let line = line_chart("t", "record", "MB/s", "MB/s", &series, |x| format!("{x}"));
+        let bars = grouped_bars(
+            "b",
+            "MB/s",
+            "MB/s",
+            &[("x".into(), vec![1.0])],
+            &["MB/s".into()],
+            false,
+        );
+        let bins = [Bins {
+            name: "read".into(),
+            detail: String::new(),
+            bins: vec![(10.0, 12.0, 40.0)],
+        }];
+        let histogram = histogram("h", "latency", "%", &bins, |x| x.to_string());
+        for chart in [&line, &bars, &histogram] {
+            let opening = &chart[..chart.find('>').unwrap()];
+            assert!(opening.contains(r#" viewBox="0 0 760 "#), "{opening}");
+            assert!(opening.contains(r#" width="100%""#), "{opening}");
+            // No fixed size: the height follows the width through the viewBox.
+            assert!(!opening.contains(" height="), "{opening}");
+        }
+    }
+
+    #[test]
+    fn tooltips_name_the_series_the_value_and_its_unit() {
+        let bars = grouped_bars(
+            "Latency",
+            "microseconds (log)",
+            "µs",
+            &[("sequential write 1M".into(), vec![40.0, 250.0])],
+            &["p50".into(), "p99".into()],
+            true,
+        );
+        assert!(
+            bars.contains("<title>sequential write 1M, p50: 40.0 µs</title>"),
+            "{bars}"
+        );
+        assert!(
+            bars.contains("<title>sequential write 1M, p99: 250 µs</title>"),
+            "{bars}"
+        );
+        // One series: its name would only repeat the unit.
+        let one = grouped_bars(
+            "t",
+            "MB/s",
+            "MB/s",
+            &[("read 1M".into(), vec![1100.0])],
+            &["MB/s".into()],
+            false,
+        );
+        assert!(one.contains("<title>read 1M: 1100 MB/s</title>"), "{one}");
+        let series = vec![Series {
+            name: "reread".into(),
+            points: vec![(4096.0, 123.4)],
+        }];
+        let line = line_chart("t", "record size", "MB/s", "MB/s", &series, |x| {
+            format!("{}K", x / 1024.0)
+        });
+        assert!(
+            line.contains("<title>reread at 4K: 123 MB/s</title>"),
+            "{line}"
+        );
+        let bins = [Bins {
+            name: "randread 4K".into(),
+            detail: "p50 40.0 µs, p99 250 µs".into(),
+            bins: vec![(10.0, 12.0, 40.0)],
+        }];
+        let histogram = histogram("h", "latency", "%", &bins, |x| x.to_string());
+        assert!(
+            histogram.contains("<title>randread 4K: p50 40.0 µs, p99 250 µs</title>"),
+            "{histogram}"
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use blockwire_blockdev::size::format_size;
 
-use super::{figure_cells, link_percent, network_summary, TextTable};
+use super::{cpu_owner, figure_cells, link_percent, network_summary, TextTable};
 use crate::results::RunReport;
 use crate::workloads::network;
 
@@ -43,20 +43,16 @@ pub fn render(report: &RunReport) -> String {
             .results
             .iter()
             .any(|r| r.workload != network::NAME && r.bytes > 0);
+    // Whose CPU: "ini" (the bench process holds the initiator) or "bench".
+    let owner = match cpu_owner(report) {
+        "initiator" => "ini",
+        other => other,
+    };
+    let cpu = format!("{owner} CPU%");
+    let per_cpu = format!("MB/s/{owner} CPU%");
     let mut columns = vec![
-        "workload",
-        "op",
-        "block",
-        "qd",
-        "MB/s",
-        "IOPS",
-        "p50 us",
-        "p99 us",
-        "p99.9 us",
-        "max us",
-        "CPU%",
-        "tgt CPU%",
-        "MB/s/CPU%",
+        "workload", "op", "block", "qd", "MB/s", "IOPS", "p50 us", "p99 us", "p99.9 us", "max us",
+        &cpu, "tgt CPU%", &per_cpu,
     ];
     if link {
         columns.push("% of link");
@@ -72,6 +68,14 @@ pub fn render(report: &RunReport) -> String {
     }
     out.push('\n');
     out.push_str(&table.render());
+    let whose = if owner == "ini" {
+        "ini: this bench process, which holds the initiator"
+    } else {
+        "bench: this bench process"
+    };
+    out.push_str(&format!(
+        "CPU% is user + system time, 100 = one core; {whose}; tgt: the target's process.\n"
+    ));
     out
 }
 
@@ -93,10 +97,27 @@ mod tests {
             .iter()
             .position(|l| l.starts_with("workload"))
             .unwrap();
-        assert_eq!(lines.len() - header - 2, report.results.len());
+        // Header, rule, a row per phase, the CPU legend.
+        assert_eq!(lines.len() - header - 3, report.results.len());
+        assert!(lines[header].contains("bench CPU%") && lines[header].contains("MB/s/bench CPU%"));
+        assert!(text.ends_with("tgt: the target's process.\n"), "{text}");
         let width = lines[header + 2].len();
-        assert!(lines[header + 2..].iter().all(|l| l.len() <= width + 2));
+        let rows = &lines[header + 2..lines.len() - 1];
+        assert!(rows.iter().all(|l| l.len() <= width + 2));
         assert!(text.contains("seq_create"));
+    }
+
+    #[test]
+    fn a_remote_runs_cpu_is_the_initiators() {
+        let mut report = sample::report("nbd", 1.0);
+        report.target = "nbd://10.0.0.2/disk".into();
+        let text = render(&report);
+        let header = text.lines().find(|l| l.starts_with("workload")).unwrap();
+        assert!(
+            header.contains(" ini CPU%") && header.contains("MB/s/ini CPU%"),
+            "{header}"
+        );
+        assert!(text.contains("ini: this bench process, which holds the initiator"));
     }
 
     #[test]
