@@ -73,8 +73,8 @@ pub struct LabArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub size: Option<u64>,
 
-    /// Seconds per timed phase: each network direction, each random-I/O point,
-    /// bonnie's seeks.
+    /// Seconds per timed phase: each random-I/O point, bonnie's seeks. (The network
+    /// baseline moves the cell's data set each way, as the storage does.)
     #[arg(long, value_name = "SECS", default_value_t = 1.0)]
     pub time: f64,
 
@@ -100,11 +100,12 @@ pub struct LabArgs {
     #[arg(long, value_name = "SECS")]
     pub cell_timeout: Option<u64>,
 
-    /// Write the results as JSON (a `cells` array, one object per measured cell).
+    /// Write the results as JSON (a `cells` array, one object per measured operation
+    /// of each cell).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
 
-    /// Write the results as CSV, one line per measured cell.
+    /// Write the results as CSV, one line per measured operation of each cell.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
 
@@ -310,8 +311,8 @@ mod tests {
                         let text = serve_config(&cell, 256 << 20, 256 << 10, backing, dir.path());
                         // The cell's interfaces live in the lab's namespace: the
                         // file itself must be valid.
-                        let config: Config = toml::from_str(&text)
-                            .unwrap_or_else(|e| panic!("{e}\n{text}"));
+                        let config: Config =
+                            toml::from_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
                         if let Err(e) = config.validate() {
                             panic!("{e}\n{text}");
                         }

@@ -203,9 +203,10 @@ pub fn enter_and_run<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> io::Res
 
 /// Runs `program ARGS`; a failure becomes an error naming the command and its stderr.
 fn run(program: &str, args: &[&str]) -> io::Result<()> {
-    let output = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
+    let mut command = Command::new(program);
+    command.args(args).stdin(Stdio::null());
+    blockwire_bench::child::die_with_parent(&mut command);
+    let output = command
         .output()
         .map_err(|e| io::Error::new(e.kind(), format!("cannot run {program}: {e}")))?;
     if !output.status.success() {

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Default)]
 pub struct Registry {
@@ -78,31 +78,7 @@ impl Registry {
 /// Sends SIGTERM to `pid`, waits up to `grace` for it to end (reaping it, as our
 /// child), then SIGKILLs it.
 pub fn stop_process(pid: u32, grace: Duration) {
-    let pid = pid as libc::pid_t;
-    // SAFETY: kill(2) and waitpid(2) on a PID we started and have not reaped; no
-    // memory is shared.
-    unsafe {
-        libc::kill(pid, libc::SIGTERM);
-    }
-    let deadline = Instant::now() + grace;
-    loop {
-        let mut status = 0;
-        // SAFETY: as above; `status` is a valid out-pointer.
-        let reaped = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if reaped == pid || reaped < 0 {
-            return; // ended, or not our child (already reaped)
-        }
-        if Instant::now() >= deadline {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // SAFETY: as above.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-        let mut status = 0;
-        libc::waitpid(pid, &mut status, 0);
-    }
+    blockwire_bench::child::stop_pid(pid, grace);
 }
 
 /// Deletes namespace `name` if it exists; returns whether it did.
@@ -110,11 +86,13 @@ pub fn delete_namespace(name: &str) -> bool {
     if !std::path::Path::new("/run/netns").join(name).exists() {
         return false;
     }
-    Command::new("ip")
+    let mut command = Command::new("ip");
+    command
         .args(["netns", "del", name])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::null());
+    blockwire_bench::child::die_with_parent(&mut command)
         .status()
         .is_ok_and(|s| s.success())
 }

@@ -229,6 +229,21 @@ impl CellResult {
     }
 }
 
+impl LabReport {
+    /// The cells measured: the rows grouped by the configuration they were measured
+    /// in ([`CellResult::same_cell`]), each cell counted once however many
+    /// operations it has.
+    pub fn measured_cells(&self) -> usize {
+        let mut cells: Vec<&CellResult> = Vec::new();
+        for row in &self.cells {
+            if !cells.iter().any(|cell| cell.same_cell(row)) {
+                cells.push(row);
+            }
+        }
+        cells.len()
+    }
+}
+
 /// A whole lab run, as `--json` writes it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LabReport {
@@ -240,8 +255,13 @@ pub struct LabReport {
     /// The stripe's chunk size in bytes.
     pub chunk: u64,
     pub machine: blockwire_bench::Machine,
-    /// One entry per measured operation of each cell.
+    /// One entry per measured operation of each cell (a row; a cell has one per
+    /// operation its workload ran).
     pub cells: Vec<CellResult>,
+    /// The cells the matrix asked for, measured or not (0 in reports from before
+    /// it was recorded).
+    #[serde(default)]
+    pub planned_cells: usize,
     /// Cells that failed, and matrix combinations left out, with the reason.
     pub notes: Vec<String>,
 }

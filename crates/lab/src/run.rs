@@ -44,8 +44,8 @@ pub struct LabOptions {
     pub seed: Option<Seed>,
     /// Data set per cell in bytes.
     pub size: u64,
-    /// Seconds per timed phase: each network direction, each random-I/O point,
-    /// bonnie's seeks.
+    /// Seconds per timed phase: each random-I/O point, bonnie's seeks. (Each
+    /// network direction moves the data set instead: [`measure_network`].)
     pub time: Duration,
     /// Stripe chunk in bytes.
     pub chunk: u64,
@@ -54,7 +54,8 @@ pub struct LabOptions {
     /// Queue depths of the random workload (the bench's default when empty).
     pub random_depths: Vec<u32>,
     pub backing: Backing,
-    /// Longest a cell's bench may take before it is stopped and the cell fails.
+    /// Longest a cell's bench may take before it is stopped and the cell fails;
+    /// also the bound of each direction of its network baseline.
     pub cell_timeout: Duration,
 }
 
@@ -86,7 +87,8 @@ pub fn preflight() -> Result<(), Error> {
         return Err(Error::NotPermitted);
     }
     for tool in ["ip", "tc"] {
-        let found = std::process::Command::new(tool)
+        let mut command = std::process::Command::new(tool);
+        let found = blockwire_bench::child::die_with_parent(&mut command)
             .arg("-V")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -152,6 +154,7 @@ pub fn run(options: &LabOptions, events: &mut dyn FnMut(Event<'_>)) -> Result<La
         chunk: options.chunk,
         machine: blockwire_bench::machine::this_machine(),
         cells,
+        planned_cells: total,
         notes,
     })
 }
@@ -201,7 +204,8 @@ impl Drop for CellDir {
     }
 }
 
-/// A child process registered for teardown; stopped (and unregistered) on drop.
+/// A child process registered for teardown; stopped (and unregistered) on drop,
+/// and sent SIGTERM by the kernel should the lab end without either (SIGKILL).
 struct Guarded {
     child: Child,
     log: PathBuf,
@@ -211,6 +215,8 @@ impl Guarded {
     fn spawn(mut command: std::process::Command, log: PathBuf) -> std::io::Result<Guarded> {
         let file = std::fs::File::create(&log)?;
         command.stdin(Stdio::null()).stderr(file);
+        // Spawned from the run's own thread, which outlives every cell.
+        blockwire_bench::child::die_with_parent(&mut command);
         let mut registry = cleanup::lock();
         let child = command.spawn()?;
         registry.add_child(child.id());
@@ -310,12 +316,29 @@ fn start_target(
     }
 }
 
+/// Bytes each channel's stream moves in the network baseline of a cell whose data
+/// set is `size`: the channel's share of it, as the storage moves it (a stripe
+/// puts size / N on each of its N members; AoE spreads one export's frames over
+/// the channels alike).
+pub fn network_bytes_per_channel(size: u64, channels: u32) -> u64 {
+    size.div_ceil(u64::from(channels.max(1))).max(1)
+}
+
 /// Measures each direction on all of the bed's channels at once (a barrier starts
-/// them together) and sums them, as seed 003 ran concurrent netperfs (§3.3).
-pub fn measure_network(bed: &Bed, time: Duration) -> std::io::Result<NetworkBaseline> {
+/// them together) and sums them, as seed 003 ran concurrent netperfs (§3.3). Each
+/// channel moves `bytes_per_channel`, the cell's own data set: the link is measured
+/// over as many bytes as the storage will move, so that what a short transfer gains
+/// or loses (tbf's bucket, TCP's slow start) weighs the same in both; `limit`
+/// bounds the time a direction may take.
+pub fn measure_network(
+    bed: &Bed,
+    bytes_per_channel: u64,
+    limit: Duration,
+) -> std::io::Result<NetworkBaseline> {
     let channels = bed.spec.channels;
     let config = ClientConfig {
-        duration: time,
+        duration: limit,
+        byte_limit: Some(bytes_per_channel),
         connect_timeout: Duration::from_secs(3),
         ..ClientConfig::default()
     };
@@ -403,7 +426,11 @@ fn run_cell(
     // The cell's own directory: its file-backed exports start empty and go with it.
     let cell_dir = CellDir::new(dir.join(format!("cell-{index}")))?;
     let target = start_target(bed, spec, options, &cell_dir.0)?;
-    let network = measure_network(bed, options.time.max(Duration::from_secs(1)))?;
+    let network = measure_network(
+        bed,
+        network_bytes_per_channel(options.size, bed.spec.channels),
+        options.cell_timeout,
+    )?;
     events(Event::Network { baseline: &network });
     let json = dir.join(format!("cell-{index}.json"));
     let command = bench_command(bed, spec, options, target.pid(), &json);
@@ -435,4 +462,18 @@ fn run_cell(
         .filter(|phase| phase.workload != "network")
         .map(|phase| CellResult::from_phase(spec, phase, Some(&network), options.seed))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_channel_moves_its_share_of_the_data_set() {
+        assert_eq!(network_bytes_per_channel(256 << 20, 1), 256 << 20);
+        assert_eq!(network_bytes_per_channel(256 << 20, 4), 64 << 20);
+        // Rounded up: the channels together move at least the data set.
+        assert_eq!(network_bytes_per_channel(100, 3), 34);
+        assert_eq!(network_bytes_per_channel(0, 2), 1);
+    }
 }

@@ -8,39 +8,51 @@ use std::path::Path;
 use blockwire_bench::report::svg::{escape, grouped_bars, line_chart, Series};
 use blockwire_bench::report::{maybe, number};
 
-use super::{layout, link, pct, protocol, published_text, table};
+use super::{
+    any_over_100, count_line, layout, link, pct, protocol, published_text, table, OVER_100,
+};
 use crate::published::Seed;
 use crate::results::{CellResult, LabReport};
 
 const STYLE: &str = "body{font-family:sans-serif;margin:2em;max-width:1100px}\
 table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}\
 td:nth-child(-n+6),th{text-align:left}th{background:#f3f3f3}pre{background:#f8f8f8;padding:1em;overflow-x:auto}\
-figure{margin:1em 0}svg text{font-family:sans-serif;font-size:12px}";
+figure{margin:1em 0}svg{display:block;width:100%;height:auto}svg text{font-family:sans-serif;font-size:12px}";
 
-/// MB/s by MTU, one line per protocol: one chart per operation, link and layout.
+/// The rows one chart of MB/s by MTU holds: the same workload, operation, link,
+/// layout, and host baseline or not; within it, one line per protocol, whose
+/// points differ in MTU only.
+fn mtu_line_key(r: &CellResult) -> (String, String, Option<u64>, u32, bool, bool) {
+    (
+        r.workload.clone(),
+        r.op.clone(),
+        r.rate_mbit,
+        r.channels,
+        r.striped,
+        r.baseline,
+    )
+}
+
+/// MB/s by MTU, one line per protocol: one chart per workload, operation, link and
+/// layout (bonnie's block write and the sequential write are charts of their own,
+/// not two points of one line).
 fn mtu_charts(report: &LabReport) -> Vec<String> {
-    let mut groups: Vec<(String, Option<u64>, u32, bool, bool)> = Vec::new();
+    let mut groups: Vec<(String, String, Option<u64>, u32, bool, bool)> = Vec::new();
     for r in report.cells.iter().filter(|r| r.efficiency.is_some()) {
-        let key = (r.op.clone(), r.rate_mbit, r.channels, r.striped, r.baseline);
+        let key = mtu_line_key(r);
         if !groups.contains(&key) {
             groups.push(key);
         }
     }
     groups
         .into_iter()
-        .map(|(op, rate, channels, striped, baseline)| {
+        .map(|key| {
             let rows: Vec<&CellResult> = report
                 .cells
                 .iter()
-                .filter(|r| {
-                    r.op == op
-                        && r.rate_mbit == rate
-                        && r.channels == channels
-                        && r.striped == striped
-                        && r.baseline == baseline
-                        && r.efficiency.is_some()
-                })
+                .filter(|r| r.efficiency.is_some() && mtu_line_key(r) == key)
                 .collect();
+            let (workload, op, .., baseline) = key;
             let mut names: Vec<String> = Vec::new();
             for r in &rows {
                 if !names.contains(&protocol(r)) {
@@ -61,12 +73,12 @@ fn mtu_charts(report: &LabReport) -> Vec<String> {
                 .collect();
             let sample = rows[0];
             let title = format!(
-                "{op}: MB/s by MTU, {}, {}{}",
+                "{workload} {op}: MB/s by MTU, {}, {}{}",
                 link(sample),
                 layout(sample),
                 if baseline { ", host baseline" } else { "" }
             );
-            line_chart(&title, "MTU (bytes)", "MB/s", &series, |x| {
+            line_chart(&title, "MTU (bytes)", "MB/s", "MB/s", &series, |x| {
                 format!("{x:.0}")
             })
         })
@@ -97,11 +109,15 @@ fn efficiency_chart(report: &LabReport) -> Option<String> {
     if with_paper {
         series.push("paper".into());
     }
+    // One group per cell: every part of the cell in its label, so that two cells
+    // (a sequential and a bonnie one, AoE with and without AF_XDP) never share a
+    // group and overwrite each other's bars.
     let mut groups: Vec<(String, Vec<f64>)> = Vec::new();
     for r in &rows {
         let label = format!(
-            "{} {} {} {}{}",
-            r.protocol,
+            "{} {} {} {} {}{}",
+            protocol(r),
+            r.workload,
             r.mtu,
             link(r),
             layout(r),
@@ -123,6 +139,7 @@ fn efficiency_chart(report: &LabReport) -> Option<String> {
     }
     Some(grouped_bars(
         "Efficiency: MB/s against the maximum (slower of channels and disks)",
+        "% of max",
         "% of max",
         &groups,
         &series,
@@ -147,7 +164,7 @@ fn matrix_table(out: &mut String, report: &LabReport) {
         "eff",
         "initiator CPU%",
         "target CPU%",
-        "MB/s per CPU%",
+        "MB/s per initiator CPU%",
         "paper MB/s",
     ] {
         let _ = write!(out, "<th>{header}</th>");
@@ -196,8 +213,8 @@ pub fn page(report: &LabReport) -> String {
     );
     let _ = write!(
         out,
-        "<p>{} cells on {} ({} CPUs, kernel {}); data set {} MiB per cell, {} s per timed phase, stripe chunk {} KiB.</p>",
-        report.cells.len(),
+        "<p>{} on {} ({} CPUs, kernel {}); data set {} MiB per cell, {} s per timed phase, stripe chunk {} KiB.</p>",
+        escape(&count_line(report)),
         escape(&report.machine.hostname),
         report.machine.cpus,
         escape(&report.machine.kernel),
@@ -205,13 +222,12 @@ pub fn page(report: &LabReport) -> String {
         report.phase_seconds,
         report.chunk >> 10,
     );
-    let mut charts = mtu_charts(report);
-    charts.extend(efficiency_chart(report));
-    if !charts.is_empty() {
-        out.push_str("<h2>Charts</h2>");
-        for chart in charts {
-            let _ = write!(out, "<figure>{chart}</figure>");
-        }
+    // The figures first: the matrix, then the seed's tables; the charts below show
+    // their shape.
+    out.push_str("<h2>Matrix</h2>");
+    matrix_table(&mut out, report);
+    if any_over_100(report) {
+        let _ = write!(out, "<p>{}</p>", escape(OVER_100));
     }
     if let Some(seed) = seed {
         let _ = write!(
@@ -225,8 +241,14 @@ pub fn page(report: &LabReport) -> String {
             let _ = write!(out, "<h2>Striping</h2><pre>{}</pre>", escape(&scaling));
         }
     }
-    out.push_str("<h2>Matrix</h2>");
-    matrix_table(&mut out, report);
+    let mut charts = mtu_charts(report);
+    charts.extend(efficiency_chart(report));
+    if !charts.is_empty() {
+        out.push_str("<h2>Charts</h2>");
+        for chart in charts {
+            let _ = write!(out, "<figure>{chart}</figure>");
+        }
+    }
     if !report.notes.is_empty() {
         out.push_str("<h2>Notes</h2><ul>");
         for note in &report.notes {
@@ -234,7 +256,7 @@ pub fn page(report: &LabReport) -> String {
         }
         out.push_str("</ul>");
     }
-    out.push_str("<p>MB = 10<sup>6</sup> bytes. net: the channels' measured aggregate (our netserve, all channels at once) in the operation's direction; max: the slower of that and the throttled disks; eff = MB/s / max. CPU% is user + system time, 100 = one core; the initiator is the bench process, the target the serve process.</p></body></html>\n");
+    out.push_str("<p>MB = 10<sup>6</sup> bytes. net: the channels' measured aggregate (our netserve, all channels at once, each moving its share of the cell's data set) in the operation's direction; max: the slower of that and the throttled disks; eff = MB/s / max. CPU% is user + system time, 100 = one core; the initiator is the bench process, the target the serve process; MB/s per initiator CPU% divides the throughput by the initiator's CPU%.</p></body></html>\n");
     out
 }
 
@@ -245,7 +267,58 @@ pub fn write(report: &LabReport, path: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::sample::report;
+    use crate::report::sample::{mixed, report};
+
+    #[test]
+    fn every_cell_gets_its_own_bars_and_lines() {
+        let report = mixed();
+        let page = page(&report);
+        // A chart of MB/s by MTU per workload and operation: sequential write and
+        // read, bonnie's five streaming ops, the baseline's write and read; and the
+        // efficiency bars.
+        assert_eq!(page.matches("<svg").count(), 2 + 5 + 2 + 1, "{page}");
+        assert!(page.contains("<title>bonnie write: MB/s by MTU, 1 Gbit, 1 ch</title>"));
+        // Each row with an efficiency has its bar, under its own cell's label
+        // (before: bonnie's write overwrote the sequential write's, AF_XDP the
+        // packet socket's).
+        for r in report.cells.iter().filter(|r| r.efficiency.is_some()) {
+            let label = format!(
+                "{} {} {} {} {}{}",
+                protocol(r),
+                r.workload,
+                r.mtu,
+                link(r),
+                layout(r),
+                if r.baseline { " host" } else { "" }
+            );
+            let bar = format!(
+                "<title>{}, {}: {} % of max</title>",
+                escape(&label),
+                r.op,
+                number(r.efficiency.unwrap() * 100.0)
+            );
+            assert!(page.contains(&bar), "{bar} missing");
+        }
+    }
+
+    #[test]
+    fn efficiencies_above_100_percent_are_explained_in_both_outputs() {
+        let over = mixed();
+        assert!(over.cells.iter().any(|r| r.efficiency.unwrap_or(0.0) > 1.0));
+        assert!(page(&over).contains(&escape(OVER_100)));
+        assert!(table::matrix(&over).contains(OVER_100));
+        let under = report();
+        assert!(!page(&under).contains("eff above 100%"));
+        assert!(!table::matrix(&under).contains("eff above 100%"));
+    }
+
+    #[test]
+    fn the_matrix_comes_before_the_charts() {
+        let page = page(&report());
+        let matrix = page.find("<h2>Matrix</h2>").unwrap();
+        assert!(matrix < page.find("<svg").unwrap());
+        assert!(page.contains("<th>MB/s per initiator CPU%</th>"));
+    }
 
     #[test]
     fn the_page_holds_charts_tables_and_the_seed_beside_ours() {

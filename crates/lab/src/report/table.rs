@@ -6,16 +6,17 @@ use std::fmt::Write;
 
 use blockwire_bench::report::{maybe, number, TextTable};
 
-use super::{layout, link, pct, protocol, published_text};
+use super::{any_over_100, count_line, layout, link, pct, protocol, published_text, OVER_100};
 use crate::matrix::Protocol;
 use crate::published::{self, Seed, SEED_003_MAX_MB_PER_S};
 use crate::results::{CellResult, LabReport, NetworkBaseline};
 
 /// One line per finished cell, for progress while the run goes on.
 pub fn progress_line(index: usize, total: usize, label: &str, rows: &[CellResult]) -> String {
+    // Every row: a random cell has no efficiency, and a line with none of its
+    // figures would say nothing.
     let figures: Vec<String> = rows
         .iter()
-        .filter(|r| r.efficiency.is_some() || rows.len() <= 4)
         .map(|r| match r.efficiency {
             Some(eff) => format!("{} {} MB/s ({})", r.op, number(r.mb_per_s), pct(eff)),
             None if r.op.starts_with("rand") => {
@@ -52,7 +53,7 @@ const HEADERS: [&str; 16] = [
     "eff",
     "ini CPU%",
     "tgt CPU%",
-    "MB/s/CPU%",
+    "MB/s/ini CPU%",
     "paper",
 ];
 
@@ -74,11 +75,19 @@ pub fn matrix(report: &LabReport) -> String {
         }
         out.push_str(&table.render());
     }
+    out.push_str(&count_line(report));
+    out.push_str(".\n");
     out.push_str(
         "MB = 10^6 bytes. IOPS for ops counted in operations (random I/O, seeks). net: the \
-         channels' measured aggregate in the op's direction; max: the slower of it and the \
-         disks; eff = MB/s / max. CPU% of one core.\n",
+         channels' measured aggregate in the op's direction, each channel moving its share \
+         of the cell's data set; max: the slower of it and the disks; eff = MB/s / max. \
+         CPU% of one core: ini the bench (initiator) process, tgt the serve (target) \
+         process; MB/s/ini CPU% per initiator CPU%.\n",
     );
+    if any_over_100(report) {
+        out.push_str(OVER_100);
+        out.push('\n');
+    }
     out
 }
 
@@ -146,8 +155,8 @@ fn seed_003(report: &LabReport) -> String {
             &[
                 "protocol",
                 "peak MB/s",
-                "CPU%",
-                "MB/s/CPU%",
+                "ini CPU%",
+                "MB/s/ini CPU%",
                 "of max",
                 "paper MB/s",
                 "paper CPU%",
@@ -320,8 +329,12 @@ mod tests {
     fn the_matrix_has_a_line_per_row() {
         let report = report();
         let text = matrix(&report);
-        // Header, rule, rows, footnote.
-        assert_eq!(text.lines().count(), report.cells.len() + 3, "{text}");
+        // Header, rule, rows, the count, footnote.
+        assert_eq!(text.lines().count(), report.cells.len() + 4, "{text}");
+        assert!(
+            text.contains("5 of 5 cells measured, 10 rows (one per operation).\n"),
+            "{text}"
+        );
         assert!(text.lines().next().unwrap().starts_with("protocol  MTU"));
         assert!(text.contains("≤283"), "{text}");
     }
