@@ -7,6 +7,7 @@
 //! limits and emulates what the device cannot do natively, so backends and protocol
 //! targets both stay small.
 
+pub mod admission;
 pub mod buffer;
 pub mod channel_waker;
 pub mod conformance;

@@ -272,6 +272,10 @@ fn login_phase(
                 data,
                 negotiated,
             } => {
+                if !shared.admission.finish(id) {
+                    tracing::info!(%peer, "login closed by a connection limit");
+                    return None;
+                }
                 let session = match establish(shared, writer, id, &negotiated) {
                     Ok(session) => session,
                     Err((status, reason)) => {

@@ -23,6 +23,7 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use blockwire_blockdev::admission::{Admission, AdmissionLimits, Cap, Verdict};
 use blockwire_blockdev::workers::WorkerPool;
 use blockwire_blockdev::SessionMeter;
 use blockwire_scsi::ScsiTarget;
@@ -54,9 +55,13 @@ pub struct IscsiConfig {
     pub limits: TargetLimits,
     /// Threads that run commands.
     pub workers: usize,
-    /// Connections beyond this are closed at once.
+    /// Open connections at most. At the cap, a new connection closes the oldest
+    /// unfinished login of the address holding the most; with none, it is closed at
+    /// once.
     pub max_connections: usize,
-    /// Connections from one address that have not finished their login, at most.
+    /// Connections from one address that have not finished their login, at most:
+    /// one address that opens many and never logs in must not lock anybody out,
+    /// itself included, so a new one closes that address's oldest unfinished login.
     pub max_logins_per_address: usize,
     /// A login must finish within this time.
     pub login_timeout: Duration,
@@ -111,6 +116,9 @@ pub(crate) struct Shared {
     /// address it came from.
     connections: Mutex<HashMap<u64, (TcpStream, std::net::IpAddr)>>,
     connections_changed: Condvar,
+    /// Open connections by address and login state, for the limits; a connection
+    /// is finished once its login completes (discovery sessions too).
+    admission: Admission,
 }
 
 /// The targets served now, as login and the sessions see them.
@@ -256,6 +264,7 @@ impl IscsiTarget {
                 next_id: AtomicU64::new(0),
                 connections: Mutex::new(HashMap::new()),
                 connections_changed: Condvar::new(),
+                admission: Admission::default(),
             }),
         })
     }
@@ -364,6 +373,16 @@ fn request_logout(session: &session::Session, grace: Duration) {
     );
 }
 
+/// The setting behind a cap, as logs and the refusal counter name it. The target
+/// has no cap of its own on connections per address.
+fn cap_name(cap: Cap) -> &'static str {
+    match cap {
+        Cap::Connections => "max_connections",
+        Cap::PerAddress => "max_connections_per_address",
+        Cap::UnfinishedPerAddress => "max_logins_per_address",
+    }
+}
+
 fn refused(shared: &Shared, limit: &str) {
     if let Some(sessions) = &shared.config.sessions {
         sessions.refused(limit);
@@ -387,32 +406,41 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         {
             let mut connections = shared.lock_connections();
-            if connections.len() >= shared.config.max_connections {
-                tracing::warn!(%peer, "too many iSCSI connections ({}); closing", connections.len());
-                refused(shared, "max_connections");
-                continue;
-            }
-            // Connections still logging in, from this address: one address that
-            // opens many and never logs in must not lock the others out.
-            let logged_in: std::collections::HashSet<_> = shared
-                .registry
-                .all()
-                .iter()
-                .map(|s| s.connection_id)
-                .collect();
-            let unfinished = connections
-                .iter()
-                .filter(|(cid, (_, ip))| *ip == peer.ip() && !logged_in.contains(*cid))
-                .count();
-            if unfinished >= shared.config.max_logins_per_address {
-                tracing::warn!(%peer, "too many unfinished iSCSI logins from this address; closing");
-                refused(shared, "max_logins_per_address");
-                continue;
+            let limits = AdmissionLimits {
+                connections: shared.config.max_connections,
+                per_address: usize::MAX,
+                unfinished_per_address: shared.config.max_logins_per_address,
+            };
+            match shared.admission.admit(id, Some(peer.ip()), limits) {
+                Verdict::Admit => {}
+                Verdict::Evict { id: victim, cap } => {
+                    // Its thread sees the socket end, fails the login and cleans up
+                    // as for any initiator that went away.
+                    if let Some((victim, _)) = connections.get(&victim) {
+                        let _ = victim.shutdown(std::net::Shutdown::Both);
+                    }
+                    tracing::info!(
+                        %peer,
+                        "{} reached; closing the oldest unfinished iSCSI login to make room",
+                        cap_name(cap)
+                    );
+                    refused(shared, &format!("{}_evicted", cap_name(cap)));
+                }
+                Verdict::Refuse(cap) => {
+                    tracing::warn!(
+                        %peer,
+                        "{} reached and no unfinished iSCSI login to close; closing",
+                        cap_name(cap)
+                    );
+                    refused(shared, cap_name(cap));
+                    continue;
+                }
             }
             match stream.try_clone() {
                 Ok(clone) => connections.insert(id, (clone, peer.ip())),
                 Err(e) => {
                     tracing::warn!("cannot track connection: {e}");
+                    shared.admission.remove(id);
                     continue;
                 }
             };
@@ -422,12 +450,14 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
             .name(format!("iscsi-conn-{id}"))
             .spawn(move || {
                 connection::serve(stream, id, shared_for_thread.clone());
+                shared_for_thread.admission.remove(id);
                 let mut connections = shared_for_thread.lock_connections();
                 connections.remove(&id);
                 shared_for_thread.connections_changed.notify_all();
             });
         if let Err(e) = spawned {
             tracing::error!("cannot start a connection thread: {e}");
+            shared.admission.remove(id);
             shared.lock_connections().remove(&id);
             shared.connections_changed.notify_all();
         }

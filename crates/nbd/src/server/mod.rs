@@ -18,7 +18,7 @@ mod writer;
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener};
+use std::net::{Shutdown, SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -28,6 +28,7 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use blockwire_blockdev::admission::{Admission, AdmissionLimits, Cap, Verdict};
 use blockwire_blockdev::{OpenSession, SessionMeter};
 
 pub use blockwire_blockdev::workers::WorkerPool;
@@ -60,14 +61,17 @@ pub struct ServerConfig {
     pub unix: Vec<PathBuf>,
     /// Threads for requests that may block (flush, FUA, cache misses).
     pub workers: usize,
-    /// Connections beyond this are closed at once.
+    /// Open connections at most. At the cap, a new connection closes the oldest
+    /// unfinished handshake of the address holding the most; with none, it is
+    /// closed at once.
     pub max_connections: usize,
-    /// Connections from one address still in the handshake beyond this are closed
-    /// at once: one address that opens many and never finishes them must not lock
-    /// everybody else out.
+    /// Connections from one address still in the handshake, at most: one address
+    /// that opens many and never finishes them must not lock anybody out, itself
+    /// included, so a new one closes that address's oldest unfinished handshake.
     pub max_handshakes_per_address: usize,
-    /// Connections from one address beyond this are closed at once, so one client
-    /// cannot take every connection the server allows.
+    /// Connections from one address at most, so one client cannot take every
+    /// connection the server allows. At the cap a new one closes that address's
+    /// oldest unfinished handshake; with none, it is closed at once.
     pub max_connections_per_address: usize,
     /// A client must finish the handshake within this time.
     pub handshake_timeout: Duration,
@@ -147,10 +151,8 @@ struct Shared {
     /// each one is in transmission with.
     connections: Mutex<HashMap<u64, Tracked>>,
     connections_changed: Condvar,
-    /// Connections in the handshake, by the client's address.
-    handshaking: AddressCounts,
-    /// Open connections, by the client's address.
-    per_address: AddressCounts,
+    /// Open connections by address and handshake state, for the limits.
+    admission: Admission,
 }
 
 /// One open connection, as the server tracks it.
@@ -170,41 +172,6 @@ impl Shared {
 
     fn lock_connections(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Tracked>> {
         self.connections.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// How many connections each client address holds. Unix sockets have no address
-/// and are never limited.
-#[derive(Default)]
-struct AddressCounts(Mutex<HashMap<IpAddr, usize>>);
-
-impl AddressCounts {
-    /// Counts one more for `address`, unless it already has `limit`.
-    fn try_add(&self, address: Option<IpAddr>, limit: usize) -> bool {
-        let Some(address) = address else {
-            return true;
-        };
-        let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let count = counts.entry(address).or_default();
-        if *count >= limit {
-            return false;
-        }
-        *count += 1;
-        true
-    }
-
-    /// Counts one less for `address`.
-    fn remove(&self, address: Option<IpAddr>) {
-        let Some(address) = address else {
-            return;
-        };
-        let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = counts.get_mut(&address) {
-            *count -= 1;
-            if *count == 0 {
-                counts.remove(&address);
-            }
-        }
     }
 }
 
@@ -435,6 +402,14 @@ impl AcceptContext {
         }
     }
 
+    fn limits(&self) -> AdmissionLimits {
+        AdmissionLimits {
+            connections: self.config.max_connections,
+            per_address: self.config.max_connections_per_address,
+            unfinished_per_address: self.config.max_handshakes_per_address,
+        }
+    }
+
     fn accept_loop(self) {
         loop {
             let accepted = self.listener.accept();
@@ -458,37 +433,30 @@ impl AcceptContext {
                     .connections
                     .lock()
                     .unwrap_or_else(|e| e.into_inner());
-                if connections.len() >= self.config.max_connections {
-                    tracing::warn!(peer = %stream.peer(), "too many connections ({}); closing", connections.len());
-                    self.refused("max_connections");
-                    continue;
-                }
-                if !self
-                    .shared
-                    .per_address
-                    .try_add(peer_ip, self.config.max_connections_per_address)
-                {
-                    tracing::warn!(
-                        peer = %stream.peer(),
-                        "too many connections from this address ({}); closing",
-                        self.config.max_connections_per_address
-                    );
-                    self.refused("max_connections_per_address");
-                    continue;
-                }
-                if !self
-                    .shared
-                    .handshaking
-                    .try_add(peer_ip, self.config.max_handshakes_per_address)
-                {
-                    self.shared.per_address.remove(peer_ip);
-                    tracing::warn!(
-                        peer = %stream.peer(),
-                        "too many unfinished handshakes from this address ({}); closing",
-                        self.config.max_handshakes_per_address
-                    );
-                    self.refused("max_handshakes_per_address");
-                    continue;
+                match self.shared.admission.admit(id, peer_ip, self.limits()) {
+                    Verdict::Admit => {}
+                    Verdict::Evict { id: victim, cap } => {
+                        // Its handshake thread sees the socket end, fails and
+                        // cleans up as for any client that went away.
+                        if let Some(tracked) = connections.get(&victim) {
+                            let _ = tracked.stream.shutdown(Shutdown::Both);
+                        }
+                        tracing::info!(
+                            peer = %stream.peer(),
+                            "{} reached; closing the oldest unfinished handshake to make room",
+                            cap_name(cap)
+                        );
+                        self.refused(&format!("{}_evicted", cap_name(cap)));
+                    }
+                    Verdict::Refuse(cap) => {
+                        tracing::warn!(
+                            peer = %stream.peer(),
+                            "{} reached and no unfinished handshake to close; closing",
+                            cap_name(cap)
+                        );
+                        self.refused(cap_name(cap));
+                        continue;
+                    }
                 }
                 match stream.try_clone() {
                     Ok(clone) => connections.insert(
@@ -500,8 +468,7 @@ impl AcceptContext {
                     ),
                     Err(e) => {
                         tracing::warn!("cannot track connection: {e}");
-                        self.shared.handshaking.remove(peer_ip);
-                        self.shared.per_address.remove(peer_ip);
+                        self.shared.admission.remove(id);
                         continue;
                     }
                 };
@@ -521,10 +488,14 @@ impl AcceptContext {
                 .name(format!("nbd-conn-{id}"))
                 .spawn(move || {
                     let handshake_done = |export: Option<&Arc<Export>>| {
-                        shared.handshaking.remove(peer_ip);
+                        if !shared.admission.finish(id) {
+                            // Evicted by a limit as the handshake ended.
+                            return false;
+                        }
                         if let Some(tracked) = shared.lock_connections().get_mut(&id) {
                             tracked.export = export.cloned();
                         }
+                        true
                     };
                     let tls = tls.as_deref();
                     serve_connection_reporting(
@@ -536,7 +507,7 @@ impl AcceptContext {
                         handshake_done,
                         sessions.as_deref(),
                     );
-                    shared.per_address.remove(peer_ip);
+                    shared.admission.remove(id);
                     let mut connections =
                         shared.connections.lock().unwrap_or_else(|e| e.into_inner());
                     connections.remove(&id);
@@ -544,8 +515,7 @@ impl AcceptContext {
                 });
             if let Err(e) = spawned {
                 tracing::error!("cannot start a connection thread: {e}");
-                self.shared.handshaking.remove(peer_ip);
-                self.shared.per_address.remove(peer_ip);
+                self.shared.admission.remove(id);
                 let mut connections = self
                     .shared
                     .connections
@@ -555,6 +525,15 @@ impl AcceptContext {
                 self.shared.connections_changed.notify_all();
             }
         }
+    }
+}
+
+/// The setting behind a cap, as logs and the refusal counter name it.
+fn cap_name(cap: Cap) -> &'static str {
+    match cap {
+        Cap::Connections => "max_connections",
+        Cap::PerAddress => "max_connections_per_address",
+        Cap::UnfinishedPerAddress => "max_handshakes_per_address",
     }
 }
 
@@ -571,7 +550,7 @@ pub fn serve_connection(
         send_timeout: defaults.send_timeout,
         unnegotiated_payload_limit: defaults.unnegotiated_payload_limit,
     };
-    serve_connection_reporting(stream, exports, pool, limits, None, |_| {}, None);
+    serve_connection_reporting(stream, exports, pool, limits, None, |_| true, None);
 }
 
 /// What one connection takes from the server's configuration.
@@ -584,15 +563,16 @@ struct ConnectionLimits {
 
 /// [`serve_connection`], with TLS offered when `tls` is given, calling
 /// `handshake_done` once the handshake has ended, with the export when the client
-/// entered transmission, and
-/// counting the connection in `sessions` while it is in transmission.
+/// entered transmission (a false answer: a limit closed the connection meanwhile,
+/// so it is not served), and counting the connection in `sessions` while it is in
+/// transmission.
 fn serve_connection_reporting(
     mut stream: Stream,
     exports: Arc<ExportSet>,
     pool: &WorkerPool,
     limits: ConnectionLimits,
     tls: Option<&TargetTls>,
-    handshake_done: impl FnOnce(Option<&Arc<Export>>),
+    handshake_done: impl FnOnce(Option<&Arc<Export>>) -> bool,
     sessions: Option<&dyn SessionMeter>,
 ) {
     let ConnectionLimits {
@@ -607,14 +587,20 @@ fn serve_connection_reporting(
     let (mut session, secure) = match negotiated {
         Ok(Negotiated::Plain(session)) => (session, None),
         Ok(Negotiated::Tls(session, secure)) => (session, Some(secure)),
-        Ok(Negotiated::Refused) => return handshake_done(None),
+        Ok(Negotiated::Refused) => {
+            handshake_done(None);
+            return;
+        }
         Err(e) => {
             handshake_done(None);
             tracing::info!(%peer, "handshake ended: {e}");
             return;
         }
     };
-    handshake_done(Some(session.export()));
+    if !handshake_done(Some(session.export())) {
+        tracing::info!(%peer, "handshake closed by a connection limit");
+        return;
+    }
     if session.export().is_retired() {
         // A reload removed the export while this client negotiated; the drain
         // may already have looked for its connections, so this one closes itself.
