@@ -16,11 +16,24 @@
 use std::io::{self, Read};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// PIDs of the [`Owned`] children not yet reaped.
 static RUNNING: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// Set by [`end_all`]: the process is about to exit.
+static ENDING: AtomicBool = AtomicBool::new(false);
+
+/// A thread whose child [`end_all`] stopped does not go on: it would take the stop
+/// for the child's failure and race the signal handler's `exit` with an exit
+/// status of its own. It waits for that exit instead.
+fn unless_ending() {
+    while ENDING.load(Ordering::SeqCst) {
+        std::thread::park();
+    }
+}
 
 fn running() -> std::sync::MutexGuard<'static, Vec<u32>> {
     RUNNING.lock().unwrap_or_else(|e| e.into_inner())
@@ -84,7 +97,11 @@ impl Owned {
     }
 
     pub fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
-        let status = self.child.try_wait()?;
+        let status = self.child.try_wait();
+        if !matches!(status, Ok(None)) {
+            unless_ending();
+        }
+        let status = status?;
         if status.is_some() {
             forget(self.child.id());
         }
@@ -93,6 +110,7 @@ impl Owned {
 
     pub fn wait(&mut self) -> io::Result<ExitStatus> {
         let status = self.child.wait();
+        unless_ending();
         forget(self.child.id());
         status
     }
@@ -149,9 +167,11 @@ fn forget(pid: u32) {
 }
 
 /// Stops every [`Owned`] child still running: SIGTERM to all, up to `grace` for them
-/// to end, then SIGKILL; reaps them. For a signal handler that is about to exit.
+/// to end, then SIGKILL; reaps them. For a signal handler that is about to exit:
+/// the threads that were waiting for these children do not return from the wait.
 /// Returns the PIDs it stopped.
 pub fn end_all(grace: Duration) -> Vec<u32> {
+    ENDING.store(true, Ordering::SeqCst);
     let pids = std::mem::take(&mut *running());
     end(&pids, grace);
     pids
