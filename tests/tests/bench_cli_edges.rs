@@ -1,12 +1,15 @@
 //! `blockwire bench` at its edges: a URI scheme it does not speak is refused at once
-//! with nothing sent, a run that measured nothing fails, and an interrupted or
-//! killed bench takes its iperf3 client with it.
+//! with nothing sent, a run that measured nothing fails, an interrupted or killed
+//! bench takes its iperf3 client with it, and an iSCSI target's CPU is found
+//! without being named.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use blockwire_tests::{blockwire_bin, free_port, require, run_bounded, text};
+use blockwire_tests::{
+    blockwire_bin, free_port, path_str, require, run_bounded, sparse_file, text, Served, MIB,
+};
 
 /// A safety net against a hang, not a timing assertion.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -214,4 +217,43 @@ fn a_killed_bench_leaves_no_iperf3_behind() {
         Some(libc::SIGKILL)
     );
     assert!(left.is_empty(), "iperf3 {left:?} outlived the killed bench");
+}
+
+#[test]
+fn an_iscsi_targets_cpu_is_found_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = sparse_file(dir.path(), "lun.img", 64 * MIB);
+    let served = Served::start_iscsi(&[path_str(&image)], "cpu");
+    let json = dir.path().join("run.json");
+    let mut command = Command::new(blockwire_bin());
+    command.args([
+        "bench",
+        served.iscsi_url(),
+        "--workload",
+        "sequential",
+        "--size",
+        "32M",
+        "--force",
+        "--json",
+        path_str(&json),
+    ]);
+    let output = run_bounded(command, LIMIT);
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    // No --target-pid and no netserve: the process listening on the iSCSI port.
+    assert!(
+        stderr.contains(&format!("target CPU: process {} ", served.pid())),
+        "{stderr}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let cpu: Vec<f64> = report["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["target_cpu_percent"].as_f64().unwrap_or(-1.0))
+        .collect();
+    assert!(cpu.iter().all(|&c| c >= 0.0), "{report:#}");
+    // 32 MB each way through the target: more than a 10 ms clock tick of its CPU.
+    assert!(cpu.iter().any(|&c| c > 0.0), "{report:#}");
 }
