@@ -1,8 +1,8 @@
 //! `blockwire lab` end to end: a small bed (two channels shaped to 200 Mbit, MTU
 //! 1500 and 9000), one short sequential cell per protocol, the JSON and HTML it
 //! writes, and nothing (namespace, veth, process, work directory) left behind —
-//! after a normal run, after a SIGINT in the middle of a cell, and refused with one
-//! line without CAP_NET_ADMIN. Needs root.
+//! after a normal run, after a SIGINT in the middle of a cell, no process after a
+//! SIGKILL, and refused with one line without CAP_NET_ADMIN. Needs root.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -161,6 +161,10 @@ fn two_shaped_channels_one_cell_per_protocol_json_html_and_nothing_left() {
 
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.starts_with("<!DOCTYPE html>"));
+    // The terminal and the page count the same cells (and rows).
+    let count = "6 of 6 cells measured, 12 rows (one per operation)";
+    assert!(stdout.contains(count), "{stdout}");
+    assert!(page.contains(count), "the page counts otherwise");
     assert!(page.contains("<svg"), "no chart in the page");
     assert!(page.contains("Efficiency"));
     let csv = std::fs::read_to_string(&csv).unwrap();
@@ -170,9 +174,9 @@ fn two_shaped_channels_one_cell_per_protocol_json_html_and_nothing_left() {
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
-#[test]
-fn sigint_in_the_middle_of_a_cell_tears_everything_down() {
-    require_root!();
+/// Starts a lab run whose first cell takes long enough to be interrupted, and
+/// returns it once its bed, target and bench are all there.
+fn lab_in_the_middle_of_a_cell() -> std::process::Child {
     // Large enough that the first cell is still running when the signal comes
     // (256 MB at 25 MB/s is ten seconds a direction).
     let mut child = lab_command(&[
@@ -201,9 +205,10 @@ fn sigint_in_the_middle_of_a_cell_tears_everything_down() {
             let _ = lines_tx.send(line);
         }
     });
-    // The network line comes once the target is up and the channels measured; the
-    // bench starts right after it.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // The network line comes once the target is up and the channels measured (each
+    // moving its 256 MB share of the data set both ways, about 20 s); the bench
+    // starts right after it.
+    let deadline = Instant::now() + Duration::from_secs(90);
     let mut seen = Vec::new();
     while !seen.iter().any(|l: &String| l.contains("network:")) {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -227,6 +232,14 @@ fn sigint_in_the_middle_of_a_cell_tears_everything_down() {
             && before.iter().any(|l| l.contains(" bench ")),
         "target and bench should be running: {before:#?}"
     );
+    child
+}
+
+#[test]
+fn sigint_in_the_middle_of_a_cell_tears_everything_down() {
+    require_root!();
+    let mut child = lab_in_the_middle_of_a_cell();
+    let pid = child.id();
     // SAFETY: kill(2) on the child we started and have not reaped.
     unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
     let status = child.wait().unwrap();
@@ -239,6 +252,46 @@ fn sigint_in_the_middle_of_a_cell_tears_everything_down() {
         left.is_empty(),
         "left behind after SIGINT: {left:#?}\n{stderr}"
     );
+}
+
+#[test]
+fn a_killed_lab_takes_its_target_and_bench_with_it() {
+    require_root!();
+    let mut child = lab_in_the_middle_of_a_cell();
+    let pid = child.id();
+    // SIGKILL runs no handler: the kernel's parent-death signal stops the children.
+    // SAFETY: kill(2) on the child we started and have not reaped.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let processes = || -> Vec<String> {
+        leftovers(pid)
+            .into_iter()
+            .filter(|l| l.starts_with("process"))
+            .collect()
+    };
+    while !processes().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let left = processes();
+    // What only a handler removes (namespaces, the work directory): by hand.
+    let prefix = prefix(pid);
+    for entry in std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&prefix) {
+            let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        }
+    }
+    for entry in std::fs::read_dir(std::env::temp_dir()).unwrap().flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    assert!(left.is_empty(), "outlived the killed lab: {left:#?}");
 }
 
 #[test]
