@@ -2,9 +2,13 @@
 //! its own storage, scraping every second): the scrapes succeed, the query API
 //! returns our series, and after a known workload — 64 MiB written through NBD, 32
 //! MiB read through AoE — the counters say exactly that; a scrape during the load
-//! never sees a counter go down. Needs root (AoE runs between two namespaces) and
-//! `prometheus`.
+//! never sees a counter go down; every latency histogram is cumulative once (its
+//! `+Inf` bucket is its `_count`), and the median Prometheus computes from it lies
+//! among the latencies the client measured. Needs root (AoE runs between two
+//! namespaces) and `prometheus`.
 
+use std::collections::HashMap;
+use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::sync::Arc;
@@ -121,6 +125,77 @@ fn assert_monotonic(before: &[(String, f64)], after: &[(String, f64)]) {
     assert!(compared > 10, "only {compared} counters to compare");
 }
 
+/// The upper bounds of the latency buckets (`LATENCY_BOUNDS` of the metrics code).
+const BOUNDS: [f64; 19] = [
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// The lower edge of the bucket holding `seconds`.
+fn bucket_floor(seconds: f64) -> f64 {
+    BOUNDS
+        .iter()
+        .copied()
+        .take_while(|&bound| bound < seconds)
+        .last()
+        .unwrap_or(0.0)
+}
+
+/// The upper edge of the bucket holding `seconds`.
+fn bucket_ceil(seconds: f64) -> f64 {
+    BOUNDS
+        .iter()
+        .copied()
+        .find(|&bound| bound >= seconds)
+        .unwrap_or(f64::INFINITY)
+}
+
+/// Issue 31: every histogram of the exposition is cumulative once — its buckets
+/// never fall and its `+Inf` bucket equals its `_count` (buckets were cumulated
+/// twice: after 288 writes, `+Inf` said 5176). Returns the histograms checked.
+fn assert_histograms_consistent(samples: &[(String, f64)]) -> usize {
+    // Series (labels without `le`) -> buckets in exposition order.
+    let mut buckets: HashMap<String, Vec<(String, f64)>> = HashMap::new();
+    for (series, value) in samples {
+        let Some((name, labels)) = series.split_once("_bucket{") else {
+            continue;
+        };
+        // Our label values hold no commas.
+        let (le, others): (Vec<&str>, Vec<&str>) = labels
+            .trim_end_matches('}')
+            .split(',')
+            .partition(|label| label.starts_with("le="));
+        let le = le
+            .first()
+            .unwrap_or_else(|| panic!("no le in {series}"))
+            .trim_start_matches("le=");
+        let labels = others.join(",");
+        buckets
+            .entry(format!("{name}_count{{{labels}}}"))
+            .or_default()
+            .push((le.trim_matches('"').to_string(), *value));
+    }
+    for (count_series, buckets) in &buckets {
+        assert!(
+            buckets.windows(2).all(|w| w[0].1 <= w[1].1),
+            "the buckets of {count_series} fall: {buckets:?}"
+        );
+        let (le, inf) = buckets.last().unwrap();
+        assert_eq!(le, "+Inf", "the last bucket of {count_series}");
+        let count =
+            value(samples, count_series).unwrap_or_else(|| panic!("{count_series} is missing"));
+        assert_eq!(
+            *inf, count,
+            "le=\"+Inf\" of {count_series} is not its count: {buckets:?}"
+        );
+    }
+    buckets.len()
+}
+
+/// The per-request delay of the `slow` export (`disk_latency`, in ms): it makes the
+/// target's latency of a request most of the client's, so the two can be compared.
+const SLOW_DELAY_MS: u64 = 3;
+
 #[test]
 fn prometheus_scrapes_exact_counts_of_nbd_writes_and_aoe_reads() {
     require_root!();
@@ -134,7 +209,8 @@ fn prometheus_scrapes_exact_counts_of_nbd_writes_and_aoe_reads() {
         format!(
             "[server]\nsocket = [\"{}\"]\n\n[metrics]\nlisten = \"127.0.0.1:0\"\n\n\
              [[export]]\nname = \"disk\"\npath = \"{}\"\n\
-             aoe = {{ interfaces = [\"eth0\"], shelf = {SHELF}, slot = {SLOT} }}\n",
+             aoe = {{ interfaces = [\"eth0\"], shelf = {SHELF}, slot = {SLOT} }}\n\n\
+             [[export]]\nname = \"slow\"\nmemory = \"16M\"\ndisk_latency = {SLOW_DELAY_MS}\n",
             path_str(&socket),
             path_str(&file)
         ),
@@ -205,8 +281,31 @@ fn prometheus_scrapes_exact_counts_of_nbd_writes_and_aoe_reads() {
     let retransmits = client.stats().retransmits;
     drop(client);
 
+    // 64 writes of 64 KiB to the slow export, each timed by the client.
+    let slow_uri = format!("nbd+unix:///slow?socket={}", path_str(&socket));
+    let slow = blockwire_nbd::client::NbdClient::connect(
+        &slow_uri.parse().unwrap(),
+        blockwire_nbd::client::ClientOptions::default(),
+    )
+    .expect("connect to the slow export");
+    let slow = Device::new(Arc::new(slow));
+    let mut latencies = Vec::new();
+    for i in 0..64u64 {
+        let started = Instant::now();
+        slow.write(&chunk[..64 << 10], i << 16, WriteFlags::NONE)
+            .unwrap();
+        latencies.push(started.elapsed().as_secs_f64());
+    }
+    drop(slow);
+    let fastest = latencies.iter().copied().fold(f64::INFINITY, f64::min);
+    let slowest = latencies.iter().copied().fold(0.0, f64::max);
+
     let after = lab.run_in(lab.target_ns(), || scrape(&endpoint));
     assert_monotonic(&opened, &after);
+    assert!(
+        assert_histograms_consistent(&after) >= 3,
+        "the NBD writes, the slow writes and the AoE reads each have a histogram"
+    );
     lab.run_in(lab.target_ns(), || {
         wait_for(
             "blockwire_written_bytes_total{export=\"disk\",protocol=\"nbd\"}",
@@ -255,6 +354,36 @@ fn prometheus_scrapes_exact_counts_of_nbd_writes_and_aoe_reads() {
         wait_for(
             "sum(blockwire_request_duration_seconds_count{export=\"disk\",protocol=\"nbd\",operation=\"write\"})",
             64.0,
+        );
+        // The slow writes as Prometheus sees them: their +Inf bucket is their count,
+        // and the median it estimates lies among what the client measured. The
+        // target's latency of a request is part of the client's and at least the
+        // delay, so it lies between the lower edge of the bucket of the smaller of
+        // the delay and the fastest write, and the upper edge of the slowest's.
+        let slow_writes = "{export=\"slow\",protocol=\"nbd\",operation=\"write\"}";
+        wait_for(
+            &format!("blockwire_request_duration_seconds_count{slow_writes}"),
+            64.0,
+        );
+        wait_for(
+            &format!(
+                "blockwire_request_duration_seconds_bucket{}",
+                slow_writes.replace('}', ",le=\"+Inf\"}")
+            ),
+            64.0,
+        );
+        let median = query_one(&format!(
+            "histogram_quantile(0.5, sum by (le) \
+             (blockwire_request_duration_seconds_bucket{slow_writes}))"
+        ))
+        .expect("a median of the slow writes");
+        eprintln!("slow writes: the client measured {fastest}..{slowest} s, the median is {median} s");
+        let delay = SLOW_DELAY_MS as f64 / 1000.0;
+        let (low, high) = (bucket_floor(fastest.min(delay)), bucket_ceil(slowest));
+        assert!(
+            low <= median && median <= high,
+            "median {median} s is not within [{low}, {high}] s; the client measured \
+             {fastest}..{slowest} s"
         );
         assert!(query_one("process_resident_memory_bytes").unwrap() > 0.0);
         assert!(query_one("process_open_fds").unwrap() > 0.0);
@@ -318,12 +447,48 @@ fn iscsi_sessions_and_refused_nbd_connections_are_counted() {
         1.0,
     );
 
-    // One NBD connection held in its handshake; the next is over max_connections.
-    let _first = std::net::TcpStream::connect(("127.0.0.1", served.port)).unwrap();
-    let _second = std::net::TcpStream::connect(("127.0.0.1", served.port)).unwrap();
+    // One NBD connection held in its handshake: the next one is over
+    // max_connections, and closes it to take its place (issue 31).
+    let mut first = std::net::TcpStream::connect(("127.0.0.1", served.port)).unwrap();
+    first
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut greeting = [0u8; 18];
+    first.read_exact(&mut greeting).expect("a greeting");
+    let second = std::net::TcpStream::connect(("127.0.0.1", served.port)).unwrap();
+    let mut rest = Vec::new();
+    let _ = first.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "the unfinished handshake was closed");
     wait_series(
         &endpoint,
-        "blockwire_connections_refused_total{protocol=\"nbd\",limit=\"max_connections\"}",
+        "blockwire_connections_refused_total{protocol=\"nbd\",limit=\"max_connections_evicted\"}",
         1.0,
     );
+    drop((first, second));
+
+    // A client in transmission is never closed to make room: the next is refused.
+    let nbd = loop {
+        // The one closed above may still hold its slot for a moment.
+        match blockwire_nbd::client::NbdClient::connect(
+            &served.uri().parse().unwrap(),
+            blockwire_nbd::client::ClientOptions::default(),
+        ) {
+            Ok(client) => break client,
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    let refused = "blockwire_connections_refused_total{protocol=\"nbd\",limit=\"max_connections\"}";
+    let refused_before = value(&scrape(&endpoint), refused).unwrap_or(0.0);
+    let mut third = std::net::TcpStream::connect(("127.0.0.1", served.port)).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut nothing = Vec::new();
+    let _ = third.read_to_end(&mut nothing);
+    assert!(
+        nothing.is_empty(),
+        "a connection over max_connections was greeted"
+    );
+    wait_series(&endpoint, refused, refused_before + 1.0);
+    drop(nbd);
 }

@@ -3,8 +3,10 @@
 //! prometheus-client's own `Histogram` takes a mutex on each `observe`; on the data
 //! path of a storage target that is a lock per request, shared by every connection
 //! of an export. This one keeps a counter per bucket and the sum in nanoseconds as
-//! atomics, and is turned into the cumulative form Prometheus wants only when
-//! scraped, through prometheus-client's encoder.
+//! atomics. prometheus-client's encoder takes the buckets as they are stored (one
+//! count per bucket, not cumulative) and adds them up itself into the cumulative
+//! `le` series Prometheus wants; handing it cumulative counts would add them up
+//! twice (issue 31: `le="+Inf"` far above `_count`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -70,18 +72,15 @@ impl LatencyHistogram {
             .sum()
     }
 
-    /// The cumulative buckets (upper bound, observations at or below it), +Inf last.
-    fn cumulative(&self) -> Vec<(f64, u64)> {
-        let mut total = 0;
+    /// The buckets as stored (upper bound, observations in it and above the bound
+    /// before it), +Inf last: the form prometheus-client's encoder cumulates.
+    fn per_bucket(&self) -> Vec<(f64, u64)> {
         LATENCY_BOUNDS
             .iter()
             .copied()
             .chain([f64::INFINITY])
             .zip(&self.0.counts)
-            .map(|(bound, count)| {
-                total += count.load(Ordering::Relaxed);
-                (bound, total)
-            })
+            .map(|(bound, count)| (bound, count.load(Ordering::Relaxed)))
             .collect()
     }
 }
@@ -92,10 +91,10 @@ impl TypedMetric for LatencyHistogram {
 
 impl EncodeMetric for LatencyHistogram {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        let buckets = self.cumulative();
-        // The count is the +Inf bucket, so count and buckets agree even while
-        // requests finish during the scrape.
-        let count = buckets.last().map_or(0, |&(_, n)| n);
+        let buckets = self.per_bucket();
+        // The count is the sum of the buckets read, so it equals the encoded +Inf
+        // bucket even while requests finish during the scrape.
+        let count = buckets.iter().map(|&(_, n)| n).sum();
         let sum = self.0.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
         encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
     }
@@ -115,12 +114,69 @@ mod tests {
         histogram.observe(Duration::from_micros(10)); // on the bound: le="1e-05"
         histogram.observe(Duration::from_micros(11));
         histogram.observe(Duration::from_secs(60)); // beyond every bound
-        let buckets = histogram.cumulative();
+        let buckets = histogram.per_bucket();
         assert_eq!(buckets[0], (0.000_01, 1));
-        assert_eq!(buckets[1], (0.000_025, 2));
-        assert_eq!(buckets[LATENCY_BOUNDS.len() - 1].1, 2);
-        assert_eq!(*buckets.last().unwrap(), (f64::INFINITY, 3));
+        assert_eq!(buckets[1], (0.000_025, 1));
+        assert!(buckets[2..LATENCY_BOUNDS.len()]
+            .iter()
+            .all(|&(_, n)| n == 0));
+        assert_eq!(*buckets.last().unwrap(), (f64::INFINITY, 1));
         assert_eq!(histogram.count(), 3);
+    }
+
+    /// The `le` series of the exposition: (bound, cumulative count) in order.
+    fn encoded_buckets(text: &str) -> Vec<(String, u64)> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("latency_seconds_bucket{le=\""))
+            .map(|rest| {
+                let (bound, value) = rest.split_once("\"} ").unwrap();
+                (bound.to_string(), value.parse().unwrap())
+            })
+            .collect()
+    }
+
+    fn encoded_value(text: &str, series: &str) -> u64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+            .unwrap_or_else(|| panic!("no {series} in {text}"));
+        line[series.len() + 1..].parse().unwrap()
+    }
+
+    #[test]
+    fn the_exposition_cumulates_once_and_ends_at_the_count() {
+        let histogram = LatencyHistogram::default();
+        // Spread over several buckets, as real requests are (issue 31: 288 writes
+        // were exposed with le="+Inf" at 5176).
+        for (micros, times) in [(5, 3), (20, 30), (40, 232), (200, 17), (3_000, 6)] {
+            for _ in 0..times {
+                histogram.observe(Duration::from_micros(micros));
+            }
+        }
+        histogram.observe(Duration::from_secs(60));
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_with_unit(
+            "latency",
+            "test",
+            prometheus_client::registry::Unit::Seconds,
+            histogram.clone(),
+        );
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+
+        let count = encoded_value(&text, "latency_seconds_count");
+        assert_eq!(count, 289);
+        let buckets = encoded_buckets(&text);
+        assert_eq!(buckets.len(), LATENCY_BOUNDS.len() + 1);
+        assert!(
+            buckets.windows(2).all(|w| w[0].1 <= w[1].1),
+            "buckets fall: {buckets:?}"
+        );
+        assert_eq!(buckets.last().unwrap(), &("+Inf".to_string(), count));
+        assert_eq!(buckets[0], ("0.00001".to_string(), 3));
+        // le=0.00005 holds everything up to 40 µs.
+        assert_eq!(buckets[2].1, 3 + 30 + 232);
+        assert_eq!(buckets[LATENCY_BOUNDS.len() - 1].1, 288);
     }
 
     #[test]

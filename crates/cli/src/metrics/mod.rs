@@ -101,7 +101,8 @@ impl Metrics {
         );
         registry.register(
             "blockwire_connections_refused",
-            "Connections closed at once by a configured limit, before choosing an export",
+            "Connections closed by a configured limit before choosing an export: refused at \
+             once, or (a limit ending in _evicted) an unfinished handshake closed to make room",
             f.connections_refused.clone(),
         );
         let build = Family::<BuildLabels, Gauge>::default();
