@@ -44,12 +44,16 @@ pub fn direction_of(op: &str) -> (Direction, bool) {
 
 impl NetworkBaseline {
     /// What the channels carry for an operation going `direction`. A rewrite moves
-    /// each block both ways, one after the other: at most 1 / (1/send + 1/receive).
+    /// each block both ways, and a channel carries both at once (a veth pair, each
+    /// end's egress shaped by its own tbf): the initiator sends one block back
+    /// while it reads the next, so the slower direction bounds it, not the two
+    /// in turn (1 / (1/send + 1/receive) was passed by 60%: NBD rewrote at 96
+    /// MB/s over 120 MB/s each way).
     pub fn for_direction(&self, direction: Direction) -> f64 {
         match direction {
             Direction::Send => self.send_mb_per_s,
             Direction::Receive => self.receive_mb_per_s,
-            Direction::Both => serial(self.send_mb_per_s, self.receive_mb_per_s),
+            Direction::Both => self.send_mb_per_s.min(self.receive_mb_per_s),
         }
     }
 }
@@ -328,11 +332,13 @@ mod tests {
             theoretical_max(1000.0, Some(100.0), 1, Direction::Both),
             50.0
         );
+        // The channels carry both directions at once: a rewrite's ceiling is the
+        // slower one.
         let network = NetworkBaseline {
             send_mb_per_s: 100.0,
-            receive_mb_per_s: 100.0,
+            receive_mb_per_s: 90.0,
         };
-        assert_eq!(network.for_direction(Direction::Both), 50.0);
+        assert_eq!(network.for_direction(Direction::Both), 90.0);
         assert_eq!(network.for_direction(Direction::Send), 100.0);
     }
 
