@@ -204,38 +204,41 @@ fn no_timestamps_under_journald_and_json_lines_on_request() {
     assert!(lines >= 2, "{json}");
 }
 
-/// SIGUSR1 logs one status line (memory, threads, open files, NBD connections) and
-/// changes nothing else.
+/// SIGUSR1 logs one status line (memory, threads, open files, NBD and iSCSI
+/// connections) and changes nothing else.
 #[test]
 fn sigusr1_logs_the_status_and_serving_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let notify = NotifySocket::bind(&dir.path().join("notify"));
     let port = blockwire_tests::free_port();
+    let iscsi_port = blockwire_tests::free_port();
     let log = dir.path().join("serve.log");
     let mut child = Command::new(blockwire_bin())
         .args(["serve", "--size", "16M", "--name", "disk"])
         .arg(dir.path().join("disk.img"))
         .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--iscsi", &format!("127.0.0.1:{iscsi_port}")])
         .env("NOTIFY_SOCKET", dir.path().join("notify"))
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     notify.wait_for("READY=1");
-    let open: Vec<TcpStream> = (0..2)
+    let mut open: Vec<TcpStream> = (0..2)
         .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
         .collect();
+    open.push(TcpStream::connect(("127.0.0.1", iscsi_port)).unwrap());
     let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
         signal(child.id(), libc::SIGUSR1);
         std::thread::sleep(Duration::from_millis(200));
         let logged = std::fs::read_to_string(&log).unwrap();
         // The two connections may still be on their way in: ask until they count.
-        if let Some(line) = logged
-            .lines()
-            .rev()
-            .find(|l| l.contains("status:") && l.contains("2 NBD connections"))
-        {
+        if let Some(line) = logged.lines().rev().find(|l| {
+            l.contains("status:")
+                && l.contains("2 NBD connections")
+                && l.contains("1 iSCSI connections")
+        }) {
             break line.to_string();
         }
         assert!(

@@ -899,7 +899,26 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Some(server) => Some(server.spawn()?),
         None => None,
     };
-    serve_status::watch(server.as_ref().map(Server::shutdown_handle))?;
+    // AoE targets: those of the configuration (a reload may change them), or the
+    // one of the flags.
+    let aoe_count: Option<Box<dyn Fn() -> usize + Send>> = match &live {
+        Some(live) => {
+            let live = live.clone();
+            Some(Box::new(move || {
+                live.lock().unwrap_or_else(|e| e.into_inner()).aoe_targets()
+            }))
+        }
+        None if !targets.is_empty() => {
+            let count = targets.len();
+            Some(Box::new(move || count))
+        }
+        None => None,
+    };
+    serve_status::watch(serve_status::Served {
+        nbd: server.as_ref().map(Server::shutdown_handle),
+        iscsi: iscsi_stop.clone(),
+        aoe: aoe_count,
+    })?;
     println!("press Ctrl-C to stop");
     service::ready();
 

@@ -86,6 +86,11 @@ impl Live {
 
     /// Shutting down: returns the AoE targets to stop and the devices served over
     /// iSCSI now (the final flush is the caller's); reloads are refused from now on.
+    /// AoE targets serving now.
+    pub fn aoe_targets(&self) -> usize {
+        self.aoe.len()
+    }
+
     pub fn shut_down(&mut self) -> (Vec<ServedAoe>, Vec<Device>) {
         self.stopping = true;
         let iscsi = self

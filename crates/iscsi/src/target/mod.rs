@@ -207,6 +207,11 @@ fn portal_text(addr: &SocketAddr) -> String {
 pub struct ShutdownHandle(Arc<Shared>);
 
 impl ShutdownHandle {
+    /// Open connections now, logging in or logged in (for a status line).
+    pub fn open_connections(&self) -> usize {
+        self.0.lock_connections().len()
+    }
+
     pub fn shutdown(&self) {
         self.0.stopping.store(true, Ordering::SeqCst);
         *self.0.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
