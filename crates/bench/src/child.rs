@@ -91,28 +91,20 @@ impl Owned {
         self.child.id()
     }
 
-    /// The child, for its pipes.
-    pub fn child_mut(&mut self) -> &mut Child {
-        &mut self.child
-    }
-
-    pub fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
-        let status = self.child.try_wait();
-        if !matches!(status, Ok(None)) {
+    /// Waits for the child to end, then reaps it under the list's lock: a PID
+    /// leaves the list before the system may reuse it, so [`end_all`] never signals
+    /// someone else's process. A child `end_all` has taken is its to reap.
+    fn wait(&mut self) -> io::Result<ExitStatus> {
+        let pid = self.child.id();
+        wait_without_reaping(pid);
+        let mut running = running();
+        if !running.contains(&pid) {
+            drop(running);
             unless_ending();
+            return self.child.wait();
         }
-        let status = status?;
-        if status.is_some() {
-            forget(self.child.id());
-        }
-        Ok(status)
-    }
-
-    pub fn wait(&mut self) -> io::Result<ExitStatus> {
-        let status = self.child.wait();
-        unless_ending();
-        forget(self.child.id());
-        status
+        running.retain(|&p| p != pid);
+        self.child.wait()
     }
 
     /// Reads its stdout and stderr (when piped) to the end and waits for it. On an
@@ -146,13 +138,20 @@ impl Owned {
         })
     }
 
-    /// SIGTERM, up to `grace` to end, then SIGKILL; reaped either way.
-    pub fn stop(&mut self, grace: Duration) {
-        if let Ok(None) = self.child.try_wait() {
-            stop_pid(self.child.id(), grace);
+    /// SIGTERM, up to `grace` to end, then SIGKILL; reaped either way. Nothing
+    /// when it was reaped already, or [`end_all`] has taken it.
+    fn stop(&mut self, grace: Duration) {
+        let pid = self.child.id();
+        let mine = {
+            let mut running = running();
+            let mine = running.contains(&pid);
+            running.retain(|&p| p != pid);
+            mine
+        };
+        if mine {
+            stop_pid(pid, grace);
             let _ = self.child.wait();
         }
-        forget(self.child.id());
     }
 }
 
@@ -162,8 +161,23 @@ impl Drop for Owned {
     }
 }
 
-fn forget(pid: u32) {
-    running().retain(|&p| p != pid);
+/// Blocks until child `pid` has ended, leaving it to be reaped (`WNOWAIT`).
+fn wait_without_reaping(pid: u32) {
+    loop {
+        // SAFETY: waitid(2) writes one siginfo_t through a valid pointer.
+        let rc = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if rc == 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return;
+        }
+    }
 }
 
 /// Stops every [`Owned`] child still running: SIGTERM to all, up to `grace` for them
@@ -171,18 +185,22 @@ fn forget(pid: u32) {
 /// the threads that were waiting for these children do not return from the wait.
 /// Returns the PIDs it stopped.
 pub fn end_all(grace: Duration) -> Vec<u32> {
-    ENDING.store(true, Ordering::SeqCst);
-    let pids = std::mem::take(&mut *running());
+    let pids = {
+        let mut running = running();
+        ENDING.store(true, Ordering::SeqCst);
+        std::mem::take(&mut *running)
+    };
     end(&pids, grace);
     pids
 }
 
 /// SIGTERM to every child in `pids`, up to `grace` for them to end, then SIGKILL;
-/// all reaped.
+/// all reaped. The PIDs are children of ours that no one else reaps: taken from
+/// the list, whose owners no longer reap them ([`Owned::wait`]).
 fn end(pids: &[u32], grace: Duration) {
     for &pid in pids {
-        // SAFETY: kill(2) on a child of ours not yet reaped (reaped children leave
-        // the list under its lock), so the PID is not reused.
+        // SAFETY: kill(2) on a child of ours not yet reaped, so the PID is not
+        // reused.
         unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
     }
     let deadline = Instant::now() + grace;
@@ -298,7 +316,7 @@ mod tests {
         while !reaped(pid) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
-        forget(pid);
+        running().retain(|&p| p != pid);
         assert!(!alive(pid), "the child outlived the thread that spawned it");
     }
 }
