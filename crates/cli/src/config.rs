@@ -109,13 +109,15 @@ pub struct ServerSection {
     pub socket: Vec<PathBuf>,
     /// Threads for requests that may block (flush, FUA, cache misses); default 16.
     pub workers: Option<usize>,
-    /// NBD connections beyond this are closed at once (default 256).
+    /// NBD connections at most (default 256): at the cap, a new connection closes
+    /// the oldest unfinished handshake of the address holding the most, or is
+    /// closed itself when none is unfinished.
     pub max_connections: Option<usize>,
-    /// Connections from one client address still in the handshake beyond this are
-    /// closed at once (default 16).
+    /// Unfinished handshakes one client address may hold (default 16); a new one
+    /// closes that address's oldest.
     pub max_handshakes_per_address: Option<usize>,
-    /// NBD connections from one client address beyond this are closed at once
-    /// (default 128).
+    /// NBD connections one client address may hold (default 128); at the cap its
+    /// oldest unfinished handshake makes room, else the new one is closed.
     pub max_connections_per_address: Option<usize>,
     /// Seconds a client may leave replies unread (its socket taking nothing) before
     /// it is cut off (default 30).
