@@ -7,17 +7,22 @@ use std::process::Command;
 
 use blockwire_tests::{assert_success, blockwire_bin, path_str, require, text};
 
+/// `blockwire manpages DIR`: the paths it wrote, one a line.
+fn write_pages(dir: &std::path::Path) -> String {
+    let output = Command::new(blockwire_bin())
+        .arg("manpages")
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert_success(&output);
+    text(&output.stdout)
+}
+
 #[test]
 fn every_manual_page_renders_without_a_warning() {
     require!("man");
     let dir = tempfile::tempdir().unwrap();
-    let output = Command::new(blockwire_bin())
-        .arg("manpages")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert_success(&output);
-    let pages = text(&output.stdout);
+    let pages = write_pages(dir.path());
     for name in [
         "blockwire.1",
         "blockwire-serve.1",
@@ -157,12 +162,7 @@ fn check_config_gives_the_first_error_and_its_line() {
 fn pages_have_signals_exit_status_and_examples_and_no_literal_backticks() {
     require!("man");
     let dir = tempfile::tempdir().unwrap();
-    let output = Command::new(blockwire_bin())
-        .arg("manpages")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert_success(&output);
+    write_pages(dir.path());
     let render = |page: &str| {
         let output = Command::new("man")
             .args(["-l", path_str(&dir.path().join(page))])

@@ -189,7 +189,7 @@ fn bad_uris_and_unreachable_servers_fail_in_one_line() {
     drop(unused);
     let unreachable = format!("nbd://127.0.0.1:{port}/x");
     for (args, expect) in [
-        (vec!["http://host/x"], "not NBD"),
+        (vec!["http://host/x"], "not a URI blockwire info reads"),
         (vec!["nbd://host:99999/x"], "port"),
         (vec!["nbd+unix:///x"], "socket=PATH"),
         (vec![unreachable.as_str()], "cannot connect"),

@@ -87,6 +87,20 @@ fn mtu_charts(report: &LabReport) -> Vec<String> {
 
 /// Efficiency against the maximum, one group per cell, one bar per operation (and
 /// the seed's published efficiency beside, where it gave one).
+/// A cell's group in the efficiency chart: every part of the cell, so two cells
+/// never share a group.
+fn efficiency_label(r: &CellResult) -> String {
+    format!(
+        "{} {} {} {} {}{}",
+        protocol(r),
+        r.workload,
+        r.mtu,
+        link(r),
+        layout(r),
+        if r.baseline { " host" } else { "" }
+    )
+}
+
 fn efficiency_chart(report: &LabReport) -> Option<String> {
     let rows: Vec<&CellResult> = report
         .cells
@@ -114,15 +128,7 @@ fn efficiency_chart(report: &LabReport) -> Option<String> {
     // group and overwrite each other's bars.
     let mut groups: Vec<(String, Vec<f64>)> = Vec::new();
     for r in &rows {
-        let label = format!(
-            "{} {} {} {} {}{}",
-            protocol(r),
-            r.workload,
-            r.mtu,
-            link(r),
-            layout(r),
-            if r.baseline { " host" } else { "" }
-        );
+        let label = efficiency_label(r);
         let index = match groups.iter().position(|g| g.0 == label) {
             Some(index) => index,
             None => {
@@ -282,15 +288,7 @@ mod tests {
         // (before: bonnie's write overwrote the sequential write's, AF_XDP the
         // packet socket's).
         for r in report.cells.iter().filter(|r| r.efficiency.is_some()) {
-            let label = format!(
-                "{} {} {} {} {}{}",
-                protocol(r),
-                r.workload,
-                r.mtu,
-                link(r),
-                layout(r),
-                if r.baseline { " host" } else { "" }
-            );
+            let label = efficiency_label(r);
             let bar = format!(
                 "<title>{}, {}: {} % of max</title>",
                 escape(&label),
