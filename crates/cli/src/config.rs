@@ -164,7 +164,8 @@ pub struct ExportSection {
     #[serde(default)]
     pub direct: bool,
     /// Start writeback of sequential buffered writes every this many bytes per stream
-    /// ("16M", the default; "0" leaves writeback to the kernel).
+    /// ("16M", say: shorter flushes after long writes, less throughput while they fit
+    /// in the page cache); "0", the default, leaves writeback to the kernel.
     pub write_behind: Option<String>,
     /// Serve this export over NBD (default true).
     #[serde(default = "yes")]
