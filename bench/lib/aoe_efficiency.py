@@ -12,6 +12,7 @@ import tempfile
 import time
 
 from shaped_link import PIN_INITIATOR, PIN_TARGET, TARGET_IP, ShapedLink, in_ns, sh
+from procs import machine  # noqa: E402
 
 SHELF, SLOT = 1, 1
 NBD_PORT = 10809
@@ -206,7 +207,7 @@ def main():
                 print(f"{'':>5} {'':18} " + "; ".join(notes))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rate_mbit": args.rate or None, "size": args.size, "rows": table}, f,
+            json.dump({"machine": machine(), "rate_mbit": args.rate or None, "size": args.size, "rows": table}, f,
                       indent=2)
 
 

@@ -12,6 +12,7 @@ import sys
 
 from aoe_vs_vblade import (INITIATOR_NS, PIN_INITIATOR, PIN_TARGET, TARGET_NS, URI, Lab,
                            fmt, in_ns, measure, median, sh, stop)
+from procs import machine  # noqa: E402
 
 MODES = ["packet", "xdp", "xdp-generic"]
 LABELS = {
@@ -104,7 +105,7 @@ def main():
                       "percent_of_mtu9000_write": share, "runs": runs[key]})
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rounds": args.rounds, "seconds": args.seconds, "size": args.size,
+            json.dump({"machine": machine(), "rounds": args.rounds, "seconds": args.seconds, "size": args.size,
                        "results": table}, f, indent=1)
 
 

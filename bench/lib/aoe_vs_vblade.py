@@ -13,6 +13,7 @@ import tempfile
 import time
 
 from shaped_link import PIN_INITIATOR, PIN_TARGET, in_ns, sh  # noqa: F401 (re-exported)
+from procs import machine  # noqa: E402
 
 TARGET_NS = "bwaoebench-t"
 INITIATOR_NS = "bwaoebench-i"
@@ -210,7 +211,7 @@ def main():
                       f"of its MTU 9000 figure")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rounds": args.rounds, "size": args.size,
+            json.dump({"machine": machine(), "rounds": args.rounds, "size": args.size,
                        "durable_size": args.durable_size, "results": table}, f, indent=1)
 
 

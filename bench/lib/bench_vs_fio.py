@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from procs import machine  # noqa: E402
 
 # (label, fio rw, our op, block size, queue depth, our workload)
 LOCAL_JOBS = [
@@ -194,7 +195,7 @@ def main():
         # empty list for a run without results.
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"size": args.size, "time_s": args.time, "local_dir": args.local_dir, "part": args.part,
+            json.dump({"machine": machine(), "size": args.size, "time_s": args.time, "local_dir": args.local_dir, "part": args.part,
                        "local": local, "nbd": remote}, f, indent=2)
         print(f"\nJSON written to {args.json}")
         print_verdicts(local, remote)

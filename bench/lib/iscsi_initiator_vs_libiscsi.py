@@ -11,7 +11,6 @@ prefill) are iscsi_vs_tgt.py's."""
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from iscsi_vs_tgt import PIN_CLIENT, Blockwire, Tgtd, log, parse_size, perf, prefill  # noqa: E402
+from procs import machine  # noqa: E402
 
 # (job, request bytes, requests in flight, random?)
 JOBS = [
@@ -83,7 +83,7 @@ def main():
                             f"{r['mb_per_s']} MB/s, {r['iops']} IOPS")
         finally:
             target.close()
-    report = {"machine": platform.node(), "size": size, "time": args.time,
+    report = {"size": size, "time": args.time,
               "rounds": args.rounds, "results": []}
     print(f"{'target':10} {'job':18} {'client':10} {'MB/s':>8} {'IOPS':>8} {'ratio':>6}")
     for target_name in args.targets.split(","):
@@ -106,7 +106,7 @@ def main():
                                       "ratio": round(ratio, 3)})
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+            json.dump({"machine": machine(), **report}, f, indent=2)
 
 
 if __name__ == "__main__":

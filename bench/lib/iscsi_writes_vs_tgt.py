@@ -12,7 +12,6 @@ iscsi_vs_tgt.py's."""
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from iscsi_vs_tgt import PIN_CLIENT, Blockwire, Tgtd, log, parse_size, prefill  # noqa: E402
+from procs import machine  # noqa: E402
 
 # (job, bench arguments, op and queue depth of the row to read)
 JOBS = [
@@ -113,7 +113,7 @@ def main():
     print("tgt-null drops every write: the client's ceiling.")
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump({"machine": platform.node(), "cpus": os.cpu_count(), "size": args.size,
+        json.dump({"machine": machine(), "size": args.size,
                    "time_s": args.time, "rounds": args.rounds, "rows": table,
                    "samples": {f"{s}/{j}": v for (s, j), v in samples.items()}}, f, indent=2)
     print(f"JSON: {args.json}")

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from procs import machine  # noqa: E402
 
 JOBS = [
     # name, fio rw, block size, iodepth
@@ -355,12 +356,11 @@ def main():
         print(line)
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump({"size": args.size, "runtime_s": args.runtime, "rounds": args.rounds,
+        json.dump({"machine": machine(), "size": args.size, "runtime_s": args.runtime, "rounds": args.rounds,
                    "client": ("nbdcopy (sequential), blockwire bench (random)" if args.tls
                               else "fio ioengine=nbd"),
                    "tls": "psk" if args.tls else None,
-                   "results": results, "ratios_blockwire_over_nbdkit": ratios,
-                   "machine": {"cpus": os.cpu_count(), "kernel": os.uname().release}}, f, indent=2)
+                   "results": results, "ratios_blockwire_over_nbdkit": ratios}, f, indent=2)
     print(f"\nJSON written to {args.json}")
 
 

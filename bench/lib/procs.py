@@ -1,9 +1,12 @@
 """Process helpers the benchmark drivers share: logging, free ports, CPU seconds
-read from /proc, stopping our own children, and sizes like 4G."""
+read from /proc, stopping our own children, sizes like 4G, and results written
+with the machine they were measured on."""
 
 import json
 import os
+import platform
 import signal
+import time
 import socket
 import subprocess
 import sys
@@ -48,8 +51,32 @@ def parse_size(text):
     return int(text)
 
 
+def machine():
+    """What a run was measured on, kept with its figures: CPU model, cores, kernel,
+    memory and the date (UTC)."""
+    model = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "host": platform.node(),
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "kernel": platform.release(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
 def write_json(path, result):
-    """Writes a run's results to `path` (making its directory) and says where."""
+    """Writes a run's results to `path` (making its directory), with the machine
+    they were measured on, and says where."""
+    described = machine()
+    if isinstance(result.get("machine"), dict):
+        described.update(result["machine"])
+    result = {"machine": described, **{k: v for k, v in result.items() if k != "machine"}}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(result, f, indent=2)

@@ -5,30 +5,12 @@ write-behind.sh."""
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import tempfile
 import time
 
 from procs import cpu_seconds, free_port, log, parse_size, stop, write_json
-
-
-def machine():
-    """What the figures were measured on, kept with them."""
-    model = "?"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu": model,
-        "cores": os.cpu_count(),
-        "kernel": platform.release(),
-        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
 
 
 def wait_listening(port, deadline=10.0):
@@ -118,7 +100,7 @@ def main():
               f"flush {a['flush_s'] / max(b['flush_s'], 1e-9):.2f}x, "
               f"to disk {a['stable_mb_s'] / b['stable_mb_s']:.2f}x, "
               f"server CPU {a['server_cpu_s'] / max(b['server_cpu_s'], 1e-9):.2f}x")
-    write_json(args.json, {"machine": machine(), "size": args.size, "rounds": args.rounds,
+    write_json(args.json, {"size": args.size, "rounds": args.rounds,
                            "medians": medians, "runs": runs})
 
 
