@@ -661,7 +661,6 @@ fn check_export_environment(index: usize, export: &ExportSection) -> Result<(), 
     if matches!(crate::serve::remote_target(path), Ok(Some(_))) {
         return Ok(());
     }
-    let path = path.strip_prefix("file://").unwrap_or(path);
     let size = export.size.as_deref().and_then(|s| parse_size(s).ok());
     match std::fs::metadata(path) {
         Ok(meta) => {
