@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, Result};
 use blockwire_blockdev::size::{format_size, parse_size};
 use blockwire_blockdev::DeviceInfo;
 use schemars::JsonSchema;
@@ -300,19 +300,18 @@ impl ServerSection {
     /// (below it the key would refuse what any client may send) to 1 GiB (a reply
     /// chunk's 32-bit length must hold it, and more only invites a denial of
     /// service).
-    pub fn unnegotiated_payload_limit(&self) -> Result<Option<u32>> {
+    pub fn unnegotiated_payload_limit(&self) -> Result<Option<u32>, String> {
         let Some(text) = &self.unnegotiated_payload_limit else {
             return Ok(None);
         };
-        let bytes =
-            parse_size(text).map_err(|e| anyhow!("[server] unnegotiated_payload_limit: {e}"))?;
+        let bytes = parse_size(text)?;
         let (min, max) = (u64::from(DeviceInfo::DEFAULT_MAX_TRANSFER), 1u64 << 30);
         if !(min..=max).contains(&bytes) {
-            bail!(
-                "[server] unnegotiated_payload_limit must be between {} and {}, not {text}",
+            return Err(format!(
+                "{text} ({} to {})",
                 format_size(min),
                 format_size(max)
-            );
+            ));
         }
         Ok(Some(bytes as u32))
     }
@@ -417,7 +416,15 @@ mod tests {
             Some(1 << 30)
         );
         for refused in ["\"16M\"", "\"2G\"", "\"lots\""] {
-            let err = limit(&format!("unnegotiated_payload_limit = {refused}")).unwrap_err();
+            assert!(limit(&format!("unnegotiated_payload_limit = {refused}")).is_err());
+            // The validation names the key.
+            let text = format!(
+                "[server]\nunnegotiated_payload_limit = {refused}\n[[export]]\nname = \"a\"\nmemory = \"1M\"\n"
+            );
+            let err = toml::from_str::<Config>(&text)
+                .unwrap()
+                .validate()
+                .unwrap_err();
             assert!(
                 err.to_string().contains("unnegotiated_payload_limit"),
                 "{err}"

@@ -14,10 +14,8 @@ use crate::config::{Config, ExportSection, IscsiExport};
 use crate::config_error::{ConfigError, Table};
 use crate::serve_iscsi::{default_iqn, DEFAULT_IQN_PREFIX};
 
-/// The NBD listener when `[server]` names none.
-pub const NBD_LISTEN: &str = "127.0.0.1:10809";
-/// The iSCSI listener when `[iscsi]` names none.
-pub const ISCSI_LISTEN: &str = "127.0.0.1:3260";
+pub(crate) use crate::serve::DEFAULT_LISTEN as NBD_LISTEN;
+pub(crate) use crate::serve_iscsi::DEFAULT_LISTEN as ISCSI_LISTEN;
 /// AoE's broadcast addresses: a target may not take them.
 const AOE_BROADCAST_SHELF: u16 = 0xffff;
 const AOE_BROADCAST_SLOT: u8 = 0xff;
@@ -178,22 +176,10 @@ fn validate_export(
         }
     }
     if let Some(rate) = export.disk_rate {
-        if !(rate > 0.0 && rate.is_finite()) {
-            return Err(error(
-                table,
-                "disk_rate",
-                format!("{rate} MB/s (must be above zero)"),
-            ));
-        }
+        crate::throttle_args::rate_from_mb(rate).map_err(|m| error(table, "disk_rate", m))?;
     }
     if let Some(ms) = export.disk_latency {
-        if !(0.0..=3_600_000.0).contains(&ms) {
-            return Err(error(
-                table,
-                "disk_latency",
-                format!("{ms} ms (0 to 3600000)"),
-            ));
-        }
+        crate::throttle_args::latency_from_ms(ms).map_err(|m| error(table, "disk_latency", m))?;
     }
     if let Some(aoe) = &export.aoe {
         if aoe.interfaces.is_empty() {
@@ -350,28 +336,12 @@ fn validate_server(config: &Config) -> Result<(), ConfigError> {
             ));
         }
     }
-    if let Some(text) = &server.unnegotiated_payload_limit {
-        let bytes = parse_size(text).map_err(|e| error(table, "unnegotiated_payload_limit", e))?;
-        let (min, max) = (
-            u64::from(blockwire_blockdev::DeviceInfo::DEFAULT_MAX_TRANSFER),
-            1u64 << 30,
-        );
-        if !(min..=max).contains(&bytes) {
-            return Err(error(
-                table,
-                "unnegotiated_payload_limit",
-                format!("{text} ({} to {})", format_size(min), format_size(max)),
-            ));
-        }
-    }
+    server
+        .unnegotiated_payload_limit()
+        .map_err(|m| error(table, "unnegotiated_payload_limit", m))?;
     if let Some(mode) = &server.tls {
-        if !matches!(mode.as_str(), "off" | "on" | "require") {
-            return Err(error(
-                table,
-                "tls",
-                format!("'{mode}' (off, on or require)"),
-            ));
-        }
+        mode.parse::<blockwire_nbd::tls::TlsMode>()
+            .map_err(|m| error(table, "tls", m))?;
     }
     if server.tls_verify_peer && server.tls_certificates.is_none() {
         return Err(error(

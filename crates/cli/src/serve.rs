@@ -2,7 +2,7 @@
 //! NBD target until SIGINT or SIGTERM.
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -50,7 +50,7 @@ pub(crate) fn remote_target(path: &Path) -> Result<Option<Target>> {
 }
 
 /// The NBD port registered with IANA.
-const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
+pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 /// Size of the in-memory demo export.
 const DEMO_SIZE: u64 = 1 << 30;
 
@@ -298,14 +298,7 @@ fn open_error(
 }
 
 fn resolve(addr: &str) -> Result<Vec<SocketAddr>> {
-    let addrs: Vec<SocketAddr> = addr
-        .to_socket_addrs()
-        .with_context(|| format!("'{addr}' is not a HOST:PORT address"))?
-        .collect();
-    if addrs.is_empty() {
-        bail!("'{addr}' resolves to no address");
-    }
-    Ok(addrs)
+    crate::config_validate::resolve(addr).map_err(|e| anyhow!(e))
 }
 
 fn listen_config(listen: &[String], sockets: &[PathBuf], workers: usize) -> Result<ServerConfig> {
@@ -580,7 +573,11 @@ fn plan_from_file(
     if let Some(secs) = file.server.send_timeout {
         config.send_timeout = Duration::from_secs_f64(secs);
     }
-    if let Some(limit) = file.server.unnegotiated_payload_limit()? {
+    if let Some(limit) = file
+        .server
+        .unnegotiated_payload_limit()
+        .map_err(|e| anyhow!(e))?
+    {
         config.unnegotiated_payload_limit = limit;
     }
     config.tls = serve_tls::target_tls(tls, Some(&file.server))?;
@@ -677,8 +674,7 @@ fn plan_from_args(args: &ServeArgs, created: &CreatedFiles) -> Result<Plan> {
             sessions: None,
         })
     };
-    let other_protocols = !args.aoe.is_empty() || iscsi.is_some();
-    let nbd = if !other_protocols || !args.listen.is_empty() || !args.socket.is_empty() {
+    let nbd = if crate::serve_args_check::serves_nbd(args) {
         let mut config = listen_config(&args.listen, &args.socket, args.workers)?;
         config.tls = serve_tls::target_tls(&args.tls, None)?;
         let mut exports = ExportSet::new();

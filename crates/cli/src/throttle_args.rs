@@ -29,14 +29,14 @@ pub fn parse_latency(text: &str) -> Result<Duration, String> {
     latency_from_ms(ms)
 }
 
-fn rate_from_mb(mb: f64) -> Result<u64, String> {
+pub fn rate_from_mb(mb: f64) -> Result<u64, String> {
     if !(mb > 0.0 && mb.is_finite()) {
         return Err(format!("the disk rate must be above zero MB/s, not {mb}"));
     }
     Ok(((mb * 1e6) as u64).max(1))
 }
 
-fn latency_from_ms(ms: f64) -> Result<Duration, String> {
+pub fn latency_from_ms(ms: f64) -> Result<Duration, String> {
     if !(0.0..=3_600_000.0).contains(&ms) {
         return Err(format!(
             "the disk latency must be between 0 and 3600000 ms, not {ms}"
