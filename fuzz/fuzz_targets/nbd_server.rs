@@ -11,7 +11,7 @@ use std::io::{self, Cursor, Read, Write};
 use std::sync::{Arc, OnceLock};
 
 use blockwire_blockdev::{Device, MemoryDevice};
-use blockwire_nbd::server::{
+use blockwire_nbd::target::{
     negotiate, transmit, ReplySink, ReplyWriter, RequestSource, WorkerPool,
 };
 use blockwire_nbd::{Export, ExportSet};

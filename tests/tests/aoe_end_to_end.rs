@@ -145,9 +145,9 @@ fn a_config_file_serves_one_export_over_aoe_and_nbd() {
     aoe.write(&data, 1 << 20, blockwire_blockdev::WriteFlags::default())
         .unwrap();
     let nbd_uri = format!("nbd+unix:///disk?socket={}", path_str(&socket));
-    let nbd = blockwire_nbd::client::NbdClient::connect(
+    let nbd = blockwire_nbd::initiator::NbdClient::connect(
         &nbd_uri.parse().unwrap(),
-        blockwire_nbd::client::ClientOptions::default(),
+        blockwire_nbd::initiator::ClientOptions::default(),
     )
     .expect("connect over NBD");
     let mut back = vec![0; data.len()];
@@ -206,9 +206,9 @@ fn info_copy_bench_and_gateway_on_an_aoe_uri() {
         .arg(&socket);
     let _gateway = Served::spawn_ready(command, "gw");
     let nbd_uri = format!("nbd+unix:///gw?socket={}", path_str(&socket));
-    let client = blockwire_nbd::client::NbdClient::connect(
+    let client = blockwire_nbd::initiator::NbdClient::connect(
         &nbd_uri.parse().unwrap(),
-        blockwire_nbd::client::ClientOptions::default(),
+        blockwire_nbd::initiator::ClientOptions::default(),
     )
     .expect("connect to the gateway");
     let device = Device::new(Arc::new(client));

@@ -409,9 +409,9 @@ fn one_export_over_nbd_and_aoe() {
     let data = sectors(42, 2);
     client.write(2048, &data);
     let uri = format!("nbd+unix:///aoe.img?socket={}", path_str(&socket));
-    let nbd = blockwire_nbd::client::NbdClient::connect(
+    let nbd = blockwire_nbd::initiator::NbdClient::connect(
         &uri.parse().unwrap(),
-        blockwire_nbd::client::ClientOptions::default(),
+        blockwire_nbd::initiator::ClientOptions::default(),
     )
     .expect("connect over NBD");
     let device = blockwire_blockdev::Device::from_device(nbd);

@@ -12,7 +12,7 @@ use std::time::Duration;
 use blockwire_aoe::initiator::{AoeClient, AoeOptions, AoeUri};
 use blockwire_blockdev::Device;
 use blockwire_iscsi::initiator::{IscsiClient, IscsiOptions, IscsiUri};
-use blockwire_nbd::client::{ClientOptions, NbdClient, NbdUri};
+use blockwire_nbd::initiator::{ClientOptions, NbdClient, NbdUri};
 use blockwire_tests::aoe::{AoeLab, SHELF, SLOT};
 use blockwire_tests::crash::{run_trial, CrashTrial};
 use blockwire_tests::{path_str, sparse_file, Served, MIB};

@@ -237,9 +237,9 @@ fn prometheus_scrapes_exact_counts_of_nbd_writes_and_aoe_reads() {
 
     // 64 MiB written through NBD, in 1 MiB requests; a scrape half-way through.
     let nbd_uri = format!("nbd+unix:///disk?socket={}", path_str(&socket));
-    let nbd = blockwire_nbd::client::NbdClient::connect(
+    let nbd = blockwire_nbd::initiator::NbdClient::connect(
         &nbd_uri.parse().unwrap(),
-        blockwire_nbd::client::ClientOptions::default(),
+        blockwire_nbd::initiator::ClientOptions::default(),
     )
     .expect("connect over NBD");
     let nbd = Device::new(Arc::new(nbd));
@@ -283,9 +283,9 @@ fn prometheus_scrapes_exact_counts_of_nbd_writes_and_aoe_reads() {
 
     // 64 writes of 64 KiB to the slow export, each timed by the client.
     let slow_uri = format!("nbd+unix:///slow?socket={}", path_str(&socket));
-    let slow = blockwire_nbd::client::NbdClient::connect(
+    let slow = blockwire_nbd::initiator::NbdClient::connect(
         &slow_uri.parse().unwrap(),
-        blockwire_nbd::client::ClientOptions::default(),
+        blockwire_nbd::initiator::ClientOptions::default(),
     )
     .expect("connect to the slow export");
     let slow = Device::new(Arc::new(slow));
@@ -469,9 +469,9 @@ fn iscsi_sessions_and_refused_nbd_connections_are_counted() {
     // A client in transmission is never closed to make room: the next is refused.
     let nbd = loop {
         // The one closed above may still hold its slot for a moment.
-        match blockwire_nbd::client::NbdClient::connect(
+        match blockwire_nbd::initiator::NbdClient::connect(
             &served.uri().parse().unwrap(),
-            blockwire_nbd::client::ClientOptions::default(),
+            blockwire_nbd::initiator::ClientOptions::default(),
         ) {
             Ok(client) => break client,
             Err(_) => std::thread::sleep(Duration::from_millis(50)),

@@ -14,7 +14,7 @@ use blockwire_blockdev::conformance::{self, pattern};
 use blockwire_blockdev::{
     Device, ErrorKind, FileDevice, FileOptions, IoBuf, QueuedOp, Submission, WriteFlags,
 };
-use blockwire_nbd::client::{list_exports, ClientError, ClientOptions, NbdClient, NbdUri};
+use blockwire_nbd::initiator::{list_exports, ClientError, ClientOptions, NbdClient, NbdUri};
 use blockwire_tests::{free_port, nbdkit, path_str, require, run_queued, sparse_file, MIB};
 
 /// A peer server we started, stopped when dropped: the child itself and, for a

@@ -549,7 +549,7 @@ fn fio_random_writes_verify() {
 }
 
 /// Large requests with many in flight go to the worker pool instead of running on
-/// the connection's thread (crates/nbd/src/server/offload.rs); their data must come
+/// the connection's thread (crates/nbd/src/target/offload.rs); their data must come
 /// back the same, and replies leave out of order.
 #[test]
 fn fio_large_requests_verify() {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use blockwire_blockdev::conformance;
 use blockwire_blockdev::Device;
-use blockwire_nbd::client::{ClientOptions, NbdClient, NbdUri};
+use blockwire_nbd::initiator::{ClientOptions, NbdClient, NbdUri};
 use blockwire_nbd::tls::InitiatorTlsSettings;
 use blockwire_nbd::wire::*;
 use blockwire_tests::{

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use blockwire_blockdev::{conformance, Device, Stripe};
 use blockwire_iscsi::initiator::{IscsiClient, IscsiOptions, IscsiUri};
-use blockwire_nbd::client::{ClientOptions, NbdClient, NbdUri};
+use blockwire_nbd::initiator::{ClientOptions, NbdClient, NbdUri};
 use blockwire_tests::{path_str, sparse_file, Served, MIB};
 
 fn member(served: &Served) -> Device {

@@ -11,8 +11,8 @@ use anyhow::{anyhow, Context, Result};
 use blockwire_bench::{bench_device, BenchConfig, PhaseResult, Workload};
 use blockwire_blockdev::size::{format_size, parse_size};
 use blockwire_blockdev::{Device, MemoryDevice};
-use blockwire_nbd::client::{ClientOptions, NbdClient, NbdUri};
-use blockwire_nbd::{Export, ExportSet, Server, ServerConfig};
+use blockwire_nbd::initiator::{ClientOptions, NbdClient, NbdUri};
+use blockwire_nbd::{Export, ExportSet, NbdConfig, NbdTarget};
 use clap::Args;
 
 #[derive(Args, Debug)]
@@ -47,18 +47,18 @@ fn start_target(
     device: Device,
 ) -> Result<(
     SocketAddr,
-    blockwire_nbd::server::ShutdownHandle,
+    blockwire_nbd::target::ShutdownHandle,
     thread::JoinHandle<std::io::Result<()>>,
 )> {
     let mut exports = ExportSet::new();
     exports
         .add(Export::new("demo", "blockwire demo", device))
         .map_err(|e| anyhow!(e))?;
-    let config = ServerConfig {
+    let config = NbdConfig {
         tcp: vec!["127.0.0.1:0".parse().expect("loopback address")],
-        ..ServerConfig::default()
+        ..NbdConfig::default()
     };
-    let server = Server::bind(exports, config).context("cannot start the NBD target")?;
+    let server = NbdTarget::bind(exports, config).context("cannot start the NBD target")?;
     let addr = server.tcp_addrs()[0];
     let shutdown = server.shutdown_handle();
     let thread = thread::Builder::new()

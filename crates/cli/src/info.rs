@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Result};
 use blockwire_blockdev::size::format_size;
 use blockwire_blockdev::{Device, Extent};
-use blockwire_nbd::client::{
+use blockwire_nbd::initiator::{
     allocation_type, list_exports, ClientOptions, ExportDetails, NbdClient, NbdUri,
 };
 use clap::Args;

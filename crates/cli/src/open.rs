@@ -15,7 +15,7 @@ use blockwire_aoe::initiator::{AoeClient, AoeOptions, AoeUri};
 use blockwire_blockdev::paths::DEFAULT_RECONNECT;
 use blockwire_blockdev::{Device, FileDevice, FileOptions};
 use blockwire_iscsi::initiator::{IscsiClient, IscsiOptions, IscsiUri};
-use blockwire_nbd::client::{ClientOptions, NbdClient, NbdUri};
+use blockwire_nbd::initiator::{ClientOptions, NbdClient, NbdUri};
 use blockwire_rbd::{RbdDevice, RbdSpec};
 
 use crate::open_stripe::StripeSpec;

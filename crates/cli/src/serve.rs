@@ -12,7 +12,7 @@ use blockwire_aoe::target::TargetConfig;
 use blockwire_blockdev::size::{format_size, parse_size};
 use blockwire_blockdev::write_behind::DEFAULT_WRITE_BEHIND;
 use blockwire_blockdev::{Device, FileDevice, FileOptions, MemoryDevice, Throttle, ThrottleConfig};
-use blockwire_nbd::{Export, ExportSet, Server, ServerConfig};
+use blockwire_nbd::{Export, ExportSet, NbdConfig, NbdTarget};
 use clap::Args;
 
 use crate::config::{
@@ -223,7 +223,7 @@ pub struct ServeArgs {
 /// What `serve` runs: NBD exports with their listeners, AoE targets and the iSCSI
 /// target.
 pub struct Plan {
-    pub nbd: Option<(ExportSet, ServerConfig, Vec<PathBuf>)>,
+    pub nbd: Option<(ExportSet, NbdConfig, Vec<PathBuf>)>,
     pub aoe: Vec<(String, Device, TargetConfig)>,
     pub iscsi: Option<IscsiPlan>,
     /// Where to answer Prometheus (`[metrics] listen`).
@@ -301,7 +301,7 @@ fn resolve(addr: &str) -> Result<Vec<SocketAddr>> {
     crate::config_validate::resolve(addr).map_err(|e| anyhow!(e))
 }
 
-fn listen_config(listen: &[String], sockets: &[PathBuf], workers: usize) -> Result<ServerConfig> {
+fn listen_config(listen: &[String], sockets: &[PathBuf], workers: usize) -> Result<NbdConfig> {
     let mut tcp = Vec::new();
     let defaults = [DEFAULT_LISTEN.to_string()];
     let listen = if listen.is_empty() && sockets.is_empty() {
@@ -312,11 +312,11 @@ fn listen_config(listen: &[String], sockets: &[PathBuf], workers: usize) -> Resu
     for addr in listen {
         tcp.extend(resolve(addr)?);
     }
-    Ok(ServerConfig {
+    Ok(NbdConfig {
         tcp,
         unix: sockets.to_vec(),
         workers,
-        ..ServerConfig::default()
+        ..NbdConfig::default()
     })
 }
 
@@ -700,7 +700,7 @@ fn uri_host(addr: &SocketAddr) -> String {
 }
 
 /// Prints each export's URIs: `nbds` when the target requires TLS.
-fn announce_nbd(server: &Server, sockets: &[PathBuf], tls_required: bool) {
+fn announce_nbd(server: &NbdTarget, sockets: &[PathBuf], tls_required: bool) {
     let scheme = if tls_required { "nbds" } else { "nbd" };
     for export in server.exports().iter() {
         let info = export.device.info();
@@ -730,7 +730,7 @@ fn announce_nbd(server: &Server, sockets: &[PathBuf], tls_required: bool) {
 
 /// What a start bound and opened, announced only once all of it is there.
 struct Started {
-    server: Option<(Server, Vec<PathBuf>, bool)>,
+    server: Option<(NbdTarget, Vec<PathBuf>, bool)>,
     tls: Option<String>,
     targets: Vec<(String, ServedAoe)>,
     iscsi: Option<blockwire_iscsi::IscsiTarget>,
@@ -769,7 +769,7 @@ fn start(args: &ServeArgs, created: &CreatedFiles) -> Result<Started> {
                 .as_ref()
                 .is_some_and(|tls| tls.mode() == blockwire_nbd::tls::TlsMode::Require);
             tls = config.tls.as_deref().map(serve_tls::describe);
-            let server = Server::bind(exports, config)
+            let server = NbdTarget::bind(exports, config)
                 .map_err(|e| busy_hint(e, "NBD", "--listen", "[server] listen"))?;
             Some((server, sockets, tls_required))
         }
@@ -885,7 +885,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let live = file.map(|loaded| {
         Arc::new(Mutex::new(Live::new(
             loaded,
-            server.as_ref().map(Server::reload_handle),
+            server.as_ref().map(NbdTarget::reload_handle),
             iscsi.as_ref().map(|((_, reload), _)| reload.clone()),
             std::mem::take(&mut targets),
             meters,
@@ -912,7 +912,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         None => None,
     };
     serve_status::watch(serve_status::Served {
-        nbd: server.as_ref().map(Server::shutdown_handle),
+        nbd: server.as_ref().map(NbdTarget::shutdown_handle),
         iscsi: iscsi_stop.clone(),
         aoe: aoe_count,
     })?;

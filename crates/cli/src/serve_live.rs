@@ -354,7 +354,7 @@ pub type Shared = Arc<std::sync::Mutex<Live>>;
 mod tests {
     use std::sync::Arc;
 
-    use blockwire_nbd::{Server, ServerConfig};
+    use blockwire_nbd::{NbdConfig, NbdTarget};
 
     use super::*;
 
@@ -365,7 +365,7 @@ mod tests {
     }
 
     /// A live state serving `text` over an NBD server that is bound, not run.
-    fn live(text: &str) -> (Live, Server) {
+    fn live(text: &str) -> (Live, NbdTarget) {
         let config = config(text);
         let mut volumes = Volumes::new(&config.volumes, &config.exports);
         let mut devices = HashMap::new();
@@ -376,11 +376,11 @@ mod tests {
             devices.insert(section.name.clone(), export.device.clone());
             set.add(export).unwrap();
         }
-        let listen = ServerConfig {
+        let listen = NbdConfig {
             tcp: vec!["127.0.0.1:0".parse().unwrap()],
-            ..ServerConfig::default()
+            ..NbdConfig::default()
         };
-        let server = Server::bind(set, listen).unwrap();
+        let server = NbdTarget::bind(set, listen).unwrap();
         let loaded = Loaded {
             config,
             devices,
@@ -393,7 +393,7 @@ mod tests {
     const OLD: &str = "[[export]]\nname = \"a\"\nmemory = \"1M\"\n\
                        [[export]]\nname = \"b\"\nmemory = \"1M\"\n";
 
-    fn find(server: &Server, name: &str) -> Option<Arc<Export>> {
+    fn find(server: &NbdTarget, name: &str) -> Option<Arc<Export>> {
         server.exports().iter().find(|e| e.name == name).cloned()
     }
 

@@ -4,7 +4,7 @@
 //! kill -s USR1`).
 
 use anyhow::{Context, Result};
-use blockwire_nbd::server::ShutdownHandle;
+use blockwire_nbd::target::ShutdownHandle;
 use signal_hook::iterator::Signals;
 
 use crate::metrics::process::{open_fds, resident_bytes, threads};

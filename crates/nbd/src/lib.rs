@@ -7,10 +7,10 @@
 //! - [`client`]: the NBD initiator, an export as a [`blockwire_blockdev::BlockDevice`];
 //! - [`tls`]: NBD_OPT_STARTTLS's TLS for both, on OpenSSL.
 
-pub mod client;
 pub mod errors;
-pub mod server;
+pub mod initiator;
+pub mod target;
 pub mod tls;
 pub mod wire;
 
-pub use server::{Export, ExportSet, ReloadHandle, Server, ServerConfig};
+pub use target::{Export, ExportSet, NbdConfig, NbdTarget, ReloadHandle};

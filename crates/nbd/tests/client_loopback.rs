@@ -14,11 +14,11 @@ use blockwire_blockdev::{
     BlockDevice, Device, DeviceInfo, ErrorKind, Extent, IoBuf, MemoryDevice, QueuedOp,
     Result as DevResult, Submission, WriteFlags, ZeroFlags,
 };
-use blockwire_nbd::client::fake_server::{self, FakeExport, FakeServer, Peer};
-use blockwire_nbd::client::{list_exports, ClientOptions, NbdClient, NbdUri};
-use blockwire_nbd::server::ShutdownHandle;
+use blockwire_nbd::initiator::fake_server::{self, FakeExport, FakeServer, Peer};
+use blockwire_nbd::initiator::{list_exports, ClientOptions, NbdClient, NbdUri};
+use blockwire_nbd::target::ShutdownHandle;
 use blockwire_nbd::wire::*;
-use blockwire_nbd::{Export, ExportSet, Server, ServerConfig};
+use blockwire_nbd::{Export, ExportSet, NbdConfig, NbdTarget};
 
 const SIZE: u64 = 16 << 20;
 
@@ -32,12 +32,12 @@ struct Target {
 
 impl Target {
     fn start(exports: ExportSet, unix: Option<std::path::PathBuf>) -> Target {
-        let config = ServerConfig {
+        let config = NbdConfig {
             tcp: vec!["127.0.0.1:0".parse().unwrap()],
             unix: unix.into_iter().collect(),
-            ..ServerConfig::default()
+            ..NbdConfig::default()
         };
-        let server = Server::bind(exports, config).expect("bind");
+        let server = NbdTarget::bind(exports, config).expect("bind");
         let port = server.tcp_addrs()[0].port();
         let shutdown = server.shutdown_handle();
         let thread = Some(thread::spawn(move || server.run()));

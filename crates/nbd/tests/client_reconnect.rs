@@ -14,10 +14,10 @@ use blockwire_blockdev::conformance::pattern;
 use blockwire_blockdev::{
     Device, ErrorKind, IoBuf, MemoryDevice, QueuedOp, Submission, WriteFlags,
 };
-use blockwire_nbd::client::fake_server::{self, FakeExport, Peer};
-use blockwire_nbd::client::{ClientOptions, NbdClient, NbdUri};
+use blockwire_nbd::initiator::fake_server::{self, FakeExport, Peer};
+use blockwire_nbd::initiator::{ClientOptions, NbdClient, NbdUri};
 use blockwire_nbd::wire::*;
-use blockwire_nbd::{Export, ExportSet, Server, ServerConfig};
+use blockwire_nbd::{Export, ExportSet, NbdConfig, NbdTarget};
 
 const SIZE: u64 = 16 << 20;
 const BLOCK: usize = 4096;
@@ -221,18 +221,18 @@ fn serve(
     memory: &Device,
     socket: &std::path::Path,
 ) -> (
-    blockwire_nbd::server::ShutdownHandle,
+    blockwire_nbd::target::ShutdownHandle,
     thread::JoinHandle<std::io::Result<()>>,
 ) {
     let mut exports = ExportSet::new();
     exports
         .add(Export::new("disk", "memory", memory.clone()))
         .unwrap();
-    let config = ServerConfig {
+    let config = NbdConfig {
         unix: vec![socket.to_path_buf()],
-        ..ServerConfig::default()
+        ..NbdConfig::default()
     };
-    let server = Server::bind(exports, config).expect("bind");
+    let server = NbdTarget::bind(exports, config).expect("bind");
     let shutdown = server.shutdown_handle();
     (shutdown, thread::spawn(move || server.run()))
 }

@@ -14,10 +14,10 @@ use blockwire_blockdev::{
 };
 
 use super::*;
-use crate::server::connection::{transmit, Ending};
-use crate::server::export::Export;
-use crate::server::negotiation::transmission_flags;
-use crate::server::session::Action;
+use crate::target::connection::{transmit, Ending};
+use crate::target::export::Export;
+use crate::target::negotiation::transmission_flags;
+use crate::target::session::Action;
 
 const MIB: u64 = 1 << 20;
 

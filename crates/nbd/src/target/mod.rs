@@ -1,7 +1,7 @@
 //! The NBD target: listeners, connections and an orderly shutdown.
 //!
-//! [`Server::bind`] opens the listeners (so the caller can print real addresses,
-//! port 0 included); [`Server::run`] serves until a [`ShutdownHandle`] fires, then
+//! [`NbdTarget::bind`] opens the listeners (so the caller can print real addresses,
+//! port 0 included); [`NbdTarget::run`] serves until a [`ShutdownHandle`] fires, then
 //! stops accepting, lets every connection finish the requests it has read, flushes
 //! every export and returns.
 
@@ -56,7 +56,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Where and how a server listens.
 #[derive(Debug, Clone)]
-pub struct ServerConfig {
+pub struct NbdConfig {
     pub tcp: Vec<SocketAddr>,
     pub unix: Vec<PathBuf>,
     /// Threads for requests that may block (flush, FUA, cache misses).
@@ -89,9 +89,9 @@ pub struct ServerConfig {
     pub tls: Option<Arc<TargetTls>>,
 }
 
-impl Default for ServerConfig {
+impl Default for NbdConfig {
     fn default() -> Self {
-        ServerConfig {
+        NbdConfig {
             tcp: Vec::new(),
             unix: Vec::new(),
             workers: 16,
@@ -197,8 +197,8 @@ impl ShutdownHandle {
 }
 
 /// An NBD server over a set of exports.
-pub struct Server {
-    config: ServerConfig,
+pub struct NbdTarget {
+    config: NbdConfig,
     listeners: Vec<Listener>,
     shared: Arc<Shared>,
 }
@@ -226,9 +226,9 @@ fn bind_unix(path: &Path) -> io::Result<UnixListener> {
     UnixListener::bind(path)
 }
 
-impl Server {
+impl NbdTarget {
     /// Opens every listener in `config`.
-    pub fn bind(exports: ExportSet, config: ServerConfig) -> io::Result<Server> {
+    pub fn bind(exports: ExportSet, config: NbdConfig) -> io::Result<NbdTarget> {
         if exports.is_empty() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -260,7 +260,7 @@ impl Server {
             exports: RwLock::new(Arc::new(exports)),
             ..Shared::default()
         };
-        Ok(Server {
+        Ok(NbdTarget {
             config,
             listeners,
             shared: Arc::new(shared),
@@ -392,7 +392,7 @@ struct AcceptContext {
     listener: Arc<Listener>,
     pool: Arc<WorkerPool>,
     shared: Arc<Shared>,
-    config: ServerConfig,
+    config: NbdConfig,
 }
 
 impl AcceptContext {
@@ -544,7 +544,7 @@ pub fn serve_connection(
     pool: &WorkerPool,
     handshake_timeout: Duration,
 ) {
-    let defaults = ServerConfig::default();
+    let defaults = NbdConfig::default();
     let limits = ConnectionLimits {
         handshake_timeout,
         send_timeout: defaults.send_timeout,

@@ -15,7 +15,7 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use blockwire_blockdev::Device;
-//! use blockwire_nbd::client::{ClientOptions, NbdClient, NbdUri};
+//! use blockwire_nbd::initiator::{ClientOptions, NbdClient, NbdUri};
 //!
 //! let uri: NbdUri = "nbd://127.0.0.1/disk".parse()?;
 //! let client = NbdClient::connect(&uri, ClientOptions::default())?;

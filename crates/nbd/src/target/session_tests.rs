@@ -6,15 +6,15 @@ use std::sync::{Arc, Mutex};
 use blockwire_blockdev::{Device, IoBuf, MemoryDevice};
 
 use super::*;
-use crate::server::connection::{transmit, Ending};
-use crate::server::writer::{ReplySink, ReplyWriter};
+use crate::target::connection::{transmit, Ending};
+use crate::target::writer::{ReplySink, ReplyWriter};
 use blockwire_blockdev::workers::WorkerPool;
 
 const SIZE: u64 = 4 << 20;
 
 fn session_on(device: Device, structured: bool) -> Session {
     let export = Arc::new(Export::new("disk", "", device));
-    let flags = crate::server::negotiation::transmission_flags(export.device.info(), structured);
+    let flags = crate::target::negotiation::transmission_flags(export.device.info(), structured);
     let context = structured.then_some(1);
     let framing = if structured {
         Framing::Structured
@@ -461,7 +461,7 @@ fn cached_reads_leave_by_sendfile_only_when_the_session_allows_it() {
 
 #[test]
 fn mapped_reads_send_the_cached_file_bytes() {
-    use crate::server::stream::Stream;
+    use crate::target::stream::Stream;
     use crate::wire::SIMPLE_REPLY_LEN;
     use blockwire_blockdev::{FileDevice, FileOptions};
     use std::io::Read;
@@ -522,7 +522,7 @@ fn extended_headers_frame_every_reply_and_take_payloads_only_on_writes() {
         "",
         Device::from_device(MemoryDevice::new(SIZE)),
     ));
-    let flags = crate::server::negotiation::transmission_flags(export.device.info(), true);
+    let flags = crate::target::negotiation::transmission_flags(export.device.info(), true);
     let session = Session::new(export, Framing::Extended, Some(1), flags);
     let extended = |reply: &Reply| match ReplyHeader::decode(&reply.head).unwrap().unwrap().0 {
         ReplyHeader::Extended {
@@ -634,7 +634,7 @@ fn an_extended_session_reads_32_byte_headers_and_refuses_compact_ones() {
         "",
         Device::from_device(MemoryDevice::new(SIZE)),
     ));
-    let flags = crate::server::negotiation::transmission_flags(export.device.info(), true);
+    let flags = crate::target::negotiation::transmission_flags(export.device.info(), true);
     let session = Arc::new(Session::new(export, Framing::Extended, None, flags));
     let request = |command, cookie, len| Request {
         flags: 0,

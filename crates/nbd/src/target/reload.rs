@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use super::export::{Export, ExportSet};
 use super::Shared;
 
-/// Replaces the exports of a running [`super::Server`]. Cheap to clone.
+/// Replaces the exports of a running [`super::NbdTarget`]. Cheap to clone.
 #[derive(Clone)]
 pub struct ReloadHandle {
     shared: Arc<Shared>,

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use blockwire_blockdev::{Device, MemoryDevice};
 
 use super::*;
-use crate::server::export::{Export, ExportSet};
-use crate::server::session::Action;
+use crate::target::export::{Export, ExportSet};
+use crate::target::session::Action;
 
 fn exports() -> Arc<ExportSet> {
     let mut set = ExportSet::new();

@@ -14,10 +14,10 @@ use blockwire_blockdev::{
     RequestQueue, Result, Submission, WriteFlags, ZeroFlags,
 };
 
-use crate::server::connection::{transmit, Ending};
-use crate::server::export::Export;
-use crate::server::session::Session;
-use crate::server::writer::{ReplySink, ReplyWriter};
+use crate::target::connection::{transmit, Ending};
+use crate::target::export::Export;
+use crate::target::session::Session;
+use crate::target::writer::{ReplySink, ReplyWriter};
 use crate::wire::*;
 
 const SIZE: u64 = 4 << 20;
@@ -209,7 +209,7 @@ fn a_device_with_a_waking_queue_gets_every_request_through_it() {
     });
     let handle = Device::new(device.clone());
     let export = Arc::new(Export::new("disk", "", handle.clone()));
-    let flags = crate::server::negotiation::transmission_flags(export.device.info(), false);
+    let flags = crate::target::negotiation::transmission_flags(export.device.info(), false);
     let session = Arc::new(Session::new(export, Framing::Simple, None, flags));
 
     // 16 writes, a flush, a write-zeroes over the last write, a trim elsewhere,

@@ -9,7 +9,7 @@
 //! release build.
 //!
 //! ```no_run
-//! use blockwire_nbd::client::fake_server::{self, FakeExport};
+//! use blockwire_nbd::initiator::fake_server::{self, FakeExport};
 //!
 //! let export = FakeExport { size: 1 << 20, flags: 0 };
 //! let server = fake_server::start(export, 1, |mut peers, _listener| {

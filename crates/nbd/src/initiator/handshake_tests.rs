@@ -8,7 +8,7 @@ use std::sync::Arc;
 use blockwire_blockdev::{Device, MemoryDevice};
 
 use super::*;
-use crate::server::{Export, ExportSet};
+use crate::target::{Export, ExportSet};
 
 /// A stream that plays back what a server would send and records what the client
 /// sent.
@@ -382,7 +382,7 @@ fn against_our_server<T>(client: impl FnOnce(&mut UnixStream) -> T) -> T {
     let (mut ours, mut theirs) = UnixStream::pair().unwrap();
     let exports = our_server();
     let server = std::thread::spawn(move || {
-        let _ = crate::server::negotiate(&mut theirs, exports, "test");
+        let _ = crate::target::negotiate(&mut theirs, exports, "test");
     });
     let result = client(&mut ours);
     drop(ours);
