@@ -1,0 +1,1 @@
+//! NVMe over TCP (being built: issue 33).
