@@ -17,6 +17,7 @@
 pub mod cdb;
 pub mod command;
 pub mod errors;
+pub mod initiator;
 pub mod inquiry;
 pub mod lun;
 pub mod mode;
