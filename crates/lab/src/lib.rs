@@ -8,13 +8,14 @@
 //! The pure parts — [`matrix`] expansion, [`preset`]s, the seeds' [`published`]
 //! figures, [`results`] and their efficiency math, the [`target`] configuration and
 //! URIs, and the [`report`] renderers — need no privileges and are unit-tested. The
-//! bed ([`bed`]: namespaces, veth, tc), the processes and the teardown
+//! bed ([`bed`] on [`netns`]: namespaces, veth, tc), the processes and the teardown
 //! ([`cleanup`]) are a thin layer over `ip`, `tc` and the `blockwire` binary
 //! ([`run`]); they need root (CAP_NET_ADMIN).
 
 pub mod bed;
 pub mod cleanup;
 pub mod matrix;
+pub mod netns;
 pub mod preset;
 pub mod published;
 pub mod report;

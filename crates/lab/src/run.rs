@@ -15,6 +15,7 @@ use blockwire_bench::netperf::{self, ClientConfig, Direction};
 use crate::bed::{self, Bed};
 use crate::cleanup;
 use crate::matrix::{CellSpec, LabWorkload, Matrix};
+use crate::netns;
 use crate::published::Seed;
 use crate::results::{CellResult, LabReport, NetworkBaseline};
 use crate::target::{self, Backing};
@@ -83,7 +84,7 @@ pub enum Event<'a> {
 
 /// Checks this process may build beds and has the tools.
 pub fn preflight() -> Result<(), Error> {
-    if !bed::have_net_admin() {
+    if !netns::have_net_admin() {
         return Err(Error::NotPermitted);
     }
     for tool in ["ip", "tc"] {
@@ -275,7 +276,7 @@ fn start_target(
         &config,
         target::serve_config(spec, options.size, options.chunk, options.backing, dir),
     )?;
-    let mut command = Bed::command_in(bed.target_ns(), &options.binary);
+    let mut command = netns::command_in(bed.target_ns(), &options.binary);
     command
         .arg("serve")
         .arg("--config")
@@ -358,7 +359,7 @@ pub fn measure_network(
                         scope.spawn(move || {
                             barrier.wait();
                             netperf::measure(
-                                &bed::target_addr(k),
+                                &netns::target_addr(k),
                                 target::NETSERVE_PORT,
                                 direction,
                                 &config,
@@ -391,7 +392,7 @@ fn bench_command(
     target_pid: u32,
     json: &Path,
 ) -> std::process::Command {
-    let mut command = Bed::command_in(bed.initiator_ns(), &options.binary);
+    let mut command = netns::command_in(bed.initiator_ns(), &options.binary);
     command
         .arg("bench")
         .arg(target::initiator_uri(spec, options.chunk))

@@ -5,8 +5,8 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use crate::bed::{interface, target_addr};
 use crate::matrix::{CellSpec, Protocol};
+use crate::netns::{interface, target_addr};
 
 /// NBD's registered port.
 pub const NBD_PORT: u16 = 10809;
