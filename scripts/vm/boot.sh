@@ -32,5 +32,6 @@ accel=tcg
 exec qemu-system-x86_64 -accel "$accel" -m 1G -smp 2 -nographic -no-reboot \
   -kernel "$KERNEL" -initrd "$workdir/initrd.gz" \
   -append "console=ttyS0 quiet panic=-1 ${BLOCKWIRE_VM_APPEND:-}" \
-  -netdev user,id=n0 -device virtio-net-pci,netdev=n0,romfile= \
+  -netdev "user,id=n0${BLOCKWIRE_VM_NETDEV:+,$BLOCKWIRE_VM_NETDEV}" -device virtio-net-pci,netdev=n0,romfile= \
+  -device virtio-rng-pci \
   -monitor none -serial stdio

@@ -38,7 +38,7 @@ done
 programs="busybox-static nvme-cli nbd-client e2fsprogs"
 # The modules the judges load, each with what modules.dep says it needs. NVMe's
 # core, ext4 and crc32c are built into this kernel.
-modules="virtio_pci virtio_net nvme-tcp nvmet-tcp nbd aoe iscsi_tcp"
+modules="virtio_pci virtio_net virtio-rng nvme-tcp nvmet-tcp nbd aoe iscsi_tcp"
 
 # The versioned image package behind the metapackage, e.g. linux-image-6.1.0-56-cloud-amd64.
 kernel_package=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null |
@@ -61,7 +61,7 @@ uris=$(cd "$empty" && apt-get download --print-uris "$kernel_package" $programs 
 rmdir "$empty"
 [ -n "$uris" ] || unavailable "apt-get lists no packages to download"
 files=$(awk '{ print $2 }' <<<"$uris" | sort)
-key=$( { echo "$files"; cat "$here/build-images.sh" "$here/init" "$here/guest-lib.sh"; } |
+key=$( { echo "$files"; cat "$here/build-images.sh" "$here/init" "$here/guest-lib.sh" "$here"/judges/*.sh; } |
   sha256sum | cut -c1-16)
 out=$cache/images-$key
 
@@ -157,6 +157,8 @@ if [ ! -s "$out/initrd.gz" ]; then
 
   cp "$here/init" "$root/init"
   cp "$here/guest-lib.sh" "$root/lib/guest-lib.sh"
+  mkdir -p "$root/lib/judges"
+  cp "$here"/judges/*.sh "$root/lib/judges/"
   chmod 755 "$root/init"
   echo "$kernel_package" >"$root/etc/kernel-package"
 
