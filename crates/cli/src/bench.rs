@@ -12,7 +12,8 @@ use blockwire_bench::{BenchConfig, RunRequest, TargetCpu, TargetSpec, Workload};
 use blockwire_blockdev::size::parse_size;
 use clap::Args;
 
-use crate::open::{open, parse_reconnect, parse_timeout, reconnect_setting, Remote, Target};
+use blockwire_server::device_spec::Target;
+use blockwire_server::factory::{open, parse_reconnect, parse_timeout, reconnect_setting, Remote};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {

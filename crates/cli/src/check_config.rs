@@ -7,8 +7,8 @@ use anyhow::Result;
 use blockwire_blockdev::size::{format_size, parse_size};
 use clap::Args;
 
-use crate::config::{Config, ExportSection};
-use crate::config_validate::{export_iqn, ISCSI_LISTEN, NBD_LISTEN};
+use blockwire_server::config::{Config, ExportSection};
+use blockwire_server::config_validate::{export_iqn, ISCSI_LISTEN, NBD_LISTEN};
 
 #[derive(Args, Debug)]
 pub struct CheckConfigArgs {
@@ -55,7 +55,7 @@ fn describe_source(export: &ExportSection) -> String {
         );
     }
     let path = export.path.as_deref().unwrap_or(Path::new(""));
-    if let Ok(Some(_)) = crate::serve::remote_target(path) {
+    if let Ok(Some(_)) = blockwire_server::device_spec::remote_target(path) {
         return format!("{} (a remote device)", path.display());
     }
     match export.size.as_deref().map(parse_size) {

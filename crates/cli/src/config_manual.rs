@@ -1,12 +1,12 @@
 //! blockwire.toml(5), generated from the configuration's own types: schemars turns
-//! the serde structs of [`crate::config`] and their doc comments into a schema, and
+//! the serde structs of [`blockwire_server::config`] and their doc comments into a schema, and
 //! this walks it into a manual page. The keys and their meaning are written once,
 //! in `config.rs`; the example is the one the Debian package installs.
 
 use roff::{bold, italic, roman, Roff};
 use serde_json::{Map, Value};
 
-use crate::config::Config;
+use blockwire_server::config::Config;
 
 /// The example configuration (installed as /etc/blockwire/blockwire.toml).
 pub const EXAMPLE: &str = include_str!("../../../packaging/blockwire.toml");

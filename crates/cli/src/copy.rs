@@ -9,8 +9,9 @@ use blockwire_blockdev::size::parse_size;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::open::{
-    open, open_destination, parse_reconnect, parse_timeout, reconnect_setting, Remote, Target,
+use blockwire_server::device_spec::Target;
+use blockwire_server::factory::{
+    open, open_destination, parse_reconnect, parse_timeout, reconnect_setting, Remote,
 };
 
 #[derive(Args, Debug)]

@@ -47,7 +47,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
     if args.uri.starts_with(blockwire_rbd::PREFIX) {
         return crate::info_rbd::run(&args.uri, args.list, args.map, args.json);
     }
-    if args.uri.starts_with(crate::open_stripe::PREFIX) {
+    if args.uri.starts_with(blockwire_server::device_spec::PREFIX) {
         return crate::info_stripe::run(&args.uri, args.list, args.map, args.json);
     }
     if args.uri.starts_with("aoe://") {

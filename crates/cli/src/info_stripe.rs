@@ -10,7 +10,8 @@ use blockwire_blockdev::size::format_size;
 use blockwire_blockdev::{Capabilities, Device, Stripe};
 
 use crate::info::{allocation_map, human, map_json, map_text};
-use crate::open::{Remote, Target};
+use blockwire_server::device_spec::Target;
+use blockwire_server::factory::Remote;
 
 pub fn run(spec: &str, list: bool, map: bool, json: bool) -> Result<()> {
     if list {

@@ -251,8 +251,8 @@ pub fn run(args: LabArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
     use blockwire_lab::target::serve_config;
+    use blockwire_server::config::Config;
     use clap::Parser;
 
     #[derive(Parser)]
@@ -332,8 +332,8 @@ mod tests {
             for plan in matrix.expand().beds {
                 for cell in plan.cells {
                     let uri = blockwire_lab::target::initiator_uri(&cell, 64 << 10);
-                    let target =
-                        crate::open::Target::parse(&uri).unwrap_or_else(|e| panic!("{uri}: {e:#}"));
+                    let target = blockwire_server::device_spec::Target::parse(&uri)
+                        .unwrap_or_else(|e| panic!("{uri}: {e:#}"));
                     assert!(target.is_remote(), "{uri}");
                 }
             }

@@ -3,12 +3,8 @@
 mod bench;
 mod check_config;
 mod completions;
-mod config;
-mod config_error;
 mod config_manual;
-mod config_validate;
 mod copy;
-mod created_files;
 mod demo;
 mod info;
 mod info_aoe;
@@ -20,8 +16,6 @@ mod logging;
 mod manpages;
 mod metrics;
 mod netserve;
-mod open;
-mod open_stripe;
 mod reload_diff;
 mod serve;
 mod serve_aoe;
@@ -32,10 +26,8 @@ mod serve_metrics;
 mod serve_reload;
 mod serve_status;
 mod serve_tls;
-mod serve_volume;
 mod service;
 mod stop_signals;
-mod throttle_args;
 
 use std::process::ExitCode;
 

@@ -11,15 +11,11 @@ use anyhow::{anyhow, bail, Context, Result};
 use blockwire_aoe::target::TargetConfig;
 use blockwire_blockdev::size::{format_size, parse_size};
 use blockwire_blockdev::write_behind::DEFAULT_WRITE_BEHIND;
-use blockwire_blockdev::{Device, FileDevice, FileOptions, MemoryDevice, Throttle, ThrottleConfig};
+use blockwire_blockdev::{Device, FileOptions, MemoryDevice, Throttle, ThrottleConfig};
 use blockwire_nbd::{Export, ExportSet, NbdConfig, NbdTarget};
+use blockwire_server::defaults::NBD_LISTEN as DEFAULT_LISTEN;
 use clap::Args;
 
-use crate::config::{
-    AoeSection, Config, ExportSection, IscsiExport as IscsiExportConfig, XdpChoice,
-};
-use crate::created_files::CreatedFiles;
-use crate::open::{create_sparse, open, parse_reconnect, reconnect_setting, Remote, Target};
 use crate::serve_aoe::ServedAoe;
 use crate::serve_iscsi::{self, ChapSources, IscsiExport, IscsiPlan};
 use crate::serve_live::{Live, Loaded};
@@ -27,30 +23,17 @@ use crate::serve_metrics;
 use crate::serve_reload;
 use crate::serve_status;
 use crate::serve_tls;
-use crate::serve_volume::Volumes;
 use crate::service;
 use crate::stop_signals;
-use crate::throttle_args;
+use blockwire_server::config::{
+    AoeSection, Config, ExportSection, IscsiExport as IscsiExportConfig, XdpChoice,
+};
+use blockwire_server::created_files::CreatedFiles;
+use blockwire_server::device_spec::{remote_target, Target};
+use blockwire_server::factory::{open, open_or_create, parse_reconnect, reconnect_setting, Remote};
+use blockwire_server::throttle;
+use blockwire_server::volumes::Volumes;
 
-/// The remote target a PATH argument names, if it is a URI (nbd://, aoe://, iscsi://)
-/// or a striped volume.
-pub(crate) fn remote_target(path: &Path) -> Result<Option<Target>> {
-    match path.to_str() {
-        Some(text)
-            if text.starts_with(crate::open_stripe::PREFIX)
-                || text.starts_with(blockwire_rbd::PREFIX) =>
-        {
-            Ok(Some(Target::parse(text)?))
-        }
-        Some(text) if text.contains("://") && !text.starts_with("file://") => {
-            Ok(Some(Target::parse(text)?).filter(Target::is_remote))
-        }
-        _ => Ok(None),
-    }
-}
-
-/// The NBD port registered with IANA.
-pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 /// Size of the in-memory demo export.
 const DEMO_SIZE: u64 = 1 << 30;
 
@@ -143,7 +126,7 @@ pub struct ServeArgs {
     /// hands AoE frames to the target (faster per frame at MTU 1500; MTU up to
     /// 3822; tcpdump no longer sees those frames). HOOK is generic (any interface,
     /// the faster on veth; the default) or driver (native XDP).
-    #[arg(help_heading = "AoE", long, requires = "aoe", value_name = "HOOK", num_args = 0..=1, default_missing_value = "generic")]
+    #[arg(help_heading = "AoE", long, requires = "aoe", value_name = "HOOK", num_args = 0..=1, default_missing_value = "generic", value_parser = xdp_parser())]
     pub aoe_xdp: Option<XdpChoice>,
 
     /// iSCSI: serve on this TCP address (repeatable), e.g. 127.0.0.1:3260 or
@@ -200,11 +183,11 @@ pub struct ServeArgs {
 
     /// Limit the export's reads and writes together to this many MB/s (10^6 bytes),
     /// to stand in for a disk (the lab's 70 MB/s disk, say).
-    #[arg(help_heading = "Limits", long, value_name = "MB/s", value_parser = throttle_args::parse_rate, conflicts_with = "config")]
+    #[arg(help_heading = "Limits", long, value_name = "MB/s", value_parser = throttle::parse_rate, conflicts_with = "config")]
     pub disk_rate: Option<u64>,
 
     /// Add this many milliseconds to every request of the export, like a disk.
-    #[arg(help_heading = "Limits", long, value_name = "MS", value_parser = throttle_args::parse_latency, conflicts_with = "config")]
+    #[arg(help_heading = "Limits", long, value_name = "MS", value_parser = throttle::parse_latency, conflicts_with = "config")]
     pub disk_latency: Option<std::time::Duration>,
 
     /// Answer Prometheus scrapes at http://HOST:PORT/metrics (overrides the config
@@ -220,6 +203,15 @@ pub struct ServeArgs {
     pub tls: serve_tls::TlsArgs,
 }
 
+/// `--aoe-xdp HOOK`: its values listed with their meaning, for help, manual pages and
+/// shell completions.
+fn xdp_parser() -> impl clap::builder::TypedValueParser<Value = XdpChoice> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser as _};
+    let values = XdpChoice::NAMES.map(|(name, help)| PossibleValue::new(name).help(help));
+    PossibleValuesParser::new(values)
+        .map(|name| XdpChoice::from_name(&name).expect("one of the listed hooks"))
+}
+
 /// What `serve` runs: NBD exports with their listeners, AoE targets and the iSCSI
 /// target.
 pub struct Plan {
@@ -233,72 +225,8 @@ pub struct Plan {
     pub file: Option<Loaded>,
 }
 
-/// Opens `path`, creating a sparse file of `size` bytes if it does not exist.
-/// Refuses to resize an existing file.
-pub fn open_or_create(
-    path: &Path,
-    size: Option<u64>,
-    options: FileOptions,
-    created: &CreatedFiles,
-) -> Result<Device> {
-    match (path.exists(), size) {
-        (false, None) => bail!("{} does not exist", path.display()),
-        (false, Some(size)) => {
-            if options.read_only {
-                bail!(
-                    "{} does not exist; refusing to create a read-only export",
-                    path.display()
-                );
-            }
-            create_sparse(path, size)?;
-            created.add(path);
-            tracing::info!(
-                "created sparse file {} of {}",
-                path.display(),
-                format_size(size)
-            );
-        }
-        (true, _) => {}
-    }
-    let device = FileDevice::open(path, options).map_err(|e| open_error(path, &e, options))?;
-    if let Some(size) = size {
-        let actual = blockwire_blockdev::BlockDevice::info(&device).size;
-        if actual != size {
-            bail!(
-                "{} exists with {actual} bytes but --size says {size}; blockwire never resizes or overwrites an existing file",
-                path.display()
-            );
-        }
-    }
-    Ok(Device::from_device(device))
-}
-
-/// Why a file could not be opened, in one line naming it, with the likely fix.
-fn open_error(
-    path: &Path,
-    error: &blockwire_blockdev::Error,
-    options: FileOptions,
-) -> anyhow::Error {
-    let io = std::error::Error::source(error).and_then(|s| s.downcast_ref::<std::io::Error>());
-    let cause = match io {
-        Some(io) => crate::config_validate::io_text(io),
-        None => error.to_string(),
-    };
-    let refused = io.and_then(std::io::Error::raw_os_error);
-    let hint = match refused {
-        Some(libc::EACCES | libc::EPERM | libc::EROFS) if !options.read_only => {
-            " (to serve it read-only: --read-only, or read_only = true in a config file)"
-        }
-        Some(libc::EINVAL) if options.direct => {
-            " (this file system refuses O_DIRECT: serve it without --direct / direct = true)"
-        }
-        _ => "",
-    };
-    anyhow!("cannot open {}: {cause}{hint}", path.display())
-}
-
 fn resolve(addr: &str) -> Result<Vec<SocketAddr>> {
-    crate::config_validate::resolve(addr).map_err(|e| anyhow!(e))
+    blockwire_server::config_validate::resolve(addr).map_err(|e| anyhow!(e))
 }
 
 fn listen_config(listen: &[String], sockets: &[PathBuf], workers: usize) -> Result<NbdConfig> {
@@ -325,7 +253,7 @@ fn throttled(name: &str, device: Device, config: ThrottleConfig) -> Device {
     if config.is_active() {
         tracing::info!(
             "export '{name}': throttled to {}",
-            throttle_args::describe(&config)
+            throttle::describe(&config)
         );
     }
     Throttle::wrap(device, config)
@@ -337,8 +265,7 @@ pub(crate) fn export_from_section(
     volumes: &mut Volumes,
     created: &CreatedFiles,
 ) -> Result<Export> {
-    let throttle =
-        throttle_args::from_config(&section.name, section.disk_rate, section.disk_latency)?;
+    let throttle = throttle::from_config(&section.name, section.disk_rate, section.disk_latency)?;
     let device = match (&section.path, &section.memory) {
         _ if section.volume.is_some() => {
             let name = section.volume.as_deref().unwrap_or_default();

@@ -4,13 +4,14 @@
 
 use anyhow::{anyhow, Result};
 
-use crate::config::{
+use crate::serve::ServeArgs;
+use blockwire_server::config::{
     AoeSection, Config, ExportSection, IscsiExport, IscsiExportSettings, IscsiSection,
     MetricsSection, ServerSection,
 };
-use crate::config_error::{ConfigError, Table};
-use crate::config_validate::{check_environment, validate};
-use crate::serve::{remote_target, ServeArgs};
+use blockwire_server::config_error::{ConfigError, Table};
+use blockwire_server::config_validate::{check_environment, validate};
+use blockwire_server::device_spec::remote_target;
 
 /// Checks `serve`'s flags; an error is one line naming the flag at fault.
 pub fn check(args: &ServeArgs) -> Result<()> {

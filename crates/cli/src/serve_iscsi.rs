@@ -10,14 +10,10 @@ use blockwire_blockdev::{Device, SessionMeter};
 use blockwire_iscsi::login::ChapConfig;
 use blockwire_iscsi::{IscsiConfig, IscsiTarget, TargetDefinition};
 use blockwire_scsi::{LogicalUnit, LunConfig, ScsiTarget};
-
-/// The IANA port for iSCSI.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:3260";
-/// Target names are this prefix, ':' and the export name unless told otherwise.
-pub const DEFAULT_IQN_PREFIX: &str = "iqn.2026-11.dev.blockwire";
-/// Environment variables that may hold the CHAP secrets instead of a file.
-pub const CHAP_SECRET_ENV: &str = "BLOCKWIRE_CHAP_SECRET";
-pub const MUTUAL_CHAP_SECRET_ENV: &str = "BLOCKWIRE_MUTUAL_CHAP_SECRET";
+pub use blockwire_server::defaults::{
+    default_iqn, DEFAULT_IQN_PREFIX, ISCSI_LISTEN as DEFAULT_LISTEN,
+};
+use blockwire_server::defaults::{CHAP_SECRET_ENV, MUTUAL_CHAP_SECRET_ENV};
 
 /// One export served over iSCSI.
 pub struct IscsiExport {
@@ -49,7 +45,9 @@ pub struct ChapSources<'a> {
 }
 
 /// The CHAP settings of a config file's `[iscsi]` section; see [`chap_config`].
-pub fn section_chap(section: &crate::config::IscsiSection) -> Result<Option<ChapConfig>> {
+pub fn section_chap(
+    section: &blockwire_server::config::IscsiSection,
+) -> Result<Option<ChapConfig>> {
     chap_config(&ChapSources {
         user: section.chap_user.as_deref(),
         secret_file: section.chap_secret_file.as_deref(),
@@ -100,20 +98,6 @@ fn read_secret(file: Option<&Path>, env: &str) -> Result<Vec<u8>> {
         tracing::warn!("a CHAP secret shorter than 12 bytes is easy to guess");
     }
     Ok(secret.into_bytes())
-}
-
-/// The default target name of an export: the prefix, ':' and the export name in
-/// the characters an IQN allows (RFC 3722: lower case letters, digits, '.', '-',
-/// ':').
-pub fn default_iqn(prefix: &str, export: &str) -> String {
-    let name: String = export
-        .chars()
-        .map(|c| match c.to_ascii_lowercase() {
-            c @ ('a'..='z' | '0'..='9' | '.' | '-' | ':') => c,
-            _ => '-',
-        })
-        .collect();
-    format!("{prefix}:{name}")
 }
 
 /// A stable 64-bit identity for a LUN (its NAA designator and serial), from its
@@ -200,14 +184,6 @@ pub fn announce(target: &IscsiTarget) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn default_names_are_valid_iqns() {
-        assert_eq!(
-            default_iqn(DEFAULT_IQN_PREFIX, "Disk_0.img"),
-            "iqn.2026-11.dev.blockwire:disk-0.img"
-        );
-    }
 
     #[test]
     fn stable_ids_differ_by_name() {

@@ -16,15 +16,15 @@ use blockwire_blockdev::Device;
 use blockwire_iscsi::TargetDefinition;
 use blockwire_nbd::{Export, ExportSet};
 
-use crate::config::Config;
-use crate::created_files::CreatedFiles;
 use crate::metrics::Protocol;
 use crate::reload_diff::{self, Change, ExportChange};
 use crate::serve::{aoe_config, export_from_section, iscsi_export};
 use crate::serve_aoe::ServedAoe;
 use crate::serve_iscsi;
 use crate::serve_metrics::Meters;
-use crate::serve_volume::Volumes;
+use blockwire_server::config::Config;
+use blockwire_server::created_files::CreatedFiles;
+use blockwire_server::volumes::Volumes;
 
 /// A configuration and the devices opened for it.
 pub struct Loaded {

@@ -8,7 +8,7 @@ use anyhow::{anyhow, Result};
 use blockwire_nbd::tls::{TargetTls, TargetTlsSettings, TlsMode};
 use clap::Args;
 
-use crate::config::ServerSection;
+use blockwire_server::config::ServerSection;
 
 /// TLS for the NBD target (NBD_OPT_STARTTLS).
 #[derive(Args, Debug, Default)]

@@ -1,8 +1,7 @@
 //! The TOML configuration for `blockwire serve --config FILE`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::{anyhow, Result};
 use blockwire_blockdev::size::{format_size, parse_size};
 use blockwire_blockdev::DeviceInfo;
 use schemars::JsonSchema;
@@ -277,7 +276,7 @@ pub struct AoeSection {
 }
 
 /// Where the AF_XDP path's program runs (`--aoe-xdp HOOK`, `xdp = "HOOK"`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum XdpChoice {
     /// The generic receive path: any interface.
@@ -287,6 +286,22 @@ pub enum XdpChoice {
 }
 
 impl XdpChoice {
+    /// The values `xdp` and `--aoe-xdp` take, with what each means.
+    pub const NAMES: [(&'static str, &'static str); 2] = [
+        ("generic", "The generic receive path: any interface"),
+        ("driver", "The driver's native XDP"),
+    ];
+
+    /// The choice one of [`XdpChoice::NAMES`] names.
+    pub fn from_name(name: &str) -> Option<XdpChoice> {
+        match name {
+            "generic" => Some(XdpChoice::Generic),
+            "driver" => Some(XdpChoice::Driver),
+            _ => None,
+        }
+    }
+
+    /// The AoE target's hook for this choice.
     pub fn hook(self) -> blockwire_aoe::rawsock::XdpHook {
         match self {
             XdpChoice::Generic => blockwire_aoe::rawsock::XdpHook::Generic,
@@ -317,38 +332,6 @@ impl ServerSection {
     }
 }
 
-impl Config {
-    /// Reads, parses and checks the file at `path`: the one validation
-    /// ([`crate::config_validate`]), files and interfaces included. An error is one
-    /// line, `FILE:LINE: export 'NAME': KEY: what is wrong (what is allowed)`.
-    pub fn load(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            anyhow!(
-                "cannot read config file {}: {}",
-                path.display(),
-                crate::config_validate::io_text(&e)
-            )
-        })?;
-        Config::parse(path, &text)
-    }
-
-    /// Parses and checks `text`, the contents of the file at `path`.
-    pub fn parse(path: &Path, text: &str) -> Result<Config> {
-        let config: Config = toml::from_str(text)
-            .map_err(|e| anyhow!(crate::config_error::parse_error(path, text, &e)))?;
-        config
-            .validate()
-            .and_then(|()| crate::config_validate::check_environment(&config))
-            .map_err(|e| anyhow!(e.in_file(path, text)))?;
-        Ok(config)
-    }
-
-    /// Checks what the types cannot, without looking outside the configuration.
-    pub fn validate(&self) -> Result<(), crate::config_error::ConfigError> {
-        crate::config_validate::validate(self)
-    }
-}
-
 /// A list of strings, or one string for a list of one (`listen = "host:port"`).
 fn one_or_many<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
     #[derive(Deserialize)]
@@ -368,6 +351,8 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     #[test]

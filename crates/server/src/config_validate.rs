@@ -10,15 +10,47 @@ use std::path::Path;
 
 use blockwire_blockdev::size::{format_size, parse_size};
 
+use anyhow::anyhow;
+
 use crate::config::{Config, ExportSection, IscsiExport};
 use crate::config_error::{ConfigError, Table};
-use crate::serve_iscsi::{default_iqn, DEFAULT_IQN_PREFIX};
-
-pub(crate) use crate::serve::DEFAULT_LISTEN as NBD_LISTEN;
-pub(crate) use crate::serve_iscsi::DEFAULT_LISTEN as ISCSI_LISTEN;
+use crate::defaults::{default_iqn, DEFAULT_IQN_PREFIX};
+pub use crate::defaults::{ISCSI_LISTEN, NBD_LISTEN};
 /// AoE's broadcast addresses: a target may not take them.
 const AOE_BROADCAST_SHELF: u16 = 0xffff;
 const AOE_BROADCAST_SLOT: u8 = 0xff;
+
+impl Config {
+    /// Reads, parses and checks the file at `path`: the one validation
+    /// ([`validate`] and [`check_environment`]), files and interfaces included. An error is one
+    /// line, `FILE:LINE: export 'NAME': KEY: what is wrong (what is allowed)`.
+    pub fn load(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            anyhow!(
+                "cannot read config file {}: {}",
+                path.display(),
+                io_text(&e)
+            )
+        })?;
+        Config::parse(path, &text)
+    }
+
+    /// Parses and checks `text`, the contents of the file at `path`.
+    pub fn parse(path: &Path, text: &str) -> anyhow::Result<Config> {
+        let config: Config = toml::from_str(text)
+            .map_err(|e| anyhow!(crate::config_error::parse_error(path, text, &e)))?;
+        config
+            .validate()
+            .and_then(|()| check_environment(&config))
+            .map_err(|e| anyhow!(e.in_file(path, text)))?;
+        Ok(config)
+    }
+
+    /// Checks what the types cannot, without looking outside the configuration.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        validate(self)
+    }
+}
 
 fn error(table: Table, key: &'static str, message: String) -> ConfigError {
     ConfigError::new(Some(table), Some(key), message)
@@ -156,7 +188,7 @@ fn validate_export(
         return Err(error(table, "path", message));
     }
     if let Some(path) = export.path.as_deref() {
-        if let Err(e) = crate::serve::remote_target(path) {
+        if let Err(e) = crate::device_spec::remote_target(path) {
             return Err(error(table, "path", format!("{e:#}")));
         }
     }
@@ -176,10 +208,10 @@ fn validate_export(
         }
     }
     if let Some(rate) = export.disk_rate {
-        crate::throttle_args::rate_from_mb(rate).map_err(|m| error(table, "disk_rate", m))?;
+        crate::throttle::rate_from_mb(rate).map_err(|m| error(table, "disk_rate", m))?;
     }
     if let Some(ms) = export.disk_latency {
-        crate::throttle_args::latency_from_ms(ms).map_err(|m| error(table, "disk_latency", m))?;
+        crate::throttle::latency_from_ms(ms).map_err(|m| error(table, "disk_latency", m))?;
     }
     if let Some(aoe) = &export.aoe {
         if aoe.interfaces.is_empty() {
@@ -534,13 +566,13 @@ pub fn check_environment(config: &Config) -> Result<(), ConfigError> {
         (
             iscsi.chap_user.is_some() && iscsi.chap_secret_file.is_none(),
             "chap_user",
-            crate::serve_iscsi::CHAP_SECRET_ENV,
+            crate::defaults::CHAP_SECRET_ENV,
             "chap_secret_file",
         ),
         (
             iscsi.mutual_chap_user.is_some() && iscsi.mutual_chap_secret_file.is_none(),
             "mutual_chap_user",
-            crate::serve_iscsi::MUTUAL_CHAP_SECRET_ENV,
+            crate::defaults::MUTUAL_CHAP_SECRET_ENV,
             "mutual_chap_secret_file",
         ),
     ];
@@ -628,7 +660,7 @@ fn check_export_environment(index: usize, export: &ExportSection) -> Result<(), 
     let Some(path) = export.path.as_deref() else {
         return Ok(());
     };
-    if matches!(crate::serve::remote_target(path), Ok(Some(_))) {
+    if matches!(crate::device_spec::remote_target(path), Ok(Some(_))) {
         return Ok(());
     }
     let size = export.size.as_deref().and_then(|s| parse_size(s).ok());

@@ -5,7 +5,6 @@
 //! RBD image (`rbd:POOL[/NAMESPACE]/IMAGE[@SNAP][:id=NAME][:conf=PATH][:keyring=PATH]`)
 //! or a striped volume of any of them (`stripe:CHUNK:MEMBER,MEMBER,...`).
 //!
-//!
 //! Striped volumes: `stripe:CHUNK:MEMBER,MEMBER,...`, where each
 //! MEMBER is anything a command can open (a path, file://, nbd://, nbd+unix://,
 //! aoe://, iscsi://) and CHUNK a size (64K, 1M). A `[[volume]]` table in the config
@@ -21,8 +20,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
-use blockwire_blockdev::size::{format_size, parse_size};
 use blockwire_aoe::initiator::AoeUri;
+use blockwire_blockdev::size::{format_size, parse_size};
 use blockwire_iscsi::initiator::IscsiUri;
 use blockwire_nbd::initiator::NbdUri;
 use blockwire_rbd::RbdSpec;
@@ -82,7 +81,6 @@ impl Target {
     }
 }
 
-
 impl Target {
     /// Whether the target is reached over the network (an initiator).
     pub fn is_remote(&self) -> bool {
@@ -94,10 +92,7 @@ impl Target {
 /// or a striped volume.
 pub fn remote_target(path: &Path) -> Result<Option<Target>> {
     match path.to_str() {
-        Some(text)
-            if text.starts_with(PREFIX)
-                || text.starts_with(blockwire_rbd::PREFIX) =>
-        {
+        Some(text) if text.starts_with(PREFIX) || text.starts_with(blockwire_rbd::PREFIX) => {
             Ok(Some(Target::parse(text)?))
         }
         Some(text) if text.contains("://") && !text.starts_with("file://") => {
@@ -243,7 +238,9 @@ mod tests {
     #[test]
     fn only_uris_and_volumes_are_remote_paths() {
         assert!(remote_target(Path::new("/srv/a.img")).unwrap().is_none());
-        assert!(remote_target(Path::new("file:///srv/a.img")).unwrap().is_none());
+        assert!(remote_target(Path::new("file:///srv/a.img"))
+            .unwrap()
+            .is_none());
         assert!(matches!(
             remote_target(Path::new("nbd://h/x")).unwrap(),
             Some(Target::Nbd(_))

@@ -1,79 +1,26 @@
-//! Opening what a command names: a path (`/srv/disk.img`, `file:///srv/disk.img`), an
-//! NBD URI (`nbd://host[:port]/export`, `nbd+unix:///export?socket=PATH`) or an AoE
-//! URI (`aoe://eth0/e1.2`, `aoe://eth0,eth1/e1.2`) or an iSCSI URI
-//! (`iscsi://[user@]host[:port]/IQN/LUN`), a Ceph RBD image
-//! (`rbd:POOL[/NAMESPACE]/IMAGE[@SNAP][:id=NAME][:conf=PATH][:keyring=PATH]`), or a
-//! striped volume of any of them (`stripe:CHUNK:MEMBER,MEMBER,...`).
+//! The device factory: the one place where a description becomes a device. What
+//! [`crate::device_spec`] parsed (a path, an NBD, AoE or iSCSI URI, a Ceph RBD image,
+//! a striped volume) is opened here for bench, copy, info and serve alike; serve's
+//! files (created sparse on request, never resized) too.
 
 use std::fs::OpenOptions;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
+use std::thread;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use blockwire_aoe::initiator::{AoeClient, AoeOptions, AoeUri};
+use blockwire_aoe::initiator::{AoeClient, AoeOptions};
 use blockwire_blockdev::paths::DEFAULT_RECONNECT;
-use blockwire_blockdev::{Device, FileDevice, FileOptions};
-use blockwire_iscsi::initiator::{IscsiClient, IscsiOptions, IscsiUri};
-use blockwire_nbd::initiator::{ClientOptions, NbdClient, NbdUri};
+use blockwire_blockdev::size::format_size;
+use blockwire_blockdev::{Device, FileDevice, FileOptions, Stripe};
+use blockwire_iscsi::initiator::{IscsiClient, IscsiOptions};
+use blockwire_nbd::initiator::{ClientOptions, NbdClient};
 use blockwire_rbd::{RbdDevice, RbdSpec};
 
-use crate::open_stripe::StripeSpec;
-
-/// Every form a device may be named in, for errors.
-pub const SCHEMES: &str = "a path, file://, nbd://, nbd+unix://, nbds://, nbds+unix://, \
-                           aoe://, iscsi://, rbd:POOL/IMAGE or stripe:CHUNK:MEMBER,...";
-
-/// What a command line names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
-    Path(PathBuf),
-    Nbd(NbdUri),
-    Aoe(AoeUri),
-    Iscsi(IscsiUri),
-    /// A Ceph RBD image: `rbd:POOL[/NAMESPACE]/IMAGE[@SNAP][:KEY=VALUE]...`.
-    Rbd(RbdSpec),
-    /// A striped volume: `stripe:CHUNK:MEMBER,MEMBER,...` (see open_stripe.rs).
-    Stripe(StripeSpec),
-}
-
-impl Target {
-    pub fn parse(spec: &str) -> Result<Target> {
-        if let Some(rest) = spec.strip_prefix(crate::open_stripe::PREFIX) {
-            return Ok(Target::Stripe(StripeSpec::parse(rest)?));
-        }
-        if spec.starts_with(blockwire_rbd::PREFIX) {
-            return Ok(Target::Rbd(RbdSpec::parse(spec).map_err(|e| anyhow!(e))?));
-        }
-        let scheme = spec
-            .split("://")
-            .next()
-            .unwrap_or_default()
-            .to_ascii_lowercase();
-        if matches!(scheme.as_str(), "nbd" | "nbd+unix" | "nbds" | "nbds+unix") {
-            let uri: NbdUri = spec.parse().map_err(|e| anyhow!("{e}"))?;
-            return Ok(Target::Nbd(uri));
-        }
-        if spec.starts_with("aoe://") {
-            let uri: AoeUri = spec.parse().map_err(|e| anyhow!("{e}"))?;
-            return Ok(Target::Aoe(uri));
-        }
-        if spec.starts_with("iscsi://") {
-            let uri: IscsiUri = spec.parse().map_err(|e| anyhow!("{e}"))?;
-            if uri.target.is_none() {
-                bail!("'{spec}' names no target: expected iscsi://HOST[:PORT]/IQN/LUN (`blockwire info {spec}` lists the targets)");
-            }
-            return Ok(Target::Iscsi(uri));
-        }
-        if let Some(path) = spec.strip_prefix("file://") {
-            return Ok(Target::Path(PathBuf::from(path)));
-        }
-        if spec.contains("://") {
-            bail!("'{spec}': unknown URI scheme (expected {SCHEMES})");
-        }
-        Ok(Target::Path(PathBuf::from(spec)))
-    }
-}
+use crate::created_files::CreatedFiles;
+use crate::device_spec::StripeSpec;
+use crate::device_spec::Target;
 
 /// How remote targets (initiators) are opened.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -173,13 +120,6 @@ pub fn open(target: &Target, read_only: bool, remote: Remote) -> Result<Device> 
     }
 }
 
-impl Target {
-    /// Whether the target is reached over the network (an initiator).
-    pub fn is_remote(&self) -> bool {
-        !matches!(self, Target::Path(_))
-    }
-}
-
 /// Opens an RBD image; `--timeout` overrides the spec's (default 30 s).
 fn open_rbd(spec: &RbdSpec, read_only: bool, remote: Remote) -> Result<Device> {
     let mut spec = spec.clone();
@@ -223,53 +163,103 @@ pub fn open_destination(target: &Target, size: u64, remote: Remote) -> Result<(D
     Ok((open(target, false, remote)?, false))
 }
 
+impl StripeSpec {
+    /// Opens every member at once (remote members connect in parallel) and builds
+    /// the volume. An unreachable member is named in the error.
+    pub fn open(&self, read_only: bool, remote: Remote) -> Result<Device> {
+        Ok(Device::new(Arc::new(self.open_stripe(read_only, remote)?)))
+    }
+
+    /// Like [`open`](Self::open), keeping the stripe's own view (its members).
+    pub fn open_stripe(&self, read_only: bool, remote: Remote) -> Result<Stripe> {
+        let opened: Vec<Result<Device>> = thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .members
+                .iter()
+                .map(|(_, target)| scope.spawn(move || open(target, read_only, remote)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("panicked"))))
+                .collect()
+        });
+        let mut devices = Vec::with_capacity(opened.len());
+        for (i, (result, (text, _))) in opened.into_iter().zip(&self.members).enumerate() {
+            devices.push(result.with_context(|| format!("stripe member {i} ({text})"))?);
+        }
+        let names = self.members.iter().map(|(text, _)| text.clone()).collect();
+        Stripe::with_names(devices, names, self.chunk)
+            .map_err(|e| anyhow!("cannot stripe {}: {e}", self.describe()))
+    }
+}
+
+/// Opens `path`, creating a sparse file of `size` bytes if it does not exist.
+/// Refuses to resize an existing file.
+pub fn open_or_create(
+    path: &Path,
+    size: Option<u64>,
+    options: FileOptions,
+    created: &CreatedFiles,
+) -> Result<Device> {
+    match (path.exists(), size) {
+        (false, None) => bail!("{} does not exist", path.display()),
+        (false, Some(size)) => {
+            if options.read_only {
+                bail!(
+                    "{} does not exist; refusing to create a read-only export",
+                    path.display()
+                );
+            }
+            create_sparse(path, size)?;
+            created.add(path);
+            tracing::info!(
+                "created sparse file {} of {}",
+                path.display(),
+                format_size(size)
+            );
+        }
+        (true, _) => {}
+    }
+    let device = FileDevice::open(path, options).map_err(|e| open_error(path, &e, options))?;
+    if let Some(size) = size {
+        let actual = blockwire_blockdev::BlockDevice::info(&device).size;
+        if actual != size {
+            bail!(
+                "{} exists with {actual} bytes but --size says {size}; blockwire never resizes or overwrites an existing file",
+                path.display()
+            );
+        }
+    }
+    Ok(Device::from_device(device))
+}
+
+/// Why a file could not be opened, in one line naming it, with the likely fix.
+fn open_error(
+    path: &Path,
+    error: &blockwire_blockdev::Error,
+    options: FileOptions,
+) -> anyhow::Error {
+    let io = std::error::Error::source(error).and_then(|s| s.downcast_ref::<std::io::Error>());
+    let cause = match io {
+        Some(io) => crate::config_validate::io_text(io),
+        None => error.to_string(),
+    };
+    let refused = io.and_then(std::io::Error::raw_os_error);
+    let hint = match refused {
+        Some(libc::EACCES | libc::EPERM | libc::EROFS) if !options.read_only => {
+            " (to serve it read-only: --read-only, or read_only = true in a config file)"
+        }
+        Some(libc::EINVAL) if options.direct => {
+            " (this file system refuses O_DIRECT: serve it without --direct / direct = true)"
+        }
+        _ => "",
+    };
+    anyhow!("cannot open {}: {cause}{hint}", path.display())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn paths_and_uris_are_told_apart() {
-        assert_eq!(
-            Target::parse("/tmp/x.img").unwrap(),
-            Target::Path("/tmp/x.img".into())
-        );
-        assert_eq!(
-            Target::parse("file:///tmp/x.img").unwrap(),
-            Target::Path("/tmp/x.img".into())
-        );
-        assert!(matches!(
-            Target::parse("nbd://127.0.0.1:10809/disk").unwrap(),
-            Target::Nbd(_)
-        ));
-        assert!(matches!(
-            Target::parse("nbd+unix:///disk?socket=/tmp/s").unwrap(),
-            Target::Nbd(_)
-        ));
-        assert!(matches!(
-            Target::parse("nbds://alice@h/disk?tls-psk-file=/k.psk").unwrap(),
-            Target::Nbd(uri) if uri.tls.is_some()
-        ));
-        assert!(matches!(
-            Target::parse("NBDS+UNIX:///disk?socket=/tmp/s").unwrap(),
-            Target::Nbd(uri) if uri.tls.is_some()
-        ));
-        assert!(matches!(
-            Target::parse("aoe://eth0,eth1/e1.2").unwrap(),
-            Target::Aoe(_)
-        ));
-        assert!(Target::parse("aoe://eth0/1.2").is_err());
-        assert!(matches!(
-            Target::parse("iscsi://host/iqn.x:y/0").unwrap(),
-            Target::Iscsi(_)
-        ));
-        assert!(Target::parse("iscsi://host").is_err());
-        assert!(Target::parse("iscsi://host/iqn.x").is_err());
-        assert!(matches!(
-            Target::parse("rbd:pool/image@snap:id=gw").unwrap(),
-            Target::Rbd(_)
-        ));
-        assert!(Target::parse("rbd:image-without-pool").is_err());
-    }
 
     #[test]
     fn reconnect_is_on_by_default_and_zero_turns_it_off() {

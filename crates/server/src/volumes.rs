@@ -8,8 +8,8 @@ use blockwire_blockdev::size::parse_size;
 use blockwire_blockdev::Device;
 
 use crate::config::{ExportSection, VolumeSection};
-use crate::open::Remote;
-use crate::open_stripe::StripeSpec;
+use crate::device_spec::StripeSpec;
+use crate::factory::Remote;
 
 /// Volumes by name, opened on first use.
 pub struct Volumes<'a> {
