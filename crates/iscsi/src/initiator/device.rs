@@ -322,7 +322,7 @@ fn run_on(
             attempts += 1;
             continue;
         }
-        if outcome.status != scsi::status::GOOD {
+        if !scsi::is_good(&outcome) {
             return Err(scsi::status_error(
                 &outcome,
                 command.op,
@@ -368,7 +368,7 @@ pub(crate) fn fetch_from(
             attempts += 1;
             continue;
         }
-        if outcome.status != scsi::status::GOOD {
+        if !scsi::is_good(&outcome) {
             return Err(scsi::status_error(&outcome, Op::Open, 0, 0));
         }
         break outcome;
@@ -673,7 +673,12 @@ impl BlockDevice for IscsiClient {
         buf.truncate(outcome.received as usize);
         let end = offset + len;
         let mut at = offset;
-        for (lba, blocks, provisioning) in scsi::parse_lba_status(&buf) {
+        for scsi::LbaStatus {
+            lba,
+            blocks,
+            provisioning,
+        } in scsi::parse_lba_status(&buf)
+        {
             let start = lba.saturating_mul(bs);
             let stop = start.saturating_add(u64::from(blocks).saturating_mul(bs));
             // Descriptors must continue where the last one ended (SBC-3 5.6.2).

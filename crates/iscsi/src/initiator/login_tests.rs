@@ -328,7 +328,6 @@ mod arbitrary {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::initiator::scsi;
 
     fn response() -> impl Strategy<Value = LoginResponse> {
         (
@@ -414,20 +413,6 @@ mod arbitrary {
                     Err(_) => break,
                 }
             }
-        }
-
-        /// The SCSI answers we parse come from the network: any bytes are fine.
-        #[test]
-        fn scsi_parsers_take_any_bytes(data in proptest::collection::vec(any::<u8>(), 0..300)) {
-            let _ = scsi::parse_capacity(&data);
-            let _ = scsi::parse_block_limits(&data);
-            let _ = scsi::parse_provisioning(&data);
-            let _ = scsi::parse_supported_pages(&data);
-            let _ = scsi::parse_inquiry(&data);
-            let _ = scsi::parse_report_luns(&data);
-            let _ = scsi::parse_lba_status(&data);
-            let _ = scsi::sense_code(&data);
-            let _ = scsi::opcode_supported(&data);
         }
     }
 }

@@ -137,7 +137,7 @@ impl<'a> Check<'a> {
             if scsi::is_unit_attention(&outcome) {
                 continue;
             }
-            if status != scsi::status::GOOD {
+            if status != blockwire_scsi::Status::Good as u8 {
                 return Err(format!("status {status:#04x} to the identity check"));
             }
             return Ok(data);

@@ -215,6 +215,23 @@ pub fn opcode_supported(answer: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The answers we parse come from the network: any bytes are fine.
+        #[test]
+        fn parsers_take_any_bytes(data in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = parse_capacity(&data);
+            let _ = parse_block_limits(&data);
+            let _ = parse_provisioning(&data);
+            let _ = parse_supported_pages(&data);
+            let _ = parse_inquiry(&data);
+            let _ = parse_report_luns(&data);
+            let _ = parse_lba_status(&data);
+            let _ = crate::initiator::sense_code(&data);
+            let _ = opcode_supported(&data);
+        }
+    }
 
     #[test]
     fn capacity_parses_and_rejects_short_or_odd_block_sizes() {
