@@ -1,61 +1,13 @@
-//! One SCSI command's life on a connection: gathering its data-out (immediate,
-//! unsolicited, then R2T by R2T, RFC 7143 §4.2.4 and §11.8), and sending its answer
-//! as Data-In PDUs and a status (§11.4, §11.7).
+//! Sending a SCSI command's answer as Data-In PDUs and a status (RFC 7143 §11.4,
+//! §11.7).
 
 use std::io;
 
-use blockwire_blockdev::IoBuf;
 use blockwire_scsi::{Response, Status};
 
-use crate::pdu::{DataIn, Pdu, ResidualKind, ScsiCommand, ScsiResponse, RESERVED_TAG};
+use crate::pdu::{DataIn, Pdu, ResidualKind, ScsiResponse, RESERVED_TAG};
 
 use super::io::{Outgoing, PduWriter, StatSn, Window};
-
-/// One outstanding R2T: a range of the command's buffer the initiator was asked for.
-#[derive(Debug)]
-pub struct OpenR2t {
-    pub target_transfer_tag: u32,
-    pub offset: u32,
-    pub len: u32,
-    /// The next offset expected in this sequence (data must arrive in order:
-    /// blockwire negotiates DataPDUInOrder and DataSequenceInOrder).
-    pub next_offset: u32,
-    /// The next DataSN expected; each sequence counts from 0 (§4.2.2.4).
-    pub next_data_sn: u32,
-}
-
-/// A command whose data-out is still arriving.
-pub struct PendingWrite {
-    pub command: ScsiCommand,
-    /// The LUN number, None when the LUN field uses an addressing method we do not.
-    pub lun: Option<u64>,
-    /// The data, EDTL bytes long; None when the command is answered early and its
-    /// unsolicited data is only drained.
-    pub buf: Option<IoBuf>,
-    /// A response decided before the data arrived (a command too large, say).
-    pub early: Option<Response>,
-    /// Bytes received: always a prefix of the buffer, as data arrives in order.
-    pub received: u32,
-    /// Bytes the target solicits in all: the CDB's transfer length, at most EDTL.
-    pub want: u32,
-    /// Unsolicited Data-Out (TTT = reserved) may still arrive.
-    pub unsolicited_open: bool,
-    pub unsolicited_next_offset: u32,
-    pub unsolicited_next_data_sn: u32,
-    /// Where unsolicited data must stop (FirstBurstLength, or EDTL).
-    pub unsolicited_limit: u32,
-    pub r2ts: Vec<OpenR2t>,
-    /// The first byte not yet received or asked for by an R2T.
-    pub next_request: u32,
-    pub next_r2t_sn: u32,
-}
-
-impl PendingWrite {
-    /// Whether every byte is in and no more data may come.
-    pub fn complete(&self) -> bool {
-        !self.unsolicited_open && self.r2ts.is_empty() && self.next_request >= self.want
-    }
-}
 
 /// How a command's answer goes out.
 pub struct Reply<'a> {

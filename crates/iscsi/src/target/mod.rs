@@ -9,11 +9,14 @@
 
 mod command;
 mod connection;
+mod dispatch;
+pub mod full_feature;
 mod io;
 mod naming;
 mod queued;
 mod reload;
 mod session;
+pub mod tasks;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};

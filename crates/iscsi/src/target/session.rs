@@ -2,14 +2,14 @@
 //! workers that finish its commands, and the registry that finds a session again
 //! when an initiator reinstates it (RFC 7143 §6.3.5).
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 
 use blockwire_scsi::{Nexus, ScsiTarget};
 
 use super::io::{PduWriter, Window};
 use super::naming;
+use super::tasks::Tasks;
 
 /// One logged-in session (blockwire negotiates MaxConnections=1, so a session has
 /// one connection at a time).
@@ -21,34 +21,14 @@ pub struct Session {
     /// The SCSI target behind the iSCSI target; None for a discovery session.
     pub scsi: Option<Arc<ScsiTarget>>,
     pub writer: Arc<PduWriter>,
-    /// The next CmdSN expected (RFC 7143 §4.2.2.1).
-    exp_cmd_sn: AtomicU32,
-    /// How many commands beyond ExpCmdSN the initiator may send.
-    window: u32,
-    /// Initiator task tags of commands running on workers.
-    executing: Mutex<HashSet<u32>>,
-    executing_changed: Condvar,
+    /// The CmdSN window and the commands running on the device.
+    pub tasks: Arc<Tasks>,
 }
 
 impl Window for Session {
     fn window(&self) -> (u32, u32) {
-        let exp = self.exp_cmd_sn.load(Ordering::Acquire);
-        (exp, exp.wrapping_add(self.window - 1))
+        self.tasks.window()
     }
-}
-
-/// `a <= b` in serial number arithmetic (RFC 1982, as RFC 7143 §4.2.2.1 uses it).
-pub fn serial_le(a: u32, b: u32) -> bool {
-    (b.wrapping_sub(a) as i32) >= 0
-}
-
-/// Where a CmdSN stands against the window.
-#[derive(Debug, PartialEq, Eq)]
-pub enum CmdSnCheck {
-    /// In the window: accept (ExpCmdSN has moved past it if it was not immediate).
-    Accept,
-    /// Outside the window: drop the PDU silently (§4.2.2.1).
-    Ignore,
 }
 
 impl Session {
@@ -74,61 +54,23 @@ impl Session {
             nexus,
             scsi,
             writer,
-            exp_cmd_sn: AtomicU32::new(exp_cmd_sn),
-            window: window.max(1),
-            executing: Mutex::new(HashSet::new()),
-            executing_changed: Condvar::new(),
+            tasks: Arc::new(Tasks::new(exp_cmd_sn, window)),
         }
     }
 
-    /// Checks a PDU's CmdSN and, for a non-immediate PDU in the window, moves
-    /// ExpCmdSN past it. One connection delivers commands in order, so a CmdSN ahead
-    /// of ExpCmdSN (a lost command) moves the window on rather than waiting forever.
-    pub fn check_cmd_sn(&self, cmd_sn: u32, immediate: bool) -> CmdSnCheck {
-        let (exp, max) = self.window();
-        if immediate {
-            // Immediate PDUs carry the current CmdSN and do not advance it.
-            return CmdSnCheck::Accept;
-        }
-        if !(serial_le(exp, cmd_sn) && serial_le(cmd_sn, max)) {
-            return CmdSnCheck::Ignore;
-        }
-        self.exp_cmd_sn
-            .store(cmd_sn.wrapping_add(1), Ordering::Release);
-        CmdSnCheck::Accept
-    }
-
-    /// Marks a command as running on a worker.
+    /// Marks a command as running off the connection's thread.
     pub fn start_executing(&self, itt: u32) {
-        self.lock_executing().insert(itt);
+        self.tasks.start_executing(itt);
     }
 
     /// Marks a command as answered.
     pub fn finish_executing(&self, itt: u32) {
-        self.lock_executing().remove(&itt);
-        self.executing_changed.notify_all();
-    }
-
-    pub fn is_executing(&self, itt: u32) -> bool {
-        self.lock_executing().contains(&itt)
+        self.tasks.finish_executing(itt);
     }
 
     /// Waits until the command `itt` (or, with None, every command) is answered.
     pub fn wait_executing(&self, itt: Option<u32>) {
-        let mut executing = self.lock_executing();
-        while match itt {
-            Some(itt) => executing.contains(&itt),
-            None => !executing.is_empty(),
-        } {
-            executing = self
-                .executing_changed
-                .wait(executing)
-                .unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    fn lock_executing(&self) -> std::sync::MutexGuard<'_, HashSet<u32>> {
-        self.executing.lock().unwrap_or_else(|e| e.into_inner())
+        self.tasks.wait_executing(itt);
     }
 }
 
@@ -232,19 +174,5 @@ impl Registry {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn serial_arithmetic_wraps() {
-        assert!(serial_le(5, 5));
-        assert!(serial_le(5, 6));
-        assert!(!serial_le(6, 5));
-        assert!(serial_le(u32::MAX, 0));
-        assert!(!serial_le(0, u32::MAX));
     }
 }
