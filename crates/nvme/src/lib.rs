@@ -5,6 +5,7 @@
 //! carry), a controller that executes commands with no socket in it, and a TCP
 //! transport that only moves capsules and data.
 
+pub mod controller;
 pub mod cqe;
 pub mod fabrics;
 pub mod opcodes;
@@ -14,4 +15,4 @@ pub mod sqe;
 pub use cqe::{Cqe, Status};
 pub use fabrics::{Connect, ConnectData, PropertyCommand, DISCOVERY_NQN, DYNAMIC_CNTLID};
 pub use pdu::{decode, pdu_len, Digests, Framing, Pdu, PduError};
-pub use sqe::{SglDescriptor, Sqe};
+pub use sqe::{Direction, SglDescriptor, Sqe};

@@ -13,6 +13,18 @@ pub const SGL_IN_CAPSULE: u8 = 0x01;
 /// (data moved by R2T/H2CData or C2HData).
 pub const SGL_TRANSPORT: u8 = 0x5A;
 
+/// Which way a command's data moves (opcode bits 1:0; a fabrics command's type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    None,
+    /// Host to controller (a write).
+    ToController,
+    /// Controller to host (a read).
+    ToHost,
+    /// Both ways: not used by any command this crate knows.
+    Both,
+}
+
 /// A 64-byte submission queue entry. Multi-byte fields are little-endian.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Sqe(pub [u8; SQE_LEN]);
@@ -100,6 +112,22 @@ impl Sqe {
         self.0[4] = fctype;
     }
 
+    /// Which way this command's data moves. Fabrics commands (opcode 0x7F) encode it
+    /// in their type, every other command in its opcode.
+    pub fn direction(&self) -> Direction {
+        let code = if self.opcode() == 0x7f {
+            self.fctype()
+        } else {
+            self.opcode()
+        };
+        match code & 0x3 {
+            0 => Direction::None,
+            1 => Direction::ToController,
+            2 => Direction::ToHost,
+            _ => Direction::Both,
+        }
+    }
+
     /// The data pointer as an SGL descriptor (bytes 24..40).
     pub fn sgl(&self) -> SglDescriptor {
         SglDescriptor::parse(&self.0[24..40])
@@ -128,6 +156,11 @@ impl Sqe {
     pub fn set_cdw10_11(&mut self, value: u64) {
         self.set_cdw(10, value as u32);
         self.set_cdw(11, (value >> 32) as u32);
+    }
+
+    /// Two consecutive dwords from dword `n` as one 64-bit value.
+    pub fn cdw_pair(&self, n: usize) -> u64 {
+        u64::from(self.cdw(n)) | (u64::from(self.cdw(n + 1)) << 32)
     }
 
     pub fn u16_at(&self, at: usize) -> u16 {

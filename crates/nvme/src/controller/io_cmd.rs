@@ -1,0 +1,267 @@
+//! NVM command set I/O: Read, Write (FUA), Flush, Write Zeroes, Dataset
+//! Management (deallocate), Compare. Parsing checks everything the command says;
+//! executing only calls the device, so a transport may run it on any thread.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use blockwire_blockdev::{Device, WriteFlags, ZeroFlags};
+
+use super::ctrl::Controller;
+use super::queue::Reply;
+use super::status_map::status_for;
+use super::subsystem::NSID;
+use crate::cqe::{Cqe, Status};
+use crate::opcodes::io;
+use crate::sqe::Sqe;
+
+/// Largest number of ranges one Dataset Management command carries.
+const DSM_MAX_RANGES: usize = 256;
+
+/// What an I/O command does to the device, in bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IoOp {
+    Read {
+        offset: u64,
+        len: u64,
+    },
+    Write {
+        offset: u64,
+        data: Vec<u8>,
+        fua: bool,
+    },
+    Flush,
+    WriteZeroes {
+        offset: u64,
+        len: u64,
+        fua: bool,
+        deallocate: bool,
+    },
+    /// Dataset Management with the deallocate attribute: trim each range.
+    Deallocate {
+        ranges: Vec<(u64, u64)>,
+    },
+    /// Dataset Management without it: nothing to do.
+    Nothing,
+    Compare {
+        offset: u64,
+        data: Vec<u8>,
+    },
+}
+
+/// A parsed I/O command, ready to run.
+#[derive(Debug)]
+pub struct IoCommand {
+    pub op: IoOp,
+    /// The completion, filled but for the status and result.
+    pub cqe: Cqe,
+    device: Device,
+    controller: Arc<Controller>,
+}
+
+impl IoCommand {
+    /// Whether the command reads from the device (data goes to the host).
+    pub fn is_read(&self) -> bool {
+        matches!(self.op, IoOp::Read { .. })
+    }
+
+    /// Bytes the command moves (for scheduling and metrics).
+    pub fn len(&self) -> u64 {
+        match &self.op {
+            IoOp::Read { len, .. } | IoOp::WriteZeroes { len, .. } => *len,
+            IoOp::Write { data, .. } | IoOp::Compare { data, .. } => data.len() as u64,
+            IoOp::Deallocate { ranges } => ranges.iter().map(|r| r.1).sum(),
+            IoOp::Flush | IoOp::Nothing => 0,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The device the command runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Runs the command on the device.
+    pub fn execute(self) -> Reply {
+        let mut cqe = self.cqe;
+        let result = match self.op {
+            IoOp::Read { offset, len } => {
+                let mut buf = vec![0; len as usize];
+                match self.device.read(&mut buf, offset) {
+                    Ok(()) => {
+                        self.controller.read_bytes.fetch_add(len, Ordering::Relaxed);
+                        self.controller
+                            .read_commands
+                            .fetch_add(1, Ordering::Relaxed);
+                        return Reply { cqe, data: buf };
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            IoOp::Write { offset, data, fua } => {
+                let r = self.device.write(&data, offset, WriteFlags { fua });
+                if r.is_ok() {
+                    let n = data.len() as u64;
+                    self.controller
+                        .written_bytes
+                        .fetch_add(n, Ordering::Relaxed);
+                    self.controller
+                        .write_commands
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                r
+            }
+            IoOp::Flush => match self.device.flush() {
+                // A device with no cache has nothing to flush.
+                Err(e) if e.kind() == blockwire_blockdev::ErrorKind::Unsupported => Ok(()),
+                other => other,
+            },
+            IoOp::WriteZeroes {
+                offset,
+                len,
+                fua,
+                deallocate,
+            } => self.device.write_zeroes(
+                offset,
+                len,
+                ZeroFlags {
+                    fua,
+                    no_hole: !deallocate,
+                    fast: false,
+                },
+            ),
+            IoOp::Deallocate { ranges } => ranges
+                .iter()
+                .try_for_each(|&(offset, len)| self.device.trim(offset, len, WriteFlags::NONE)),
+            IoOp::Nothing => Ok(()),
+            IoOp::Compare { offset, data } => {
+                let mut buf = vec![0; data.len()];
+                match self.device.read(&mut buf, offset) {
+                    Ok(()) if buf == data => Ok(()),
+                    Ok(()) => {
+                        cqe.status = Status::COMPARE_FAILURE;
+                        return Reply {
+                            cqe,
+                            data: Vec::new(),
+                        };
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        if let Err(e) = result {
+            tracing::debug!("NVMe I/O failed: {e}");
+            cqe.status = status_for(&e);
+        }
+        Reply {
+            cqe,
+            data: Vec::new(),
+        }
+    }
+}
+
+/// Checks an I/O command and turns it into an [`IoCommand`]. `data` is what the
+/// host sent (in the capsule or by H2CData): a write's data must be exactly the
+/// blocks it names.
+pub(crate) fn parse(
+    controller: &Arc<Controller>,
+    sqe: &Sqe,
+    data: Vec<u8>,
+) -> Result<IoCommand, Status> {
+    let nsid = sqe.nsid();
+    let flush_all = sqe.opcode() == io::FLUSH && nsid == 0xffff_ffff;
+    if nsid != NSID && !flush_all {
+        return Err(Status::INVALID_NAMESPACE);
+    }
+    let subsystem = controller.subsystem().ok_or(Status::INVALID_NAMESPACE)?;
+    let block = u64::from(subsystem.block_size());
+    let blocks = subsystem.blocks();
+    let slba = sqe.cdw10_11();
+    let nlb = u64::from(sqe.cdw(12) & 0xffff) + 1;
+    let fua = sqe.cdw(12) & (1 << 30) != 0;
+    let transfer = u64::from(sqe.sgl().length);
+    let range = || -> Result<(u64, u64), Status> {
+        match slba.checked_add(nlb) {
+            Some(end) if end <= blocks => Ok((slba * block, nlb * block)),
+            _ => Err(Status::LBA_OUT_OF_RANGE),
+        }
+    };
+    let read_only = subsystem.device.info().read_only;
+    let op = match sqe.opcode() {
+        io::READ => {
+            let (offset, len) = range()?;
+            if transfer != len {
+                return Err(Status::DATA_SGL_LENGTH_INVALID);
+            }
+            IoOp::Read { offset, len }
+        }
+        io::WRITE | io::COMPARE => {
+            let (offset, len) = range()?;
+            if transfer != len || data.len() as u64 != len {
+                return Err(Status::DATA_SGL_LENGTH_INVALID);
+            }
+            if sqe.opcode() == io::COMPARE {
+                IoOp::Compare { offset, data }
+            } else {
+                if read_only {
+                    return Err(Status::NAMESPACE_WRITE_PROTECTED);
+                }
+                // With the volatile write cache off, every write is durable.
+                let fua = fua || !controller.write_cache();
+                IoOp::Write { offset, data, fua }
+            }
+        }
+        io::FLUSH => IoOp::Flush,
+        io::WRITE_ZEROES => {
+            if read_only {
+                return Err(Status::NAMESPACE_WRITE_PROTECTED);
+            }
+            let (offset, len) = range()?;
+            IoOp::WriteZeroes {
+                offset,
+                len,
+                fua: fua || !controller.write_cache(),
+                deallocate: sqe.cdw(12) & (1 << 25) != 0,
+            }
+        }
+        io::DATASET_MANAGEMENT => {
+            let count = (sqe.cdw(10) & 0xff) as usize + 1;
+            if count > DSM_MAX_RANGES || data.len() < count * 16 {
+                return Err(Status::DATA_SGL_LENGTH_INVALID);
+            }
+            let deallocate = sqe.cdw(11) & (1 << 2) != 0;
+            if !deallocate {
+                IoOp::Nothing
+            } else {
+                if read_only {
+                    return Err(Status::NAMESPACE_WRITE_PROTECTED);
+                }
+                let mut ranges = Vec::with_capacity(count);
+                for r in data.chunks_exact(16).take(count) {
+                    // Context attributes (4), length in blocks (4), start LBA (8);
+                    // this length is not 0's based.
+                    let len = u64::from(u32::from_le_bytes(r[4..8].try_into().expect("4")));
+                    let start = u64::from_le_bytes(r[8..16].try_into().expect("8"));
+                    if len == 0 {
+                        continue;
+                    }
+                    match start.checked_add(len) {
+                        Some(end) if end <= blocks => ranges.push((start * block, len * block)),
+                        _ => return Err(Status::LBA_OUT_OF_RANGE),
+                    }
+                }
+                IoOp::Deallocate { ranges }
+            }
+        }
+        _ => return Err(Status::INVALID_OPCODE),
+    };
+    Ok(IoCommand {
+        op,
+        cqe: Cqe::default(),
+        device: subsystem.device.clone(),
+        controller: controller.clone(),
+    })
+}

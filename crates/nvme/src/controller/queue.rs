@@ -1,0 +1,220 @@
+//! One queue (one NVMe/TCP connection) as the controller sees it: before Connect,
+//! the admin queue of a controller, or one of its I/O queues. Commands go in with
+//! their data; what comes out is a completion now, device work to run, or nothing
+//! yet (an Asynchronous Event Request).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::core::Core;
+use super::ctrl::Controller;
+use super::io_cmd::{self, IoCommand};
+use super::{admin_cmd, fabrics_cmd};
+use crate::cqe::{Cqe, Status};
+use crate::opcodes::{admin, fctype};
+use crate::sqe::Sqe;
+
+/// A completion and the data that goes to the host with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub cqe: Cqe,
+    /// Controller-to-host data (Identify, Get Log Page, Read, ...).
+    pub data: Vec<u8>,
+}
+
+impl Reply {
+    pub(crate) fn status(status: Status) -> Reply {
+        Reply {
+            cqe: Cqe::new(0, status),
+            data: Vec::new(),
+        }
+    }
+
+    pub(crate) fn ok(result: u64, data: Vec<u8>) -> Reply {
+        Reply {
+            cqe: Cqe {
+                result,
+                ..Cqe::default()
+            },
+            data,
+        }
+    }
+}
+
+/// What became of a submitted command.
+#[derive(Debug)]
+pub enum Action {
+    /// Answered: send this completion (and data).
+    Complete(Reply),
+    /// Device work: run [`IoCommand::execute`] where the request engine says; it
+    /// returns the completion.
+    Io(IoCommand),
+    /// Answered later through the controller's notifier (an Asynchronous Event
+    /// Request).
+    Deferred,
+}
+
+enum Role {
+    Unconnected,
+    Admin(Arc<Controller>),
+    Io(Arc<Controller>, u16),
+}
+
+/// One queue's state.
+pub struct Queue {
+    core: Arc<Core>,
+    /// The address the host reached (discovery reports it for wildcard listeners).
+    local: Option<SocketAddr>,
+    /// Whether this queue came in on the discovery listener.
+    discovery_port: bool,
+    role: Role,
+    /// Submission queue size (entries), from Connect.
+    sq_size: u16,
+    sq_head: u16,
+}
+
+impl Queue {
+    /// A queue that has not connected yet. `discovery_port`: it arrived on the
+    /// discovery listener, where only the discovery subsystem is offered.
+    pub fn new(core: Arc<Core>, local: Option<SocketAddr>, discovery_port: bool) -> Queue {
+        Queue {
+            core,
+            local,
+            discovery_port,
+            role: Role::Unconnected,
+            sq_size: 1,
+            sq_head: 0,
+        }
+    }
+
+    pub fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local
+    }
+
+    pub fn is_discovery_port(&self) -> bool {
+        self.discovery_port
+    }
+
+    /// The controller, once connected.
+    pub fn controller(&self) -> Option<&Arc<Controller>> {
+        match &self.role {
+            Role::Unconnected => None,
+            Role::Admin(c) | Role::Io(c, _) => Some(c),
+        }
+    }
+
+    /// The queue ID, once connected (0: admin).
+    pub fn qid(&self) -> Option<u16> {
+        match &self.role {
+            Role::Unconnected => None,
+            Role::Admin(_) => Some(0),
+            Role::Io(_, qid) => Some(*qid),
+        }
+    }
+
+    /// Submission queue entries the host may have outstanding.
+    pub fn sq_size(&self) -> u16 {
+        self.sq_size
+    }
+
+    /// Whether the queue must end now: its controller died (admin queue gone,
+    /// keep-alive expired) or, for an admin queue, its keep-alive ran out.
+    pub fn must_close(&self, now: Instant) -> bool {
+        match &self.role {
+            Role::Unconnected => false,
+            Role::Admin(c) | Role::Io(c, _) => c.keep_alive_expired(now),
+        }
+    }
+
+    /// Executes `sqe`, with the data the host sent for it.
+    pub fn submit(&mut self, sqe: &Sqe, data: Vec<u8>, now: Instant) -> Action {
+        let action = self.dispatch(sqe, data, now);
+        self.sq_head = (self.sq_head + 1) % self.sq_size.max(1);
+        match action {
+            Action::Complete(mut reply) => {
+                self.fill(&mut reply.cqe, sqe.cid());
+                Action::Complete(reply)
+            }
+            Action::Io(mut io) => {
+                self.fill(&mut io.cqe, sqe.cid());
+                Action::Io(io)
+            }
+            Action::Deferred => Action::Deferred,
+        }
+    }
+
+    fn fill(&self, cqe: &mut Cqe, cid: u16) {
+        cqe.cid = cid;
+        cqe.sq_head = self.sq_head;
+        cqe.sq_id = self.qid().unwrap_or(0);
+    }
+
+    fn dispatch(&mut self, sqe: &Sqe, data: Vec<u8>, now: Instant) -> Action {
+        if sqe.fuse() != 0 {
+            return Action::Complete(Reply::status(Status::INVALID_FIELD));
+        }
+        if sqe.opcode() == admin::FABRICS {
+            return Action::Complete(self.fabrics(sqe, data, now));
+        }
+        match &self.role {
+            Role::Unconnected => Action::Complete(Reply::status(Status::COMMAND_SEQUENCE_ERROR)),
+            Role::Admin(controller) => {
+                let controller = controller.clone();
+                controller.heard(now);
+                admin_cmd::execute(&self.core, &controller, self.local, sqe, data, now)
+            }
+            Role::Io(controller, _) => match io_cmd::parse(controller, sqe, data) {
+                Ok(io) => Action::Io(io),
+                Err(status) => Action::Complete(Reply::status(status)),
+            },
+        }
+    }
+
+    fn fabrics(&mut self, sqe: &Sqe, data: Vec<u8>, now: Instant) -> Reply {
+        match (sqe.fctype(), &self.role) {
+            (fctype::CONNECT, Role::Unconnected) => {
+                match fabrics_cmd::connect(&self.core, sqe, &data, self.discovery_port, now) {
+                    Ok(connected) => {
+                        self.sq_size = connected.sq_size;
+                        self.role = match connected.qid {
+                            0 => Role::Admin(connected.controller.clone()),
+                            qid => Role::Io(connected.controller.clone(), qid),
+                        };
+                        Reply::ok(u64::from(connected.controller.cntlid), Vec::new())
+                    }
+                    Err(reply) => reply,
+                }
+            }
+            (fctype::CONNECT, _) => Reply::status(Status::COMMAND_SEQUENCE_ERROR),
+            (_, Role::Unconnected) => Reply::status(Status::COMMAND_SEQUENCE_ERROR),
+            (fctype::PROPERTY_GET | fctype::PROPERTY_SET, Role::Admin(controller)) => {
+                let controller = controller.clone();
+                controller.heard(now);
+                fabrics_cmd::property(&self.core, &controller, sqe)
+            }
+            (fctype::DISCONNECT, _) => Reply::ok(0, Vec::new()),
+            _ => Reply::status(Status::INVALID_OPCODE),
+        }
+    }
+}
+
+impl Drop for Queue {
+    /// An admin queue takes its controller with it; an I/O queue frees its ID.
+    fn drop(&mut self) {
+        match &self.role {
+            Role::Unconnected => {}
+            Role::Admin(controller) => {
+                controller.kill();
+                self.core.remove_controller(controller.cntlid);
+            }
+            Role::Io(controller, qid) => {
+                controller.lock().connected.remove(qid);
+            }
+        }
+    }
+}
