@@ -11,8 +11,11 @@ pub mod fabrics;
 pub mod opcodes;
 pub mod pdu;
 pub mod sqe;
+pub mod target;
 
+pub use controller::{default_nqn, Subsystem};
 pub use cqe::{Cqe, Status};
 pub use fabrics::{Connect, ConnectData, PropertyCommand, DISCOVERY_NQN, DYNAMIC_CNTLID};
 pub use pdu::{decode, pdu_len, Digests, Framing, Pdu, PduError};
 pub use sqe::{Direction, SglDescriptor, Sqe};
+pub use target::{NvmeConfig, NvmeTarget, ReloadHandle, ShutdownHandle};

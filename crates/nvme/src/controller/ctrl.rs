@@ -179,6 +179,11 @@ impl Controller {
         self.lock().dead
     }
 
+    /// Ends the controller: its queues close (the transport's watchdog sees it).
+    pub fn end(&self) {
+        self.kill();
+    }
+
     pub(crate) fn kill(&self) {
         self.lock().dead = true;
         *self.notifier.lock().unwrap_or_else(|e| e.into_inner()) = None;

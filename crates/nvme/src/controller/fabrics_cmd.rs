@@ -41,6 +41,8 @@ pub(crate) struct Connected {
     pub controller: Arc<Controller>,
     pub qid: u16,
     pub sq_size: u16,
+    /// The host disabled SQ flow control (CATTR bit 2).
+    pub sq_flow_control_disabled: bool,
 }
 
 /// Connect: creates a controller (queue 0) or joins one (I/O queues).
@@ -126,6 +128,7 @@ pub(crate) fn connect(
             controller,
             qid: 0,
             sq_size: sq_size as u16,
+            sq_flow_control_disabled: cmd.cattr & (1 << 2) != 0,
         });
     }
     // An I/O queue joins the controller its admin queue made.
@@ -158,6 +161,7 @@ pub(crate) fn connect(
         controller,
         qid: cmd.qid,
         sq_size: sq_size as u16,
+        sq_flow_control_disabled: cmd.cattr & (1 << 2) != 0,
     })
 }
 

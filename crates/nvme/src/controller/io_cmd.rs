@@ -84,6 +84,49 @@ impl IoCommand {
         &self.device
     }
 
+    /// Runs the command here if that cannot wait for hardware: a read the device
+    /// serves without blocking (the page cache, memory), anything else only on a
+    /// device that completes inline and without FUA. Otherwise gives the command
+    /// back, for a worker.
+    pub fn try_inline(self) -> Result<Reply, Box<IoCommand>> {
+        let info = self.device.info();
+        match &self.op {
+            IoOp::Read { offset, len } => {
+                let mut buf = vec![0; *len as usize];
+                match self.device.try_read(&mut buf, *offset) {
+                    Ok(true) => {
+                        self.count_read(*len);
+                        Ok(Reply {
+                            cqe: self.cqe,
+                            data: buf,
+                        })
+                    }
+                    Ok(false) => Err(Box::new(self)),
+                    Err(e) => {
+                        let mut cqe = self.cqe;
+                        cqe.status = status_for(&e);
+                        Ok(Reply {
+                            cqe,
+                            data: Vec::new(),
+                        })
+                    }
+                }
+            }
+            IoOp::Write { fua: true, .. } | IoOp::WriteZeroes { fua: true, .. } => {
+                Err(Box::new(self))
+            }
+            _ if !info.completes_inline => Err(Box::new(self)),
+            _ => Ok(self.execute()),
+        }
+    }
+
+    fn count_read(&self, len: u64) {
+        self.controller.read_bytes.fetch_add(len, Ordering::Relaxed);
+        self.controller
+            .read_commands
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Runs the command on the device.
     pub fn execute(self) -> Reply {
         let mut cqe = self.cqe;

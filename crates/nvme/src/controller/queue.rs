@@ -72,6 +72,7 @@ pub struct Queue {
     /// Submission queue size (entries), from Connect.
     sq_size: u16,
     sq_head: u16,
+    sq_flow_control_disabled: bool,
 }
 
 impl Queue {
@@ -85,6 +86,7 @@ impl Queue {
             role: Role::Unconnected,
             sq_size: 1,
             sq_head: 0,
+            sq_flow_control_disabled: false,
         }
     }
 
@@ -120,6 +122,12 @@ impl Queue {
     /// Submission queue entries the host may have outstanding.
     pub fn sq_size(&self) -> u16 {
         self.sq_size
+    }
+
+    /// Whether the host disabled SQ flow control at Connect: only then may a read's
+    /// last C2HData stand for its completion (the SUCCESS flag, NVMe/TCP 3.6.2.8).
+    pub fn sq_flow_control_disabled(&self) -> bool {
+        self.sq_flow_control_disabled
     }
 
     /// Whether the queue must end now: its controller died (admin queue gone,
@@ -181,6 +189,7 @@ impl Queue {
                 match fabrics_cmd::connect(&self.core, sqe, &data, self.discovery_port, now) {
                     Ok(connected) => {
                         self.sq_size = connected.sq_size;
+                        self.sq_flow_control_disabled = connected.sq_flow_control_disabled;
                         self.role = match connected.qid {
                             0 => Role::Admin(connected.controller.clone()),
                             qid => Role::Io(connected.controller.clone(), qid),

@@ -139,8 +139,14 @@ pub fn decode(buf: &[u8], framing: &Framing) -> Result<Option<(Pdu, usize)>, Pdu
     if layout.ddgst != 0 {
         let end = layout.data.end;
         if !digest_matches(data, &bytes[end..end + DIGEST_LEN]) {
+            // A capsule's command ID is in its SQE (bytes 2..4 of the SQE).
+            let at = if layout.pdu_type == PduType::CapsuleCmd {
+                10
+            } else {
+                8
+            };
             return Err(PduError::DataDigest {
-                cccid: u16_at(bytes, 8),
+                cccid: u16_at(bytes, at),
                 len: plen,
             });
         }

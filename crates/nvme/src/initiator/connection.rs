@@ -1,0 +1,484 @@
+//! One NVMe/TCP connection of the initiator: one queue (admin or I/O). Commands
+//! go out with a command ID from the queue's free list; a reader thread matches
+//! what comes back (CapsuleResp, C2HData, R2T) to them, answers R2Ts with
+//! H2CData, and hands each finished command to its sink. All bytes leave
+//! through one writer thread, so the reader never blocks on a full socket
+//! while the target blocks on ours.
+
+use std::collections::HashMap;
+use std::io::{BufReader, Read, Write};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use blockwire_blockdev::IoBuf;
+
+use super::error::InitiatorError;
+use crate::cqe::{Cqe, Status};
+use crate::pdu::{
+    decode, pdu_len, CapsuleCmd, Digests, Framing, H2CData, IcReq, Pdu, COMMON_HEADER_LEN,
+};
+use crate::sqe::{Direction, SglDescriptor, Sqe};
+
+/// A command's data: what a write sends, or the space a read fills.
+#[derive(Debug)]
+pub(crate) enum Payload {
+    None,
+    Owned(Vec<u8>),
+    Io(IoBuf),
+}
+
+impl Payload {
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            Payload::None => &[],
+            Payload::Owned(v) => v,
+            Payload::Io(b) => b,
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        match self {
+            Payload::None => &mut [],
+            Payload::Owned(v) => v,
+            Payload::Io(b) => b,
+        }
+    }
+
+    /// The payload as the buffer a request queue hands back.
+    pub fn into_iobuf(self) -> IoBuf {
+        match self {
+            Payload::Io(b) => b,
+            _ => IoBuf::new(0),
+        }
+    }
+}
+
+/// The connection ended before the command was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lost;
+
+/// A finished command.
+#[derive(Debug)]
+pub(crate) struct Done {
+    pub tag: u64,
+    pub result: Result<Cqe, Lost>,
+    pub payload: Payload,
+}
+
+/// Where a finished command goes (called on the reader thread).
+pub(crate) type Sink = Arc<dyn Fn(Done) + Send + Sync>;
+
+struct Pending {
+    tag: u64,
+    payload: Payload,
+    sink: Sink,
+    direction: Direction,
+}
+
+struct Table {
+    free: Vec<u16>,
+    pending: HashMap<u16, Pending>,
+    dead: bool,
+}
+
+/// What ICReq/ICResp settled.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Negotiated {
+    pub framing: Framing,
+    pub maxh2cdata: u32,
+}
+
+/// One queue's TCP connection.
+pub(crate) struct Connection {
+    pub address: String,
+    pub negotiated: Negotiated,
+    /// Writes up to this many bytes travel in the command capsule.
+    inline_max: usize,
+    table: Mutex<Table>,
+    freed: Condvar,
+    out: Sender<Vec<u8>>,
+    stream: TcpStream,
+}
+
+fn io_error(address: &str) -> impl Fn(std::io::Error) -> InitiatorError + '_ {
+    move |source| InitiatorError::Io {
+        address: address.to_owned(),
+        source,
+    }
+}
+
+/// Connects to `address`, trying each address it resolves to.
+fn dial(address: &str, timeout: Duration) -> Result<TcpStream, InitiatorError> {
+    let mut last = None;
+    for addr in address.to_socket_addrs().map_err(io_error(address))? {
+        match TcpStream::connect_timeout(&addr, timeout) {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(io_error(address)(last.unwrap_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::NotFound, "no address")
+    })))
+}
+
+/// Reads one whole PDU into `buf` and decodes it.
+fn read_pdu(
+    reader: &mut impl Read,
+    buf: &mut Vec<u8>,
+    framing: &Framing,
+) -> std::io::Result<Result<Pdu, crate::PduError>> {
+    buf.resize(COMMON_HEADER_LEN, 0);
+    reader.read_exact(buf)?;
+    let len = match pdu_len(buf, framing) {
+        Ok(len) => len,
+        Err(e) => return Ok(Err(e)),
+    };
+    buf.resize(len.max(COMMON_HEADER_LEN), 0);
+    reader.read_exact(&mut buf[COMMON_HEADER_LEN..])?;
+    Ok(match decode(buf, framing) {
+        Ok(Some((pdu, _))) => Ok(pdu),
+        Ok(None) => Err(crate::PduError::Truncated),
+        Err(e) => Err(e),
+    })
+}
+
+impl Connection {
+    /// Connects, exchanges ICReq/ICResp asking for `digests`, and starts the
+    /// reader and writer threads. `depth`: commands in flight at most.
+    /// `max_pdu_len`: the largest PDU accepted from the target.
+    pub fn open(
+        address: &str,
+        digests: Digests,
+        depth: u16,
+        inline_max: usize,
+        max_pdu_len: u32,
+        timeout: Duration,
+    ) -> Result<Arc<Connection>, InitiatorError> {
+        let failed = io_error(address);
+        let mut stream = dial(address, timeout)?;
+        stream.set_nodelay(true).map_err(&failed)?;
+        stream.set_read_timeout(Some(timeout)).map_err(&failed)?;
+        let request = Pdu::IcReq(IcReq {
+            pfv: 0,
+            hpda: 0,
+            digests,
+            maxr2t: 0,
+        });
+        stream
+            .write_all(&request.to_bytes(&Framing::default()))
+            .map_err(&failed)?;
+        let mut buf = Vec::new();
+        let protocol = |reason: String| InitiatorError::Protocol {
+            address: address.to_owned(),
+            reason,
+        };
+        let resp = match read_pdu(&mut stream, &mut buf, &Framing::default()).map_err(&failed)? {
+            Ok(Pdu::IcResp(resp)) => resp,
+            Ok(Pdu::C2HTermReq(t)) => {
+                return Err(protocol(format!(
+                    "the target refused the connection (fatal error status {:#x})",
+                    t.fes
+                )))
+            }
+            Ok(other) => {
+                return Err(protocol(format!(
+                    "expected ICResp, got {:?}",
+                    other.pdu_type()
+                )))
+            }
+            Err(e) => return Err(protocol(format!("bad ICResp: {e}"))),
+        };
+        if resp.pfv != 0 || resp.maxh2cdata < crate::pdu::MIN_MAXH2CDATA || resp.cpda > 31 {
+            return Err(protocol(format!("unusable ICResp {resp:?}")));
+        }
+        // The target may grant fewer digests than asked, never more.
+        if (resp.digests.header && !digests.header) || (resp.digests.data && !digests.data) {
+            return Err(protocol("the target turned on digests not asked for".into()));
+        }
+        stream.set_read_timeout(None).map_err(&failed)?;
+        let negotiated = Negotiated {
+            framing: Framing {
+                digests: resp.digests,
+                send_pda: resp.cpda,
+                max_pdu_len,
+            },
+            maxh2cdata: resp.maxh2cdata,
+        };
+        let (out, queued) = mpsc::channel();
+        let writer = stream.try_clone().map_err(&failed)?;
+        let reader = stream.try_clone().map_err(&failed)?;
+        let connection = Arc::new(Connection {
+            address: address.to_owned(),
+            negotiated,
+            inline_max,
+            table: Mutex::new(Table {
+                free: (0..depth.max(1)).rev().collect(),
+                pending: HashMap::new(),
+                dead: false,
+            }),
+            freed: Condvar::new(),
+            out,
+            stream,
+        });
+        std::thread::Builder::new()
+            .name("nvme-tcp-send".into())
+            .spawn(move || write_loop(writer, queued))
+            .map_err(&failed)?;
+        let reading = connection.clone();
+        std::thread::Builder::new()
+            .name("nvme-tcp-recv".into())
+            .spawn(move || reading.read_loop(reader))
+            .map_err(&failed)?;
+        Ok(connection)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Commands sent and not yet answered.
+    pub fn in_flight(&self) -> usize {
+        self.lock().pending.len()
+    }
+
+    /// Whether the connection has ended.
+    pub fn is_dead(&self) -> bool {
+        self.lock().dead
+    }
+
+    /// Sends `sqe` (its command ID and data pointer are filled here) with
+    /// `payload`; waits while every command ID is in use. The answer, or
+    /// [`Lost`], goes to `sink` with `tag`.
+    pub fn submit(&self, mut sqe: Sqe, payload: Payload, tag: u64, sink: Sink) {
+        let direction = sqe.direction();
+        let mut table = self.lock();
+        let cid = loop {
+            if table.dead {
+                drop(table);
+                sink(Done {
+                    tag,
+                    result: Err(Lost),
+                    payload,
+                });
+                return;
+            }
+            if let Some(cid) = table.free.pop() {
+                break cid;
+            }
+            table = self.freed.wait(table).unwrap_or_else(|e| e.into_inner());
+        };
+        sqe.set_cid(cid);
+        let len = payload.len();
+        let in_capsule = direction == Direction::ToController && len > 0 && len <= self.inline_max
+            || sqe.opcode() == crate::opcodes::admin::FABRICS;
+        let data = if in_capsule {
+            sqe.set_sgl(SglDescriptor::in_capsule(len as u32));
+            payload.as_slice().to_vec()
+        } else {
+            sqe.set_sgl(SglDescriptor::transport(len as u32));
+            Vec::new()
+        };
+        let bytes = Pdu::CapsuleCmd(CapsuleCmd { sqe, data }).to_bytes(&self.negotiated.framing);
+        table.pending.insert(
+            cid,
+            Pending {
+                tag,
+                payload,
+                sink,
+                direction,
+            },
+        );
+        // Queued under the lock, so a fatal error cannot miss this command.
+        if self.out.send(bytes).is_err() {
+            drop(table);
+            self.fail();
+        }
+    }
+
+    /// Sends `sqe` and waits for its answer (at most `timeout`, after which the
+    /// connection is closed: a command stuck on it leaves it unusable).
+    pub fn call(
+        &self,
+        sqe: Sqe,
+        payload: Payload,
+        timeout: Option<Duration>,
+    ) -> (Result<Cqe, Lost>, Payload) {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let sink: Sink = Arc::new(move |done: Done| {
+            let _ = tx.send(done);
+        });
+        self.submit(sqe, payload, 0, sink);
+        let done = match timeout {
+            Some(t) => rx.recv_timeout(t).ok(),
+            None => rx.recv().ok(),
+        };
+        match done {
+            Some(done) => (done.result, done.payload),
+            None => {
+                self.close();
+                (Err(Lost), Payload::None)
+            }
+        }
+    }
+
+    /// Ends the connection: commands in flight fail with [`Lost`].
+    pub fn close(&self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+
+    /// Marks the connection dead and fails everything in flight.
+    fn fail(&self) {
+        self.close();
+        let pending: Vec<Pending> = {
+            let mut table = self.lock();
+            table.dead = true;
+            table.pending.drain().map(|(_, p)| p).collect()
+        };
+        self.freed.notify_all();
+        for p in pending {
+            (p.sink)(Done {
+                tag: p.tag,
+                result: Err(Lost),
+                payload: p.payload,
+            });
+        }
+    }
+
+    fn read_loop(self: Arc<Connection>, stream: TcpStream) {
+        let mut reader = BufReader::with_capacity(256 * 1024, stream);
+        let mut buf = Vec::new();
+        let framing = self.negotiated.framing;
+        loop {
+            let pdu = match read_pdu(&mut reader, &mut buf, &framing) {
+                Ok(Ok(pdu)) => pdu,
+                Ok(Err(e)) => {
+                    tracing::warn!("NVMe/TCP {}: bad PDU from the target: {e}", self.address);
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!("NVMe/TCP {}: connection ended: {e}", self.address);
+                    break;
+                }
+            };
+            if let Err(reason) = self.handle(pdu) {
+                tracing::warn!("NVMe/TCP {}: {reason}", self.address);
+                break;
+            }
+        }
+        self.fail();
+    }
+
+    /// Acts on one PDU from the target; an error ends the connection.
+    fn handle(&self, pdu: Pdu) -> Result<(), String> {
+        match pdu {
+            Pdu::CapsuleResp(resp) => self.finish(resp.cqe.cid, resp.cqe),
+            Pdu::C2HData(data) => {
+                let mut table = self.lock();
+                let pending = table
+                    .pending
+                    .get_mut(&data.cccid)
+                    .ok_or_else(|| format!("C2HData for unknown command {}", data.cccid))?;
+                let target = pending.payload.as_mut_slice();
+                let start = data.offset as usize;
+                let end = start.checked_add(data.data.len()).unwrap_or(usize::MAX);
+                if pending.direction != Direction::ToHost || end > target.len() {
+                    return Err(format!(
+                        "C2HData {start}..{end} outside command {}'s buffer",
+                        data.cccid
+                    ));
+                }
+                target[start..end].copy_from_slice(&data.data);
+                drop(table);
+                if data.success {
+                    return self.finish(data.cccid, Cqe::new(data.cccid, Status::SUCCESS));
+                }
+                Ok(())
+            }
+            Pdu::R2T(r2t) => {
+                let table = self.lock();
+                let pending = table
+                    .pending
+                    .get(&r2t.cccid)
+                    .ok_or_else(|| format!("R2T for unknown command {}", r2t.cccid))?;
+                let data = pending.payload.as_slice();
+                let start = r2t.offset as usize;
+                let end = start.saturating_add(r2t.length as usize);
+                if pending.direction != Direction::ToController || end > data.len() || start == end
+                {
+                    return Err(format!(
+                        "R2T {start}..{end} outside command {}'s data",
+                        r2t.cccid
+                    ));
+                }
+                let chunk = self.negotiated.maxh2cdata as usize;
+                let mut bytes = Vec::with_capacity(end - start + 64);
+                let mut at = start;
+                while at < end {
+                    let stop = (at + chunk).min(end);
+                    Pdu::H2CData(H2CData {
+                        cccid: r2t.cccid,
+                        ttag: r2t.ttag,
+                        offset: at as u32,
+                        last: stop == end,
+                        data: data[at..stop].to_vec(),
+                    })
+                    .encode(&self.negotiated.framing, &mut bytes);
+                    at = stop;
+                }
+                self.out
+                    .send(bytes)
+                    .map_err(|_| "the sending thread is gone".to_string())
+            }
+            Pdu::C2HTermReq(t) => Err(format!(
+                "the target ended the connection (fatal error status {:#x}, information {:#x})",
+                t.fes, t.fei
+            )),
+            other => Err(format!(
+                "unexpected {:?} from the target",
+                other.pdu_type()
+            )),
+        }
+    }
+
+    fn finish(&self, cid: u16, cqe: Cqe) -> Result<(), String> {
+        let pending = {
+            let mut table = self.lock();
+            let pending = table
+                .pending
+                .remove(&cid)
+                .ok_or_else(|| format!("completion for unknown command {cid}"))?;
+            table.free.push(cid);
+            pending
+        };
+        self.freed.notify_one();
+        (pending.sink)(Done {
+            tag: pending.tag,
+            result: Ok(cqe),
+            payload: pending.payload,
+        });
+        Ok(())
+    }
+}
+
+/// Writes whatever is queued, several PDUs to one write when they pile up.
+fn write_loop(mut stream: TcpStream, queued: Receiver<Vec<u8>>) {
+    while let Ok(mut bytes) = queued.recv() {
+        while bytes.len() < 256 * 1024 {
+            match queued.try_recv() {
+                Ok(more) => bytes.extend_from_slice(&more),
+                Err(_) => break,
+            }
+        }
+        if stream.write_all(&bytes).is_err() {
+            // The reader sees the shutdown and fails what is in flight.
+            let _ = stream.shutdown(Shutdown::Both);
+            return;
+        }
+    }
+}
