@@ -8,6 +8,7 @@
 pub mod controller;
 pub mod cqe;
 pub mod fabrics;
+pub mod initiator;
 pub mod opcodes;
 pub mod pdu;
 pub mod sqe;

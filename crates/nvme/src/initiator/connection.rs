@@ -199,7 +199,9 @@ impl Connection {
         }
         // The target may grant fewer digests than asked, never more.
         if (resp.digests.header && !digests.header) || (resp.digests.data && !digests.data) {
-            return Err(protocol("the target turned on digests not asked for".into()));
+            return Err(protocol(
+                "the target turned on digests not asked for".into(),
+            ));
         }
         stream.set_read_timeout(None).map_err(&failed)?;
         let negotiated = Negotiated {
@@ -386,7 +388,7 @@ impl Connection {
                     .ok_or_else(|| format!("C2HData for unknown command {}", data.cccid))?;
                 let target = pending.payload.as_mut_slice();
                 let start = data.offset as usize;
-                let end = start.checked_add(data.data.len()).unwrap_or(usize::MAX);
+                let end = start.saturating_add(data.data.len());
                 if pending.direction != Direction::ToHost || end > target.len() {
                     return Err(format!(
                         "C2HData {start}..{end} outside command {}'s buffer",
@@ -439,10 +441,7 @@ impl Connection {
                 "the target ended the connection (fatal error status {:#x}, information {:#x})",
                 t.fes, t.fei
             )),
-            other => Err(format!(
-                "unexpected {:?} from the target",
-                other.pdu_type()
-            )),
+            other => Err(format!("unexpected {:?} from the target", other.pdu_type())),
         }
     }
 

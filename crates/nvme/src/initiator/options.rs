@@ -78,7 +78,7 @@ impl NvmeOptions {
             None => (rest, None),
         };
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let (host, port) = split_host_port(authority).map_err(|r| bad(r))?;
+        let (host, port) = split_host_port(authority).map_err(&bad)?;
         let mut parts = path.trim_end_matches('/').splitn(2, '/');
         let subnqn = parts.next().unwrap_or("").to_owned();
         let nsid = match parts.next() {
