@@ -411,3 +411,19 @@ fn discovery_entry_names_the_subsystem_and_opens_it() {
     let client = NvmeClient::open_uri(&entries[0].uri()).unwrap();
     assert_eq!(client.info().size, SIZE);
 }
+
+#[test]
+fn keep_alive_holds_an_idle_association() {
+    let (_, device) = counting();
+    let target = start_on("127.0.0.1:0".parse().unwrap(), device);
+    let mut opts = options(target.addr, "");
+    // The target ends a controller not heard from for a second; the
+    // keep-alives every half second hold it through three idle seconds.
+    opts.keep_alive = Duration::from_secs(1);
+    let client = NvmeClient::open(opts).unwrap();
+    thread::sleep(Duration::from_secs(3));
+    client
+        .write_at(&pattern(3, 4096), 0, WriteFlags::FUA)
+        .unwrap();
+    assert_eq!(client.reconnects(), 0);
+}

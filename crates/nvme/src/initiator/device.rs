@@ -144,10 +144,14 @@ impl NvmeClient {
         mut attempt: impl FnMut(&Session) -> Result<T>,
     ) -> Result<T> {
         let mut session = self.current();
+        let start = std::time::Instant::now();
         loop {
             match attempt(&session) {
+                // A target that accepts the new association and drops it again
+                // does not keep the request going past the deadline.
                 Err(e)
-                    if e.kind() == ErrorKind::Disconnected && self.options.reconnect.is_some() =>
+                    if e.kind() == ErrorKind::Disconnected
+                        && self.options.reconnect.is_some_and(|d| start.elapsed() < d) =>
                 {
                     session = self
                         .recover(&session)

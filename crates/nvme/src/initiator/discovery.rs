@@ -67,6 +67,23 @@ pub fn discover(options: &NvmeOptions) -> Result<Vec<DiscoveryEntry>, InitiatorE
     let mut options = options.clone();
     options.subnqn = DISCOVERY_NQN.to_owned();
     let session = Session::connect(&options)?;
+    // A log that changes while it is read is read again, a few times at most.
+    for _ in 0..3 {
+        if let Some(entries) = read_log(&session, &options)? {
+            return Ok(entries);
+        }
+    }
+    Err(InitiatorError::Protocol {
+        address: options.address(),
+        reason: "the discovery log kept changing while it was read".into(),
+    })
+}
+
+/// Reads the log once: None when its generation counter moved meanwhile.
+fn read_log(
+    session: &Session,
+    options: &NvmeOptions,
+) -> Result<Option<Vec<DiscoveryEntry>>, InitiatorError> {
     let timeout = options.setup_timeout;
     let header = session.admin_data(
         commands::get_log_page(log::DISCOVERY, RECORD_LEN as u32, 0),
@@ -92,17 +109,13 @@ pub fn discover(options: &NvmeOptions) -> Result<Vec<DiscoveryEntry>, InitiatorE
         entries.extend(data.chunks(RECORD_LEN).filter_map(DiscoveryEntry::parse));
         index += n;
     }
-    // A log that changed while it was read is read again, as the spec asks.
     let again = session.admin_data(
         commands::get_log_page(log::DISCOVERY, 16, 0),
         16,
         "Get Log Page (discovery header)",
         timeout,
     )?;
-    if again[0..8] != genctr.to_le_bytes() {
-        return discover(&options);
-    }
-    Ok(entries)
+    Ok((again[0..8] == genctr.to_le_bytes()).then_some(entries))
 }
 
 #[cfg(test)]
