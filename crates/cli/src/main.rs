@@ -14,20 +14,10 @@ mod info_stripe;
 mod lab;
 mod logging;
 mod manpages;
-mod metrics;
 mod netserve;
-mod reload_diff;
 mod serve;
-mod serve_aoe;
 mod serve_args_check;
-mod serve_iscsi;
-mod serve_live;
-mod serve_metrics;
-mod serve_reload;
-mod serve_status;
-mod serve_tls;
-mod service;
-mod stop_signals;
+mod tls_args;
 
 use std::process::ExitCode;
 

@@ -3,10 +3,10 @@
 //! until SIGINT or SIGTERM. `blockwire serve --netserve` runs the same server
 //! beside the exports.
 
-use crate::stop_signals;
-
 use anyhow::{Context, Result};
-use blockwire_bench::netperf::{self, NetServer, ServerConfig};
+use blockwire_bench::netperf;
+use blockwire_server::netserve::{announce, bind};
+use blockwire_server::stop_signals;
 use clap::Args;
 
 #[derive(Args, Debug)]
@@ -16,22 +16,6 @@ pub struct NetserveArgs {
     /// bench on another host).
     #[arg(long, value_name = "HOST:PORT")]
     pub listen: Option<String>,
-}
-
-/// Binds a netperf server on `addr`.
-pub fn bind(addr: &str) -> Result<NetServer> {
-    NetServer::bind(addr, ServerConfig::default())
-        .with_context(|| format!("netserve: cannot listen on {addr}"))
-}
-
-/// Says where a bound netperf server listens.
-pub fn announce(server: &NetServer) -> Result<()> {
-    let local = server.local_addr()?;
-    println!(
-        "netserve: listening on {local} (measure with: blockwire bench ... --netserve-port {})",
-        local.port()
-    );
-    Ok(())
 }
 
 pub fn run(args: NetserveArgs) -> Result<()> {

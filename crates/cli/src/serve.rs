@@ -1,38 +1,27 @@
 //! `blockwire serve`: builds exports from arguments or a config file and runs the
 //! NBD target until SIGINT or SIGTERM.
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use blockwire_aoe::target::TargetConfig;
-use blockwire_blockdev::size::{format_size, parse_size};
-use blockwire_blockdev::write_behind::DEFAULT_WRITE_BEHIND;
-use blockwire_blockdev::{Device, FileOptions, MemoryDevice, Throttle, ThrottleConfig};
-use blockwire_nbd::{Export, ExportSet, NbdConfig, NbdTarget};
-use blockwire_server::defaults::NBD_LISTEN as DEFAULT_LISTEN;
-use clap::Args;
-
-use crate::serve_aoe::ServedAoe;
-use crate::serve_iscsi::{self, ChapSources, IscsiExport, IscsiPlan};
-use crate::serve_live::{Live, Loaded};
-use crate::serve_metrics;
-use crate::serve_reload;
-use crate::serve_status;
-use crate::serve_tls;
-use crate::service;
-use crate::stop_signals;
-use blockwire_server::config::{
-    AoeSection, Config, ExportSection, IscsiExport as IscsiExportConfig, XdpChoice,
-};
+use blockwire_blockdev::size::parse_size;
+use blockwire_blockdev::{Device, FileOptions, MemoryDevice, ThrottleConfig};
+use blockwire_nbd::{Export, ExportSet};
+use blockwire_server::config::XdpChoice;
 use blockwire_server::created_files::CreatedFiles;
+use blockwire_server::defaults::{default_iqn, DEFAULT_IQN_PREFIX};
 use blockwire_server::device_spec::{remote_target, Target};
 use blockwire_server::factory::{open, open_or_create, parse_reconnect, reconnect_setting, Remote};
-use blockwire_server::throttle;
-use blockwire_server::volumes::Volumes;
+use blockwire_server::serve_export::throttled;
+use blockwire_server::serve_iscsi::{self, ChapSources, IscsiExport, IscsiPlan};
+use blockwire_server::serve_plan::{plan_from_file, Plan};
+use blockwire_server::serve_start::{start, Started};
+use blockwire_server::{serve_nbd, serve_run, serve_tls, throttle};
+use clap::Args;
+
+use crate::tls_args::TlsArgs;
 
 /// Size of the in-memory demo export.
 const DEMO_SIZE: u64 = 1 << 30;
@@ -200,7 +189,7 @@ pub struct ServeArgs {
     pub config: Option<PathBuf>,
 
     #[command(flatten)]
-    pub tls: serve_tls::TlsArgs,
+    pub tls: TlsArgs,
 }
 
 /// `--aoe-xdp HOOK`: its values listed with their meaning, for help, manual pages and
@@ -210,122 +199,6 @@ fn xdp_parser() -> impl clap::builder::TypedValueParser<Value = XdpChoice> {
     let values = XdpChoice::NAMES.map(|(name, help)| PossibleValue::new(name).help(help));
     PossibleValuesParser::new(values)
         .map(|name| XdpChoice::from_name(&name).expect("one of the listed hooks"))
-}
-
-/// What `serve` runs: NBD exports with their listeners, AoE targets and the iSCSI
-/// target.
-pub struct Plan {
-    pub nbd: Option<(ExportSet, NbdConfig, Vec<PathBuf>)>,
-    pub aoe: Vec<(String, Device, TargetConfig)>,
-    pub iscsi: Option<IscsiPlan>,
-    /// Where to answer Prometheus (`[metrics] listen`).
-    pub metrics: Option<String>,
-    /// With `--config`: the file as loaded and the devices opened for it, which a
-    /// reload starts from.
-    pub file: Option<Loaded>,
-}
-
-fn resolve(addr: &str) -> Result<Vec<SocketAddr>> {
-    blockwire_server::config_validate::resolve(addr).map_err(|e| anyhow!(e))
-}
-
-fn listen_config(listen: &[String], sockets: &[PathBuf], workers: usize) -> Result<NbdConfig> {
-    let mut tcp = Vec::new();
-    let defaults = [DEFAULT_LISTEN.to_string()];
-    let listen = if listen.is_empty() && sockets.is_empty() {
-        &defaults[..]
-    } else {
-        listen
-    };
-    for addr in listen {
-        tcp.extend(resolve(addr)?);
-    }
-    Ok(NbdConfig {
-        tcp,
-        unix: sockets.to_vec(),
-        workers,
-        ..NbdConfig::default()
-    })
-}
-
-/// Wraps an export's device in the throttle its settings ask for, saying so.
-fn throttled(name: &str, device: Device, config: ThrottleConfig) -> Device {
-    if config.is_active() {
-        tracing::info!(
-            "export '{name}': throttled to {}",
-            throttle::describe(&config)
-        );
-    }
-    Throttle::wrap(device, config)
-}
-
-/// The export a `[[export]]` table describes, its device opened (or created).
-pub(crate) fn export_from_section(
-    section: &ExportSection,
-    volumes: &mut Volumes,
-    created: &CreatedFiles,
-) -> Result<Export> {
-    let throttle = throttle::from_config(&section.name, section.disk_rate, section.disk_latency)?;
-    let device = match (&section.path, &section.memory) {
-        _ if section.volume.is_some() => {
-            let name = section.volume.as_deref().unwrap_or_default();
-            let device = volumes
-                .open(name)
-                .with_context(|| format!("export '{}'", section.name))?;
-            if section.read_only {
-                device.read_only()
-            } else {
-                device
-            }
-        }
-        // A Ceph RBD image: `path = "rbd:POOL/IMAGE[@SNAP][:conf=...]"`, and its
-        // options from an `rbd` table.
-        _ if section.rbd_spec().is_some() => {
-            let spec = section
-                .rbd_spec()
-                .expect("checked above")
-                .map_err(|e| anyhow!(e))?;
-            let device = open(&Target::Rbd(spec), section.read_only, Remote::default())
-                .with_context(|| format!("export '{}'", section.name))?;
-            if section.read_only {
-                device.read_only()
-            } else {
-                device
-            }
-        }
-        (Some(path), _) => {
-            let size = section
-                .size
-                .as_deref()
-                .map(parse_size)
-                .transpose()
-                .map_err(|e| anyhow!(e))?;
-            let write_behind = match section.write_behind.as_deref() {
-                Some(text) => parse_size(text)
-                    .map_err(|e| anyhow!("export '{}': write_behind: {e}", section.name))?,
-                None => DEFAULT_WRITE_BEHIND,
-            };
-            let options = FileOptions {
-                read_only: section.read_only,
-                direct: section.direct,
-                write_behind,
-            };
-            open_or_create(path, size, options, created)
-                .with_context(|| format!("export '{}'", section.name))?
-        }
-        (None, Some(memory)) => {
-            let size = parse_size(memory).map_err(|e| anyhow!("export '{}': {e}", section.name))?;
-            let device = Device::from_device(MemoryDevice::new(size));
-            if section.read_only {
-                device.read_only()
-            } else {
-                device
-            }
-        }
-        (None, None) => bail!("export '{}' has neither path nor memory", section.name),
-    };
-    let device = throttled(&section.name, device, throttle);
-    Ok(Export::new(&section.name, &section.description, device))
 }
 
 fn export_from_args(args: &ServeArgs, created: &CreatedFiles) -> Result<Export> {
@@ -406,158 +279,6 @@ fn plain_export_from_args(args: &ServeArgs, created: &CreatedFiles) -> Result<Ex
     })
 }
 
-/// The AoE target settings of an export's `aoe` table.
-pub(crate) fn aoe_config(section: &AoeSection) -> TargetConfig {
-    let mut config = TargetConfig::new(section.shelf, section.slot, section.interfaces.clone());
-    if let Some(count) = section.buffer_count {
-        config.buffer_count = count;
-    }
-    config.config_string = section.config_string.clone().into_bytes();
-    config.xdp = section.xdp.map(XdpChoice::hook);
-    config
-}
-
-fn plan_from_file(
-    path: &Path,
-    workers: usize,
-    tls: &serve_tls::TlsArgs,
-    created: &CreatedFiles,
-) -> Result<Plan> {
-    let file = Config::load(path)?;
-    let mut exports = ExportSet::new();
-    let mut aoe = Vec::new();
-    let mut iscsi = Vec::new();
-    let prefix = file
-        .iscsi
-        .iqn_prefix
-        .as_deref()
-        .unwrap_or(serve_iscsi::DEFAULT_IQN_PREFIX);
-    let mut volumes = Volumes::new(&file.volumes, &file.exports);
-    let mut devices = HashMap::new();
-    for section in &file.exports {
-        let export = export_from_section(section, &mut volumes, created)?;
-        devices.insert(export.name.clone(), export.device.clone());
-        if let Some(served) = iscsi_export(prefix, section, &export.device) {
-            iscsi.push(served);
-        }
-        if let Some(target) = &section.aoe {
-            aoe.push((
-                export.name.clone(),
-                export.device.clone(),
-                aoe_config(target),
-            ));
-        }
-        if section.nbd {
-            exports.add(export).map_err(|e| anyhow!(e))?;
-        }
-    }
-    let iscsi = if iscsi.is_empty() {
-        None
-    } else {
-        let section = &file.iscsi;
-        let chap = serve_iscsi::section_chap(section)?;
-        Some(IscsiPlan {
-            listen: iscsi_listen(&section.listen)?,
-            exports: iscsi,
-            chap,
-            discovery_chap: section.discovery_chap,
-            workers: file.server.workers.unwrap_or(workers),
-            sessions: None,
-        })
-    };
-    let metrics = file.metrics.listen.clone();
-    if exports.iter().next().is_none() {
-        return Ok(Plan {
-            nbd: None,
-            aoe,
-            iscsi,
-            metrics,
-            file: Some(Loaded {
-                volumes: volumes.opened(),
-                config: file,
-                devices,
-            }),
-        });
-    }
-    if let Some(name) = &file.server.default_export {
-        exports.set_default(name).map_err(|e| anyhow!(e))?;
-    }
-    let mut config = listen_config(
-        &file.server.listen,
-        &file.server.socket,
-        file.server.workers.unwrap_or(workers),
-    )?;
-    if let Some(max) = file.server.max_connections {
-        config.max_connections = max;
-    }
-    // Both checked by Config::validate.
-    if let Some(max) = file.server.max_connections_per_address {
-        config.max_connections_per_address = max;
-    }
-    if let Some(max) = file.server.max_handshakes_per_address {
-        config.max_handshakes_per_address = max;
-    }
-    if let Some(secs) = file.server.send_timeout {
-        config.send_timeout = Duration::from_secs_f64(secs);
-    }
-    if let Some(limit) = file
-        .server
-        .unnegotiated_payload_limit()
-        .map_err(|e| anyhow!(e))?
-    {
-        config.unnegotiated_payload_limit = limit;
-    }
-    config.tls = serve_tls::target_tls(tls, Some(&file.server))?;
-    Ok(Plan {
-        nbd: Some((exports, config, file.server.socket.clone())),
-        aoe,
-        iscsi,
-        metrics,
-        file: Some(Loaded {
-            volumes: volumes.opened(),
-            config: file,
-            devices,
-        }),
-    })
-}
-
-/// How an export is served over iSCSI, if its table asks for it: the target name
-/// is `prefix:NAME` unless the table gives one.
-pub(crate) fn iscsi_export(
-    prefix: &str,
-    section: &ExportSection,
-    device: &Device,
-) -> Option<IscsiExport> {
-    let settings = section
-        .iscsi
-        .as_ref()
-        .and_then(IscsiExportConfig::settings)?;
-    Some(IscsiExport {
-        name: section.name.clone(),
-        device: device.clone(),
-        iqn: settings
-            .iqn
-            .unwrap_or_else(|| serve_iscsi::default_iqn(prefix, &section.name)),
-        block_size: settings.block_size.unwrap_or(512),
-        initiators: settings.initiators,
-        alias: settings.alias,
-    })
-}
-
-fn iscsi_listen(listen: &[String]) -> Result<Vec<SocketAddr>> {
-    let defaults = [serve_iscsi::DEFAULT_LISTEN.to_string()];
-    let listen = if listen.is_empty() {
-        &defaults[..]
-    } else {
-        listen
-    };
-    let mut addrs = Vec::new();
-    for addr in listen {
-        addrs.extend(resolve(addr)?);
-    }
-    Ok(addrs)
-}
-
 fn plan_from_args(args: &ServeArgs, created: &CreatedFiles) -> Result<Plan> {
     crate::serve_args_check::check(args)?;
     let export = export_from_args(args, created)?;
@@ -584,13 +305,14 @@ fn plan_from_args(args: &ServeArgs, created: &CreatedFiles) -> Result<Plan> {
             mutual_secret_file: args.mutual_chap_secret_file.as_deref(),
         })?;
         Some(IscsiPlan {
-            listen: iscsi_listen(&args.iscsi)?,
+            listen: serve_iscsi::listen_addrs(&args.iscsi)?,
             exports: vec![IscsiExport {
                 name: export.name.clone(),
                 device: export.device.clone(),
-                iqn: args.iqn.clone().unwrap_or_else(|| {
-                    serve_iscsi::default_iqn(serve_iscsi::DEFAULT_IQN_PREFIX, &export.name)
-                }),
+                iqn: args
+                    .iqn
+                    .clone()
+                    .unwrap_or_else(|| default_iqn(DEFAULT_IQN_PREFIX, &export.name)),
                 block_size: args.block_size,
                 initiators: Vec::new(),
                 alias: None,
@@ -602,8 +324,8 @@ fn plan_from_args(args: &ServeArgs, created: &CreatedFiles) -> Result<Plan> {
         })
     };
     let nbd = if crate::serve_args_check::serves_nbd(args) {
-        let mut config = listen_config(&args.listen, &args.socket, args.workers)?;
-        config.tls = serve_tls::target_tls(&args.tls, None)?;
+        let mut config = serve_nbd::listen_config(&args.listen, &args.socket, args.workers)?;
+        config.tls = serve_tls::target_tls(args.tls.settings(), None)?;
         let mut exports = ExportSet::new();
         exports.add(export).map_err(|e| anyhow!(e))?;
         Some((exports, config, args.socket.clone()))
@@ -619,286 +341,29 @@ fn plan_from_args(args: &ServeArgs, created: &CreatedFiles) -> Result<Plan> {
     })
 }
 
-fn uri_host(addr: &SocketAddr) -> String {
-    match addr {
-        SocketAddr::V4(v4) => format!("{}:{}", v4.ip(), v4.port()),
-        SocketAddr::V6(v6) => format!("[{}]:{}", v6.ip(), v6.port()),
+/// Plans from the config file or the flags, then starts it all or nothing: what
+/// it created goes again if any part fails.
+fn start_from_args(args: &ServeArgs) -> Result<Started> {
+    let created = CreatedFiles::default();
+    let started = match &args.config {
+        Some(path) => plan_from_file(path, args.workers, args.tls.settings(), &created),
+        None => plan_from_args(args, &created),
     }
-}
-
-/// Prints each export's URIs: `nbds` when the target requires TLS.
-fn announce_nbd(server: &NbdTarget, sockets: &[PathBuf], tls_required: bool) {
-    let scheme = if tls_required { "nbds" } else { "nbd" };
-    for export in server.exports().iter() {
-        let info = export.device.info();
-        let mode = if info.read_only {
-            "read-only"
-        } else {
-            "read-write"
-        };
-        println!(
-            "export '{}': {} bytes ({}), {mode}",
-            export.name,
-            info.size,
-            format_size(info.size)
-        );
-        for addr in server.tcp_addrs() {
-            println!("  {scheme}://{}/{}", uri_host(&addr), export.name);
+    .and_then(|plan| start(plan, args.metrics.as_deref(), args.netserve.as_deref()));
+    match started {
+        Ok(started) => {
+            created.keep();
+            Ok(started)
         }
-        for socket in sockets {
-            println!(
-                "  {scheme}+unix:///{}?socket={}",
-                export.name,
-                socket.display()
-            );
+        Err(e) => {
+            created.remove_all();
+            Err(e)
         }
-    }
-}
-
-/// What a start bound and opened, announced only once all of it is there.
-struct Started {
-    server: Option<(NbdTarget, Vec<PathBuf>, bool)>,
-    tls: Option<String>,
-    targets: Vec<(String, ServedAoe)>,
-    iscsi: Option<blockwire_iscsi::IscsiTarget>,
-    iscsi_devices: Vec<Device>,
-    metrics: Option<crate::metrics::MetricsEndpoint>,
-    meters: Option<serve_metrics::Meters>,
-    netserve: Option<blockwire_bench::netperf::NetServer>,
-    file: Option<Loaded>,
-}
-
-/// Validates, opens every device, binds every listener and starts every target,
-/// printing nothing; on failure whatever was started is dropped (closed).
-fn start(args: &ServeArgs, created: &CreatedFiles) -> Result<Started> {
-    let plan = match &args.config {
-        Some(path) => plan_from_file(path, args.workers, &args.tls, created)?,
-        None => plan_from_args(args, created)?,
-    };
-    let (plan, metrics, meters) = match args.metrics.as_deref().or(plan.metrics.as_deref()) {
-        Some(listen) => {
-            let addr = resolve(listen)?[0];
-            let (plan, endpoint, meters) = serve_metrics::instrument(plan, addr)?;
-            (plan, Some(endpoint), Some(meters))
-        }
-        None => (plan, None, None),
-    };
-    let netserve = args
-        .netserve
-        .as_deref()
-        .map(crate::netserve::bind)
-        .transpose()?;
-    let mut tls = None;
-    let server = match plan.nbd {
-        Some((exports, config, sockets)) => {
-            let tls_required = config
-                .tls
-                .as_ref()
-                .is_some_and(|tls| tls.mode() == blockwire_nbd::tls::TlsMode::Require);
-            tls = config.tls.as_deref().map(serve_tls::describe);
-            let server = NbdTarget::bind(exports, config)
-                .map_err(|e| busy_hint(e, "NBD", "--listen", "[server] listen"))?;
-            Some((server, sockets, tls_required))
-        }
-        None => None,
-    };
-    let iscsi_devices = plan
-        .iscsi
-        .iter()
-        .flat_map(|p| p.exports.iter().map(|e| e.device.clone()))
-        .collect();
-    let iscsi = plan
-        .iscsi
-        .map(|plan| {
-            serve_iscsi::bind(plan).map_err(|e| busy_hint(e, "iSCSI", "--iscsi", "[iscsi] listen"))
-        })
-        .transpose()?;
-    let mut targets = Vec::new();
-    for (name, device, config) in plan.aoe {
-        let target = ServedAoe::start(&name, device, config)?;
-        targets.push((name, target));
-    }
-    Ok(Started {
-        server,
-        tls,
-        targets,
-        iscsi,
-        iscsi_devices,
-        metrics,
-        meters,
-        netserve,
-        file: plan.file,
-    })
-}
-
-/// A listener that cannot bind because another program holds its address, with
-/// how to choose another.
-fn busy_hint(
-    error: impl Into<anyhow::Error>,
-    protocol: &str,
-    flag: &str,
-    key: &str,
-) -> anyhow::Error {
-    let error = error.into();
-    let busy = error.chain().any(|cause| {
-        cause
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse)
-    });
-    if busy {
-        anyhow!("{error:#} (another program listens there: give {protocol} another address with {flag} HOST:PORT, or {key} in a config file)")
-    } else {
-        error
     }
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    // A start is all or nothing: what it created goes again if any part fails, and
-    // nothing is announced before every part is up.
-    let created = CreatedFiles::default();
-    let started = match start(&args, &created) {
-        Ok(started) => {
-            created.keep();
-            started
-        }
-        Err(e) => {
-            created.remove_all();
-            return Err(e);
-        }
-    };
-    let Started {
-        server,
-        tls,
-        mut targets,
-        iscsi,
-        mut iscsi_devices,
-        metrics,
-        meters,
-        netserve,
-        file,
-    } = started;
-    // Installed before the announcement, so a client's first request and a signal
-    // right after it are handled.
-    let mut signals = stop_signals::install()?;
-    let reloader = serve_reload::install(args.config.clone())?;
-    if let Some(line) = &tls {
-        println!("{line}");
-    }
-    let server = server.map(|(server, sockets, tls_required)| {
-        announce_nbd(&server, &sockets, tls_required);
-        server
-    });
-    for (name, target) in &targets {
-        target.announce(name);
-    }
-    let iscsi = match iscsi {
-        Some(target) => {
-            serve_iscsi::announce(&target);
-            let handles = (target.shutdown_handle(), target.reload_handle());
-            let thread = std::thread::Builder::new()
-                .name("iscsi".into())
-                .spawn(move || target.run())?;
-            Some((handles, thread))
-        }
-        None => None,
-    };
-    if let Some(metrics) = &metrics {
-        println!("metrics: http://{}/metrics", metrics.addr());
-    }
-    if let Some(netserve) = &netserve {
-        crate::netserve::announce(netserve)?;
-    }
-    let iscsi_stop = iscsi.as_ref().map(|((handle, _), _)| handle.clone());
-    let live = file.map(|loaded| {
-        Arc::new(Mutex::new(Live::new(
-            loaded,
-            server.as_ref().map(NbdTarget::reload_handle),
-            iscsi.as_ref().map(|((_, reload), _)| reload.clone()),
-            std::mem::take(&mut targets),
-            meters,
-        )))
-    });
-    reloader.start(live.clone())?;
-    let netserve = match netserve {
-        Some(server) => Some(server.spawn()?),
-        None => None,
-    };
-    // AoE targets: those of the configuration (a reload may change them), or the
-    // one of the flags.
-    let aoe_count: Option<Box<dyn Fn() -> usize + Send>> = match &live {
-        Some(live) => {
-            let live = live.clone();
-            Some(Box::new(move || {
-                live.lock().unwrap_or_else(|e| e.into_inner()).aoe_targets()
-            }))
-        }
-        None if !targets.is_empty() => {
-            let count = targets.len();
-            Some(Box::new(move || count))
-        }
-        None => None,
-    };
-    serve_status::watch(serve_status::Served {
-        nbd: server.as_ref().map(NbdTarget::shutdown_handle),
-        iscsi: iscsi_stop.clone(),
-        aoe: aoe_count,
-    })?;
-    println!("press Ctrl-C to stop");
-    service::ready();
-
-    let result = match server {
-        Some(server) => {
-            let handle = server.shutdown_handle();
-            stop_signals::on_first(signals, move || {
-                if let Some(iscsi) = iscsi_stop {
-                    iscsi.shutdown();
-                }
-                handle.shutdown()
-            })?;
-            server.run().context("server failed")
-        }
-        None => {
-            stop_signals::wait(&mut signals);
-            if let Some(iscsi) = iscsi_stop {
-                iscsi.shutdown();
-            }
-            Ok(())
-        }
-    };
-    service::stopping();
-    let targets: Vec<ServedAoe> = match &live {
-        // What is served now, after any reload; none is applied from here on.
-        Some(live) => {
-            let (aoe, iscsi) = live.lock().unwrap_or_else(|e| e.into_inner()).shut_down();
-            iscsi_devices = iscsi;
-            aoe
-        }
-        None => targets.into_iter().map(|(_, target)| target).collect(),
-    };
-    if let Some((_, thread)) = iscsi {
-        match thread.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!("iSCSI target failed: {e}"),
-            Err(_) => tracing::error!("iSCSI target panicked"),
-        }
-        for device in &iscsi_devices {
-            if !device.info().read_only && device.info().capabilities.flush.available() {
-                device
-                    .flush()
-                    .map_err(|e| anyhow!("iSCSI export: final flush failed: {e}"))?;
-            }
-        }
-    }
-    if let Some(netserve) = netserve {
-        netserve.stop().context("netserve failed")?;
-    }
-    if let Some(metrics) = metrics {
-        metrics.stop();
-    }
-    for target in targets {
-        target
-            .stop()
-            .map_err(|e| anyhow!("AoE target: final flush failed: {e}"))?;
-    }
-    result
+    // Nothing is announced before every part is up.
+    let started = start_from_args(&args)?;
+    serve_run::run(started, args.config.clone())
 }

@@ -16,24 +16,17 @@ use blockwire_blockdev::Device;
 use blockwire_iscsi::TargetDefinition;
 use blockwire_nbd::{Export, ExportSet};
 
+use crate::config::Config;
+use crate::created_files::CreatedFiles;
+use crate::defaults::DEFAULT_IQN_PREFIX;
 use crate::metrics::Protocol;
 use crate::reload_diff::{self, Change, ExportChange};
-use crate::serve::{aoe_config, export_from_section, iscsi_export};
-use crate::serve_aoe::ServedAoe;
-use crate::serve_iscsi;
+use crate::serve_aoe::{aoe_config, ServedAoe};
+use crate::serve_export::export_from_section;
+use crate::serve_iscsi::{self, iscsi_export};
 use crate::serve_metrics::Meters;
-use blockwire_server::config::Config;
-use blockwire_server::created_files::CreatedFiles;
-use blockwire_server::volumes::Volumes;
-
-/// A configuration and the devices opened for it.
-pub struct Loaded {
-    pub config: Config,
-    /// Each export's device by name, before metering.
-    pub devices: HashMap<String, Device>,
-    /// Each volume opened, and whether read-only.
-    pub volumes: HashMap<String, (Device, bool)>,
-}
+use crate::serve_plan::Loaded;
+use crate::volumes::Volumes;
 
 /// The running targets and what they serve.
 pub struct Live {
@@ -257,7 +250,7 @@ impl Live {
             .iscsi
             .iqn_prefix
             .as_deref()
-            .unwrap_or(serve_iscsi::DEFAULT_IQN_PREFIX);
+            .unwrap_or(DEFAULT_IQN_PREFIX);
         let chap = serve_iscsi::section_chap(&next.iscsi)?;
         let mut targets = Vec::new();
         for section in &next.exports {

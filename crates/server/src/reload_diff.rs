@@ -5,8 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::config::{Config, ExportSection, IscsiSection, VolumeSection};
 use crate::metrics::Protocol;
-use blockwire_server::config::{Config, ExportSection, IscsiSection, VolumeSection};
 
 /// What happened to one export over one protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,10 +56,10 @@ enum Definition {
     Nbd(DeviceDefinition, String),
     Iscsi(
         DeviceDefinition,
-        blockwire_server::config::IscsiExportSettings,
+        crate::config::IscsiExportSettings,
         IscsiSection,
     ),
-    Aoe(DeviceDefinition, blockwire_server::config::AoeSection),
+    Aoe(DeviceDefinition, crate::config::AoeSection),
 }
 
 /// The definition of `section` over `protocol`, if it is served over it.
@@ -136,7 +136,7 @@ pub fn same_device(old: &Config, new: &Config, name: &str) -> bool {
 /// TLS of the NBD server, the iSCSI listeners, the metrics endpoint.
 pub fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
     let mut needed = Vec::new();
-    let server = |config: &Config| blockwire_server::config::ServerSection {
+    let server = |config: &Config| crate::config::ServerSection {
         // Which export the empty name selects changes live.
         default_export: None,
         ..config.server.clone()

@@ -6,6 +6,19 @@ use blockwire_aoe::probe::{who_answers_on, LocalClaim, DEFAULT_WAIT};
 use blockwire_aoe::target::{AoeTarget, TargetConfig};
 use blockwire_blockdev::Device;
 
+use crate::config::{AoeSection, XdpChoice};
+
+/// The AoE target settings of an export's `aoe` table.
+pub fn aoe_config(section: &AoeSection) -> TargetConfig {
+    let mut config = TargetConfig::new(section.shelf, section.slot, section.interfaces.clone());
+    if let Some(count) = section.buffer_count {
+        config.buffer_count = count;
+    }
+    config.config_string = section.config_string.clone().into_bytes();
+    config.xdp = section.xdp.map(XdpChoice::hook);
+    config
+}
+
 /// A running AoE target and its claims on its address, one per interface; both
 /// end together.
 pub struct ServedAoe {

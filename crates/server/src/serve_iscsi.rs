@@ -10,10 +10,12 @@ use blockwire_blockdev::{Device, SessionMeter};
 use blockwire_iscsi::login::ChapConfig;
 use blockwire_iscsi::{IscsiConfig, IscsiTarget, TargetDefinition};
 use blockwire_scsi::{LogicalUnit, LunConfig, ScsiTarget};
-pub use blockwire_server::defaults::{
-    default_iqn, DEFAULT_IQN_PREFIX, ISCSI_LISTEN as DEFAULT_LISTEN,
+
+use crate::config::{Config, ExportSection, IscsiExport as IscsiExportConfig, IscsiSection};
+use crate::defaults::{
+    default_iqn, CHAP_SECRET_ENV, DEFAULT_IQN_PREFIX, ISCSI_LISTEN, MUTUAL_CHAP_SECRET_ENV,
 };
-use blockwire_server::defaults::{CHAP_SECRET_ENV, MUTUAL_CHAP_SECRET_ENV};
+use crate::serve_nbd::resolve;
 
 /// One export served over iSCSI.
 pub struct IscsiExport {
@@ -36,6 +38,73 @@ pub struct IscsiPlan {
     pub sessions: Option<Arc<dyn SessionMeter>>,
 }
 
+/// How an export is served over iSCSI, if its table asks for it: the target name
+/// is `prefix:NAME` unless the table gives one.
+pub fn iscsi_export(prefix: &str, section: &ExportSection, device: &Device) -> Option<IscsiExport> {
+    let settings = section
+        .iscsi
+        .as_ref()
+        .and_then(IscsiExportConfig::settings)?;
+    Some(IscsiExport {
+        name: section.name.clone(),
+        device: device.clone(),
+        iqn: settings
+            .iqn
+            .unwrap_or_else(|| default_iqn(prefix, &section.name)),
+        block_size: settings.block_size.unwrap_or(512),
+        initiators: settings.initiators,
+        alias: settings.alias,
+    })
+}
+
+/// The iSCSI target's listeners: `listen`, or loopback's iSCSI port.
+pub fn listen_addrs(listen: &[String]) -> Result<Vec<SocketAddr>> {
+    let defaults = [ISCSI_LISTEN.to_string()];
+    let listen = if listen.is_empty() {
+        &defaults[..]
+    } else {
+        listen
+    };
+    let mut addrs = Vec::new();
+    for addr in listen {
+        addrs.extend(resolve(addr)?);
+    }
+    Ok(addrs)
+}
+
+/// The iSCSI target a configuration asks for: its exports with an `iscsi` table,
+/// the `[iscsi]` listeners and secrets; `None` when no export is served over iSCSI.
+pub fn plan_from_file(
+    file: &Config,
+    devices: &[(String, Device)],
+    workers: usize,
+) -> Result<Option<IscsiPlan>> {
+    let prefix = file
+        .iscsi
+        .iqn_prefix
+        .as_deref()
+        .unwrap_or(DEFAULT_IQN_PREFIX);
+    let exports: Vec<IscsiExport> = file
+        .exports
+        .iter()
+        .zip(devices)
+        .filter_map(|(section, (_, device))| iscsi_export(prefix, section, device))
+        .collect();
+    if exports.is_empty() {
+        return Ok(None);
+    }
+    let section = &file.iscsi;
+    let chap = section_chap(section)?;
+    Ok(Some(IscsiPlan {
+        listen: listen_addrs(&section.listen)?,
+        exports,
+        chap,
+        discovery_chap: section.discovery_chap,
+        workers: file.server.workers.unwrap_or(workers),
+        sessions: None,
+    }))
+}
+
 /// Where the CHAP secrets come from.
 pub struct ChapSources<'a> {
     pub user: Option<&'a str>,
@@ -45,9 +114,7 @@ pub struct ChapSources<'a> {
 }
 
 /// The CHAP settings of a config file's `[iscsi]` section; see [`chap_config`].
-pub fn section_chap(
-    section: &blockwire_server::config::IscsiSection,
-) -> Result<Option<ChapConfig>> {
+pub fn section_chap(section: &IscsiSection) -> Result<Option<ChapConfig>> {
     chap_config(&ChapSources {
         user: section.chap_user.as_deref(),
         secret_file: section.chap_secret_file.as_deref(),

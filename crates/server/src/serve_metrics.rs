@@ -11,7 +11,7 @@ use blockwire_blockdev::SessionMeter;
 use blockwire_nbd::{Export, ExportSet};
 
 use crate::metrics::{Metrics, MetricsEndpoint, Protocol, ProtocolSessions};
-use crate::serve::Plan;
+use crate::serve_plan::Plan;
 
 /// The counters a reload hands the exports it adds to.
 #[derive(Clone)]

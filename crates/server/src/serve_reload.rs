@@ -1,5 +1,5 @@
 //! SIGHUP for `serve` (`systemctl reload blockwire`): re-reads the configuration
-//! file and applies it while clients stay connected ([`crate::serve_live`]). An
+//! file and applies it while clients stay connected ([`crate::reload_apply`]). An
 //! invalid file is refused with its reason (and line) in the log and the running
 //! configuration keeps serving. systemd hears RELOADING=1, then READY=1 either way.
 
@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use signal_hook::iterator::Signals;
 
-use crate::serve_live;
+use crate::reload_apply;
 use crate::service;
 
 /// SIGHUP, caught from start-up on (its default action ends the process) and
@@ -26,7 +26,7 @@ pub fn install(config: Option<PathBuf>) -> Result<Reloader> {
 
 impl Reloader {
     /// Handles SIGHUP on a thread of its own for as long as the process runs.
-    pub fn start(self, live: Option<serve_live::Shared>) -> Result<()> {
+    pub fn start(self, live: Option<reload_apply::Shared>) -> Result<()> {
         let Reloader {
             mut signals,
             config,
@@ -45,10 +45,10 @@ impl Reloader {
     }
 }
 
-fn reload(path: &std::path::Path, live: &serve_live::Shared) {
+fn reload(path: &std::path::Path, live: &reload_apply::Shared) {
     service::reloading();
     tracing::info!("SIGHUP: re-reading {}", path.display());
-    let applied = serve_live::load(path)
+    let applied = reload_apply::load(path)
         .and_then(|next| live.lock().unwrap_or_else(|e| e.into_inner()).apply(next));
     let status = match applied {
         Ok(applied) if applied.changed == 0 => {

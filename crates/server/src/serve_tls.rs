@@ -1,68 +1,15 @@
-//! `serve`'s TLS flags and `[server]` keys for the NBD target: the policy and the
-//! credentials, loaded and checked at start-up.
+//! TLS for serve's NBD target from the flags or the `[server]` keys: the policy and
+//! the credentials, loaded and checked at start-up.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::config::ServerSection;
 use anyhow::{anyhow, Result};
 use blockwire_nbd::tls::{TargetTls, TargetTlsSettings, TlsMode};
-use clap::Args;
-
-use blockwire_server::config::ServerSection;
-
-/// TLS for the NBD target (NBD_OPT_STARTTLS).
-#[derive(Args, Debug, Default)]
-pub struct TlsArgs {
-    /// NBD: TLS for clients: off, on (clients choose) or require (every option but
-    /// NBD_OPT_STARTTLS is refused with NBD_REP_ERR_TLS_REQD until TLS is up).
-    #[arg(long, help_heading = "TLS (NBD)", value_name = "MODE", value_parser = mode_parser())]
-    pub tls: Option<TlsMode>,
-
-    /// NBD: the directory with server-cert.pem, server-key.pem and (for
-    /// --tls-verify-peer) ca-cert.pem, as qemu and nbdkit lay it out.
-    #[arg(long, help_heading = "TLS (NBD)", value_name = "DIR")]
-    pub tls_certificates: Option<PathBuf>,
-
-    /// NBD: pre-shared keys, a file of USERNAME:HEXKEY lines (psktool's format).
-    #[arg(long, help_heading = "TLS (NBD)", value_name = "FILE")]
-    pub tls_psk: Option<PathBuf>,
-
-    /// NBD: require client certificates signed by DIR/ca-cert.pem.
-    #[arg(long, help_heading = "TLS (NBD)")]
-    pub tls_verify_peer: bool,
-}
-
-/// `--tls MODE`: its values listed, so help and shell completions offer them.
-fn mode_parser() -> impl clap::builder::TypedValueParser<Value = TlsMode> {
-    use clap::builder::TypedValueParser as _;
-    clap::builder::PossibleValuesParser::new(["off", "on", "require"])
-        .map(|text| text.parse::<TlsMode>().expect("one of the listed modes"))
-}
-
-impl TlsArgs {
-    /// Whether any TLS flag was given (they then take the config file's place).
-    fn given(&self) -> bool {
-        self.tls.is_some()
-            || self.tls_certificates.is_some()
-            || self.tls_psk.is_some()
-            || self.tls_verify_peer
-    }
-
-    fn settings(&self) -> TargetTlsSettings {
-        TargetTlsSettings {
-            mode: self.tls.unwrap_or(default_mode(
-                self.tls_certificates.is_some() || self.tls_psk.is_some(),
-            )),
-            certificates: self.tls_certificates.clone(),
-            psk_file: self.tls_psk.clone(),
-            verify_peer: self.tls_verify_peer,
-        }
-    }
-}
 
 /// Credentials without a mode turn TLS on, as nbdkit does not (it needs --tls):
 /// here giving a key or a certificate directory is taken as asking for TLS.
-fn default_mode(credentials: bool) -> TlsMode {
+pub fn default_mode(credentials: bool) -> TlsMode {
     if credentials {
         TlsMode::On
     } else {
@@ -86,15 +33,22 @@ fn settings_from_section(section: &ServerSection) -> Result<TargetTlsSettings> {
     })
 }
 
-/// The target's TLS from the flags, else from `[server]`; `None` when off. Errors
-/// in the files are one line naming the file.
+/// The target's TLS from the flags (`flags`, when any was given), else from
+/// `[server]`, else off; `None` when off. Errors in the files are one line naming
+/// the file.
 pub fn target_tls(
-    args: &TlsArgs,
+    flags: Option<TargetTlsSettings>,
     section: Option<&ServerSection>,
 ) -> Result<Option<Arc<TargetTls>>> {
-    let settings = match section {
-        Some(section) if !args.given() => settings_from_section(section)?,
-        _ => args.settings(),
+    let settings = match (flags, section) {
+        (Some(flags), _) => flags,
+        (None, Some(section)) => settings_from_section(section)?,
+        (None, None) => TargetTlsSettings {
+            mode: TlsMode::Off,
+            certificates: None,
+            psk_file: None,
+            verify_peer: false,
+        },
     };
     let tls = TargetTls::load(&settings).map_err(|e| anyhow!("TLS: {e}"))?;
     Ok(tls.map(Arc::new))
@@ -127,12 +81,7 @@ mod tests {
         assert_eq!(required.mode, TlsMode::Require);
         let err = settings_from_section(&section("tls = \"maybe\"")).unwrap_err();
         assert!(err.to_string().contains("'maybe'"), "{err}");
-        let args = TlsArgs {
-            tls_certificates: Some("/pki".into()),
-            ..TlsArgs::default()
-        };
-        assert_eq!(args.settings().mode, TlsMode::On);
-        assert!(args.given());
-        assert!(!TlsArgs::default().given());
+        assert_eq!(default_mode(true), TlsMode::On);
+        assert!(target_tls(None, None).unwrap().is_none());
     }
 }

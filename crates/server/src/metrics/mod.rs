@@ -51,6 +51,12 @@ pub struct Metrics {
     families: Arc<Families>,
 }
 
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
 impl Metrics {
     pub fn new() -> Metrics {
         let families = Arc::new(Families::default());

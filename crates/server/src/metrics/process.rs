@@ -18,6 +18,12 @@ pub struct ProcessCollector {
     start_time: f64,
 }
 
+impl Default for ProcessCollector {
+    fn default() -> Self {
+        ProcessCollector::new()
+    }
+}
+
 impl ProcessCollector {
     /// Figures for this process; its start is taken to be now (`serve` makes the
     /// collector as it starts).
