@@ -8,6 +8,7 @@ pub mod crash;
 pub mod http;
 pub mod iscsi;
 pub mod netns;
+pub mod vm;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 #   NQN          the subsystem under test
 #   ADDR PORT    its I/O port;   DPORT  the discovery controller's port
 #   SIZE_BYTES   the namespace's size, checked against Identify Namespace
-#   MODEL        a word the controller's model number (mn) must contain, or empty
+#   MODEL        a word the controller's model number (mn) must contain (any case), or empty
 #   DATA_OFFSET_MIB DATA_MIB   where the data check writes, in MiB
 #   target_down target_up   functions that stop the target and start it again;
 #                    the defaults suit a target on the host: target_down prints the
@@ -83,7 +83,7 @@ idc=$(nvme id-ctrl "$CTRL") || fail "nvme id-ctrl exited $?"
 echo "$idc" | grep -E '^(vid|sn|mn|fr|mdts|cntlid|ver|subnqn|nn|ioccsz|iorcsz|sgls|vwc|oncs) '
 [ "$(field "$idc" subnqn)" = "$NQN" ] || fail "id-ctrl subnqn is '$(field "$idc" subnqn)', not $NQN"
 [ -n "$(field "$idc" mn)" ] || fail "id-ctrl has no model number"
-[ -z "$MODEL" ] || field "$idc" mn | grep -q "$MODEL" || fail "id-ctrl mn '$(field "$idc" mn)' lacks '$MODEL'"
+[ -z "$MODEL" ] || field "$idc" mn | grep -qi "$MODEL" || fail "id-ctrl mn '$(field "$idc" mn)' lacks '$MODEL'"
 nn=$(field "$idc" nn)
 [ -n "$nn" ] && [ "$((nn))" -ge 1 ] || fail "id-ctrl nn is '$nn'"
 
