@@ -17,6 +17,8 @@ peers=(
   iscsi-readcapacity16:libiscsi-bin iscsi-swp:libiscsi-bin iscsi-perf:libiscsi-bin
   tgtd:tgt tgtadm:tgt stdbuf:coreutils g++:g++ openssl:openssl
   prometheus:prometheus systemd-analyze:systemd lintian:lintian man:man-db
+  # scripts/vm/build-images.sh (the kernel judges' VM) reads ELF headers and runs depmod
+  readelf:binutils depmod:kmod
   # the RBD tests start a throwaway one-node Ceph cluster (one mon, one OSD)
   ceph-mon:ceph-mon ceph-osd:ceph-osd ceph:ceph-common rbd:ceph-common
 )
@@ -63,6 +65,25 @@ if [ "$iscsi_module" = 0 ] && [ -n "$qemu_version" ]; then
   else
     echo "== warning: no qemu-block-extra $qemu_version; qemu-over-iSCSI tests will be skipped" >&2
   fi
+fi
+
+# The kernel judges (tests/tests/kernel_*.rs) boot Debian's cloud kernel under qemu;
+# qemu-system-x86 must come from bookworm-backports like the qemu-utils beside it,
+# and apt must never remove anything for it. The guest's programs (busybox, nvme-cli,
+# nbd-client, e2fsprogs) are fetched with apt-get download into the VM cache, not
+# installed; building the images here shows a download problem early.
+if ! command -v qemu-system-x86_64 >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 &&
+     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm-backports \
+       --no-install-recommends --no-remove qemu-system-x86 >/dev/null 2>&1; then
+    echo "== installed qemu-system-x86 (the kernel judges' VM)"
+  else
+    echo "== warning: no qemu-system-x86; the kernel judges will be skipped" >&2
+  fi
+fi
+if command -v qemu-system-x86_64 >/dev/null 2>&1; then
+  bash scripts/vm/build-images.sh >/dev/null ||
+    echo "== warning: cannot build the VM images; the kernel judges will be skipped" >&2
 fi
 
 # cargo-deb builds the Debian package (scripts/build-deb.sh; its test skips without it).
