@@ -6,8 +6,8 @@
 # Usage: boot.sh GUEST_SCRIPT [WORKDIR]
 #
 # GUEST_SCRIPT runs as /test.sh under busybox sh, with scripts/vm/guest-lib.sh's
-# helpers; WORKDIR (default: a fresh temporary folder) receives the guest's
-# initramfs. KERNEL, INITRD and BUSYBOX from the environment skip build-images.sh
+# helpers; WORKDIR receives the guest's initramfs (default: the one folder
+# ${TMPDIR:-/tmp}/blockwire-vm-boot, reused by every run). KERNEL, INITRD and BUSYBOX from the environment skip build-images.sh
 # (the test harness builds once). BLOCKWIRE_VM_NETDEV adds options to qemu's user
 # network (hostfwd=tcp:127.0.0.1:HOSTPORT-:GUESTPORT, to reach a target in the guest);
 # BLOCKWIRE_VM_APPEND adds to the kernel's command line. qemu replaces this shell
@@ -15,7 +15,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 script=${1:?usage: boot.sh GUEST_SCRIPT [WORKDIR]}
-workdir=${2:-$(mktemp -d)}
+workdir=${2:-${TMPDIR:-/tmp}/blockwire-vm-boot}
 
 if [ -z "${KERNEL:-}" ] || [ -z "${INITRD:-}" ] || [ -z "${BUSYBOX:-}" ]; then
   eval "$("$here/build-images.sh" | grep -E '^(KERNEL|INITRD|BUSYBOX)=')"
