@@ -15,9 +15,12 @@ use std::time::Duration;
 use blockwire_blockdev::IoBuf;
 
 use super::error::InitiatorError;
+use super::frame::{parse_c2h_header, put_h2c_data, C2HHeader, DATA_HEADER_LEN};
 use crate::cqe::{Cqe, Status};
+use crate::pdu::digest::digest_matches;
 use crate::pdu::{
-    decode, pdu_len, CapsuleCmd, Digests, Framing, H2CData, IcReq, Pdu, COMMON_HEADER_LEN,
+    decode, pdu_len, CapsuleCmd, Digests, Framing, IcReq, Pdu, PduType, COMMON_HEADER_LEN,
+    DIGEST_LEN,
 };
 use crate::sqe::{Direction, SglDescriptor, Sqe};
 
@@ -355,53 +358,102 @@ impl Connection {
     fn read_loop(self: Arc<Connection>, stream: TcpStream) {
         let mut reader = BufReader::with_capacity(256 * 1024, stream);
         let mut buf = Vec::new();
-        let framing = self.negotiated.framing;
         loop {
-            let pdu = match read_pdu(&mut reader, &mut buf, &framing) {
-                Ok(Ok(pdu)) => pdu,
-                Ok(Err(e)) => {
-                    tracing::warn!("NVMe/TCP {}: bad PDU from the target: {e}", self.address);
-                    break;
-                }
-                Err(e) => {
-                    tracing::debug!("NVMe/TCP {}: connection ended: {e}", self.address);
-                    break;
-                }
-            };
-            if let Err(reason) = self.handle(pdu) {
-                tracing::warn!("NVMe/TCP {}: {reason}", self.address);
+            if let Err(reason) = self.read_one(&mut reader, &mut buf) {
+                tracing::debug!("NVMe/TCP {}: connection ended: {reason}", self.address);
                 break;
             }
         }
         self.fail();
     }
 
+    /// Reads and acts on one PDU; an error ends the connection. C2HData data is
+    /// read straight into its command's buffer, everything else through the
+    /// codec.
+    fn read_one(&self, reader: &mut impl Read, buf: &mut Vec<u8>) -> Result<(), String> {
+        let framing = &self.negotiated.framing;
+        let io = |e: std::io::Error| e.to_string();
+        buf.resize(COMMON_HEADER_LEN, 0);
+        reader.read_exact(buf).map_err(io)?;
+        let len = pdu_len(buf, framing).map_err(|e| format!("bad PDU from the target: {e}"))?;
+        if buf[0] == PduType::C2HData as u8 {
+            let hdgst = if framing.digests.header {
+                DIGEST_LEN
+            } else {
+                0
+            };
+            buf.resize(DATA_HEADER_LEN + hdgst, 0);
+            reader
+                .read_exact(&mut buf[COMMON_HEADER_LEN..])
+                .map_err(io)?;
+            let header = parse_c2h_header(buf, framing)?;
+            return self.receive_c2h(reader, header, buf);
+        }
+        buf.resize(len.max(COMMON_HEADER_LEN), 0);
+        reader
+            .read_exact(&mut buf[COMMON_HEADER_LEN..])
+            .map_err(io)?;
+        match decode(buf, framing) {
+            Ok(Some((pdu, _))) => self.handle(pdu),
+            Ok(None) => Err("truncated PDU".into()),
+            Err(e) => Err(format!("bad PDU from the target: {e}")),
+        }
+    }
+
+    /// Reads a C2HData's data into its command's buffer (taken out of the
+    /// table meanwhile, so submitters are not held up by the socket).
+    fn receive_c2h(
+        &self,
+        reader: &mut impl Read,
+        header: C2HHeader,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), String> {
+        let io = |e: std::io::Error| e.to_string();
+        scratch.resize(header.padding, 0);
+        reader.read_exact(scratch).map_err(io)?;
+        let cid = header.cccid;
+        let start = header.offset as usize;
+        let end = start.saturating_add(header.len as usize);
+        let mut payload = {
+            let mut table = self.lock();
+            let pending = table
+                .pending
+                .get_mut(&cid)
+                .ok_or_else(|| format!("C2HData for unknown command {cid}"))?;
+            if pending.direction != Direction::ToHost || end > pending.payload.len() {
+                return Err(format!(
+                    "C2HData {start}..{end} outside command {cid}'s buffer"
+                ));
+            }
+            std::mem::replace(&mut pending.payload, Payload::None)
+        };
+        let mut result = reader
+            .read_exact(&mut payload.as_mut_slice()[start..end])
+            .map_err(io);
+        if result.is_ok() && header.data_digest {
+            let mut stored = [0u8; DIGEST_LEN];
+            result = reader.read_exact(&mut stored).map_err(io).and_then(|()| {
+                if digest_matches(&payload.as_slice()[start..end], &stored) {
+                    Ok(())
+                } else {
+                    Err(format!("C2HData data digest mismatch for command {cid}"))
+                }
+            });
+        }
+        if let Some(pending) = self.lock().pending.get_mut(&cid) {
+            pending.payload = payload;
+        }
+        result?;
+        if header.success {
+            return self.finish(cid, Cqe::new(cid, Status::SUCCESS));
+        }
+        Ok(())
+    }
+
     /// Acts on one PDU from the target; an error ends the connection.
     fn handle(&self, pdu: Pdu) -> Result<(), String> {
         match pdu {
             Pdu::CapsuleResp(resp) => self.finish(resp.cqe.cid, resp.cqe),
-            Pdu::C2HData(data) => {
-                let mut table = self.lock();
-                let pending = table
-                    .pending
-                    .get_mut(&data.cccid)
-                    .ok_or_else(|| format!("C2HData for unknown command {}", data.cccid))?;
-                let target = pending.payload.as_mut_slice();
-                let start = data.offset as usize;
-                let end = start.saturating_add(data.data.len());
-                if pending.direction != Direction::ToHost || end > target.len() {
-                    return Err(format!(
-                        "C2HData {start}..{end} outside command {}'s buffer",
-                        data.cccid
-                    ));
-                }
-                target[start..end].copy_from_slice(&data.data);
-                drop(table);
-                if data.success {
-                    return self.finish(data.cccid, Cqe::new(data.cccid, Status::SUCCESS));
-                }
-                Ok(())
-            }
             Pdu::R2T(r2t) => {
                 let table = self.lock();
                 let pending = table
@@ -423,16 +475,18 @@ impl Connection {
                 let mut at = start;
                 while at < end {
                     let stop = (at + chunk).min(end);
-                    Pdu::H2CData(H2CData {
-                        cccid: r2t.cccid,
-                        ttag: r2t.ttag,
-                        offset: at as u32,
-                        last: stop == end,
-                        data: data[at..stop].to_vec(),
-                    })
-                    .encode(&self.negotiated.framing, &mut bytes);
+                    put_h2c_data(
+                        &mut bytes,
+                        &self.negotiated.framing,
+                        r2t.cccid,
+                        r2t.ttag,
+                        at as u32,
+                        stop == end,
+                        &data[at..stop],
+                    );
                     at = stop;
                 }
+                drop(table);
                 self.out
                     .send(bytes)
                     .map_err(|_| "the sending thread is gone".to_string())
@@ -465,16 +519,38 @@ impl Connection {
     }
 }
 
-/// Writes whatever is queued, several PDUs to one write when they pile up.
+/// PDUs at least this long are written from their own buffer, not copied
+/// into a batch.
+const WRITE_ALONE: usize = 64 * 1024;
+/// Small PDUs are gathered up to this many bytes per write.
+const BATCH: usize = 256 * 1024;
+
+/// Writes whatever is queued: small PDUs that pile up gathered into one write,
+/// large ones as they are.
 fn write_loop(mut stream: TcpStream, queued: Receiver<Vec<u8>>) {
-    while let Ok(mut bytes) = queued.recv() {
-        while bytes.len() < 256 * 1024 {
-            match queued.try_recv() {
-                Ok(more) => bytes.extend_from_slice(&more),
-                Err(_) => break,
+    let mut batch = Vec::with_capacity(BATCH);
+    while let Ok(first) = queued.recv() {
+        let mut next = Some(first);
+        let mut written = Ok(());
+        while let Some(bytes) = next.take() {
+            if bytes.len() >= WRITE_ALONE {
+                if !batch.is_empty() {
+                    written = written.and_then(|()| stream.write_all(&batch));
+                    batch.clear();
+                }
+                written = written.and_then(|()| stream.write_all(&bytes));
+            } else {
+                batch.extend_from_slice(&bytes);
+            }
+            if batch.len() < BATCH {
+                next = queued.try_recv().ok();
             }
         }
-        if stream.write_all(&bytes).is_err() {
+        if !batch.is_empty() {
+            written = written.and_then(|()| stream.write_all(&batch));
+            batch.clear();
+        }
+        if written.is_err() {
             // The reader sees the shutdown and fails what is in flight.
             let _ = stream.shutdown(Shutdown::Both);
             return;

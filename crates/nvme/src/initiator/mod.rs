@@ -16,6 +16,7 @@ mod connection;
 mod device;
 mod discovery;
 mod error;
+mod frame;
 mod options;
 mod queue;
 mod recovery;
