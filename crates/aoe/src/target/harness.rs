@@ -4,8 +4,8 @@
 use std::io;
 use std::sync::{Arc, Mutex};
 
-use blockwire_blockdev::workers::WorkerPool;
 use blockwire_blockdev::Device;
+use blockwire_engine::WorkerPool;
 
 use super::receiver::{Outbox, Receiver};
 use super::{FrameSink, Port, Shared, TargetConfig};
@@ -65,7 +65,7 @@ impl TargetHarness {
         let mut receiver = Receiver::new(&self.shared, &self.port, &self.pool);
         receiver.batch(frames.iter().copied(), &mut out);
         out.send(self.collector.as_ref());
-        self.shared.in_flight.wait_idle();
+        self.shared.engine.wait_idle();
         std::mem::take(&mut *self.collector.0.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
@@ -83,7 +83,7 @@ impl TargetHarness {
         Receiver::resuming(&self.shared, &self.port, &self.pool, held)
             .batch(std::iter::empty(), &mut out);
         out.send(self.collector.as_ref());
-        self.shared.in_flight.wait_idle();
+        self.shared.engine.wait_idle();
         std::mem::take(&mut *self.collector.0.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }

@@ -5,8 +5,9 @@
 //! whose sectors follow each other into one larger device I/O (a "run"). Devices that
 //! complete inline (page cache, memory) are read and written on the receive thread;
 //! others (direct I/O) run on a worker pool, so many runs are in flight while the
-//! thread keeps receiving, and their runs may grow across batches. Responses go out
-//! in batches (sendmmsg).
+//! thread keeps receiving, and their runs may grow across batches. The request
+//! engine ([`blockwire_engine`]) makes that choice and bounds the workers. Responses
+//! go out in batches (sendmmsg).
 
 mod access;
 mod ata;
@@ -19,8 +20,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
-use blockwire_blockdev::workers::{InFlight, WorkerPool};
 use blockwire_blockdev::{Device, ReadModifyWrite};
+use blockwire_engine::{Engine, EngineConfig, Policy, Request, Route, WorkerPool};
 
 pub use access::{AccessState, Admission, ConfigAnswer};
 pub use ata::{ata_error, classify, response_args, AtaAction, AtaLimits};
@@ -80,13 +81,25 @@ struct Shared {
     identity: [u8; SECTOR_SIZE],
     sectors: u64,
     read_only: bool,
-    /// Device I/O runs on the receive thread.
-    inline: bool,
-    in_flight: InFlight,
+    /// Where device I/O runs: the receive thread when the device completes inline,
+    /// else the workers, with at most the window's worth of requests there.
+    engine: Engine,
     stop: AtomicBool,
 }
 
 impl Shared {
+    /// Whether a run (a read, or a write of `len` bytes) runs on the receive
+    /// thread: the engine's route for this device, decided by the device alone
+    /// because a run gathered for a worker must own its data from its first frame.
+    fn runs_inline(&self, write: bool, len: usize) -> bool {
+        let request = if write {
+            Request::write(len)
+        } else {
+            Request::read(len)
+        };
+        self.engine.route(request, || false) == Route::Inline
+    }
+
     /// Checks the device and address; wraps a device with blocks larger than a
     /// sector (direct I/O) in read-modify-write.
     fn new(device: Device, config: &TargetConfig) -> io::Result<Shared> {
@@ -128,8 +141,12 @@ impl Shared {
             identity: identity.encode(),
             sectors,
             read_only: info.read_only,
-            inline: info.completes_inline,
-            in_flight: InFlight::new(usize::from(config.buffer_count.max(1))),
+            engine: Engine::new(EngineConfig {
+                max_in_flight: usize::from(config.buffer_count.max(1)),
+                policy: Policy::ByDevice {
+                    completes_inline: info.completes_inline,
+                },
+            }),
             stop: AtomicBool::new(false),
             device,
         })
@@ -279,7 +296,7 @@ impl AoeTarget {
         for receiver in self.receivers.drain(..) {
             let _ = receiver.join();
         }
-        self.shared.in_flight.wait_idle();
+        self.shared.engine.wait_idle();
         // The last reference: joins the (idle) workers.
         self.pool.take();
         if self.shared.read_only || !self.shared.device.info().capabilities.flush.available() {

@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use blockwire_blockdev::workers::WorkerPool;
 use blockwire_blockdev::{IoBuf, WriteFlags};
+use blockwire_engine::{Request, WorkerPool};
 
 use super::access::{Admission, ConfigAnswer};
 use super::ata::{ata_error, classify, response_args, AtaAction, AtaLimits};
@@ -325,7 +325,10 @@ impl<'a, 'f> Receiver<'a, 'f> {
             self.frame(frame, out);
         }
         match self.run.take() {
-            Some(run) if !self.shared.inline && run.frames.len() < self.max_run_frames() => {
+            Some(run)
+                if !self.shared.runs_inline(run.write, run.len)
+                    && run.frames.len() < self.max_run_frames() =>
+            {
                 Some(run.into_owned())
             }
             run => {
@@ -427,17 +430,16 @@ impl<'a, 'f> Receiver<'a, 'f> {
                 self.finish_run(out);
                 let shared = self.shared.clone();
                 let port = self.port.clone();
-                shared.in_flight.acquire();
-                self.pool.submit(move || {
-                    let error = shared
-                        .device
-                        .flush()
+                let engine = &self.shared.engine;
+                engine.offload(self.pool, Request::flush(), move |slot| {
+                    let error = slot
+                        .run(|| shared.device.flush())
                         .err()
                         .map(|e| ata_error(e.kind(), true));
                     let mut out = Outbox::default();
                     out.ata(&reply, &response_args(&args, error), &[]);
                     out.send(port.sink.as_ref());
-                    shared.in_flight.release();
+                    drop(slot);
                 });
             }
             AtaAction::Identify => {
@@ -471,7 +473,7 @@ impl<'a, 'f> Receiver<'a, 'f> {
             .is_some_and(|run| run.continues(write, offset, len, self.max_run_frames()))
         {
             self.finish_run(out);
-            let data = match (write, self.shared.inline) {
+            let data = match (write, self.shared.runs_inline(write, len)) {
                 (false, _) => RunData::None,
                 (true, true) => RunData::Frames(Vec::with_capacity(BATCH)),
                 (true, false) => RunData::Gathered(IoBuf::new(MAX_RUN)),
@@ -501,7 +503,7 @@ impl<'a, 'f> Receiver<'a, 'f> {
             return;
         };
         let shared = self.shared;
-        if shared.inline {
+        if shared.runs_inline(run.write, run.len) {
             if let RunData::Frames(slices) = &run.data {
                 let slices: Vec<IoSlice<'_>> = slices.iter().map(|s| IoSlice::new(s)).collect();
                 let result =
@@ -528,30 +530,38 @@ impl<'a, 'f> Receiver<'a, 'f> {
                 }
             }
         }
+        // On a worker: the device does not complete inline, or the inline read
+        // found it would wait (not cached).
         let run = run.into_owned();
-        let shared = shared.clone();
+        let request = if run.write {
+            Request::write(run.len)
+        } else {
+            Request::read(run.len)
+        };
         let port = self.port.clone();
-        shared.in_flight.acquire();
-        self.pool.submit(move || {
+        let owner = shared.clone();
+        shared.engine.offload(self.pool, request, move |slot| {
+            let shared = owner;
             let mut out = Outbox::default();
             match &run.data {
                 RunData::Gathered(data) => {
-                    let result =
+                    let result = slot.run(|| {
                         shared
                             .device
-                            .write(&data[..run.len], run.offset, WriteFlags::default());
+                            .write(&data[..run.len], run.offset, WriteFlags::default())
+                    });
                     respond(&run, None, result.err().map(|e| e.kind()), &mut out);
                 }
                 _ => {
                     let mut buffer = IoBuf::new(run.len);
-                    match shared.device.read(&mut buffer, run.offset) {
+                    match slot.run(|| shared.device.read(&mut buffer, run.offset)) {
                         Ok(()) => send_read(&run, &buffer, port.sink.as_ref()),
                         Err(e) => respond(&run, None, Some(e.kind()), &mut out),
                     }
                 }
             }
             out.send(port.sink.as_ref());
-            shared.in_flight.release();
+            drop(slot);
         });
     }
 }

@@ -1,29 +1,29 @@
 //! Drives one client connection: the handshake, then the transmission loop.
 //!
-//! The connection thread reads requests and runs those that finish without waiting
-//! for hardware itself (cached reads, buffered writes), batching their replies into
-//! one vectored write per burst of requests. Requests that may block (flush, FUA,
-//! cache misses, direct I/O) go to the shared worker pool and are answered from
-//! there, out of order, and so do large reads and writes while the client keeps
-//! several in flight (see [`super::offload`]). Reads of the socket are buffered, so a burst of small
+//! The connection thread reads requests and asks the request engine
+//! ([`blockwire_engine`]) where each goes: those that finish without waiting for
+//! hardware (cached reads, buffered writes) run here, their replies batched into one
+//! vectored write per burst of requests; those that may block (flush, FUA, cache
+//! misses, direct I/O) go to the shared worker pool and are answered from there, out
+//! of order, and so do large reads and writes while the client keeps several in
+//! flight; a device with its own request queue (an RBD image) takes its I/O on the
+//! engine's queue thread. Reads of the socket are buffered, so a burst of small
 //! requests costs one system call.
 
 use std::io::{self, Read, Write};
 use std::sync::Arc;
-use std::time::Instant;
 
 use blockwire_blockdev::IoBuf;
 
 use super::export::ExportSet;
 use super::large;
 use super::negotiation::{Negotiation, Step};
-use super::offload::{OffloadPolicy, Transfer};
-use super::queued::QueuedPath;
+use super::queued;
 use super::session::{Action, Reply, Session};
 use super::writer::{ReplySink, ReplyWriter, BATCH_BYTES, BATCH_REPLIES};
 use crate::tls::{TargetTls, TlsMode, TlsSession, TlsStream};
 use crate::wire::*;
-use blockwire_blockdev::workers::{InFlight, WorkerPool};
+use blockwire_engine::{Engine, EngineConfig, Policy, Route, WorkerPool};
 
 /// Option data longer than this is refused with NBD_REP_ERR_TOO_BIG.
 const MAX_OPTION_DATA: u32 = 64 * 1024;
@@ -286,9 +286,11 @@ where
     R: RequestSource,
     W: ReplySink + Send + 'static,
 {
-    let in_flight = Arc::new(InFlight::new(MAX_IN_FLIGHT));
-    let policy = Arc::new(OffloadPolicy::default());
-    let queued = QueuedPath::start(&session, &writer);
+    let engine = Engine::new(EngineConfig {
+        max_in_flight: MAX_IN_FLIGHT,
+        policy: Policy::Measured,
+    })
+    .with_queue(queued::start(&session, &writer));
     let mut reader = RequestReader::new(source);
     let mut batch: Vec<Reply> = Vec::with_capacity(BATCH_REPLIES);
     let mut batch_bytes = 0usize;
@@ -377,69 +379,50 @@ where
             }
             Action::Execute(job) => Some(job),
         };
-        // A device with a request queue (an RBD image) takes its I/O there.
-        let job = match (&queued, job) {
-            (Some(queued), Some(job)) => {
-                if queued.is_full() {
-                    let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
-                }
-                queued.submit(job).err()
-            }
-            (_, job) => job,
-        };
         if let Some(job) = job {
-            let large = Transfer::large(&job);
+            let request = queued::request(&job);
             let more_waiting = || reader.buffered() >= REQUEST_LEN || reader.source.input_pending();
-            let inline = match large {
-                Some((transfer, len)) if policy.should_offload(transfer, len, more_waiting) => {
-                    Err(job)
-                }
-                Some((transfer, len)) => {
-                    let started = Instant::now();
-                    let result = session.execute_inline(job);
-                    if result.is_ok() {
-                        policy.record(transfer, len, started.elapsed());
-                    }
-                    result
-                }
-                None => session.execute_inline(job),
-            };
-            match inline {
-                Ok(reply) => push(&mut batch, &mut batch_bytes, reply),
-                Err(job) => {
-                    if in_flight.is_full() {
-                        let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
-                    }
-                    in_flight.acquire();
-                    if let Some((_, len)) = large {
-                        policy.start(len);
-                    }
-                    let (session, writer, in_flight, policy) = (
-                        session.clone(),
-                        writer.clone(),
-                        in_flight.clone(),
-                        policy.clone(),
-                    );
-                    pool.submit(move || {
-                        let started = Instant::now();
-                        let reply = session.execute(job);
-                        if let Some((transfer, len)) = large {
-                            policy.record(transfer, len, started.elapsed());
+            let route = engine.route(request, more_waiting);
+            // A device with a request queue (an RBD image) takes its I/O there; what
+            // its thread does not take runs here as on any other device.
+            let job = match route {
+                Route::Queue => match queued::split(job) {
+                    Ok((work, pending)) => {
+                        if engine.queue_full() {
+                            let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
                         }
-                        // The request keeps its slot until its reply has left, so
-                        // a client that stops reading stops the server reading its
-                        // requests. A failed send marks the writer broken; the
-                        // connection thread notices and ends.
-                        writer.send_one_then(
-                            reply,
-                            Box::new(move || {
-                                if let Some((_, len)) = large {
-                                    policy.finish(len);
-                                }
-                                in_flight.release();
-                            }),
-                        );
-                    });
+                        engine
+                            .submit(request, work, pending)
+                            .err()
+                            .map(|(work, pending)| queued::rejoin(work, pending))
+                    }
+                    Err(job) => Some(job),
+                },
+                Route::Inline | Route::Worker => Some(job),
+            };
+            if let Some(job) = job {
+                let inline = match route {
+                    Route::Worker => Err(job),
+                    Route::Inline | Route::Queue => {
+                        engine.inline(request, || session.execute_inline(job))
+                    }
+                };
+                match inline {
+                    Ok(reply) => push(&mut batch, &mut batch_bytes, reply),
+                    Err(job) => {
+                        if engine.workers_full() {
+                            let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
+                        }
+                        let (session, writer) = (session.clone(), writer.clone());
+                        engine.offload(pool, request, move |slot| {
+                            let reply = slot.run(|| session.execute(job));
+                            // The request keeps its slot until its reply has left, so
+                            // a client that stops reading stops the server reading its
+                            // requests. A failed send marks the writer broken; the
+                            // connection thread notices and ends.
+                            writer.send_one_then(reply, Box::new(move || drop(slot)));
+                        });
+                    }
                 }
             }
         }
@@ -448,10 +431,7 @@ where
         }
     };
     let _ = send_batch(&writer, &mut batch, &mut batch_bytes);
-    in_flight.wait_idle();
-    if let Some(queued) = queued {
-        queued.finish();
-    }
+    engine.wait_idle();
     ending
 }
 

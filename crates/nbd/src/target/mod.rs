@@ -9,7 +9,6 @@ mod connection;
 mod export;
 mod large;
 mod negotiation;
-mod offload;
 mod queued;
 mod reload;
 mod session;
