@@ -71,6 +71,17 @@ out=$(nvme discover -t tcp -a "$ADDR" -s "$DPORT") || fail "nvme discover exited
 echo "$out"
 echo "$out" | grep -q "subnqn: *$NQN\$" || fail "discovery log does not list $NQN"
 echo "$out" | grep -q "trsvcid: *$PORT\$" || fail "discovery log does not list port $PORT"
+# A target on the host's loopback may list its subsystems at 127.0.0.1 (its listening
+# address), which is the guest itself here: connect-all then needs the guest's
+# 127.0.0.1:PORT (and DPORT, for referrals) forwarded to the host. Each forwarder is
+# busybox nc, one child per connection, bytes copied unchanged.
+if [ "$ADDR" != 127.0.0.1 ] && echo "$out" | grep -q "traddr: *127\.0\.0\.1\$"; then
+  echo "the discovery log lists 127.0.0.1: forwarding the guest's 127.0.0.1:$PORT and :$DPORT to $ADDR"
+  for p in $(printf "%s\n" "$PORT" "$DPORT" | sort -u); do
+    nc -ll -p "$p" -e nc "$ADDR" "$p" &
+  done
+  sleep 1
+fi
 
 step "connect-all"
 must nvme connect-all -t tcp -a "$ADDR" -s "$DPORT"
