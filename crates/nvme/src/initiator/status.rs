@@ -4,13 +4,17 @@ use blockwire_blockdev::{Error, ErrorKind, Op};
 
 use crate::cqe::{sct, Status};
 
+/// What Linux's nvmet answers a command its backing store cannot do (a Write
+/// Zeroes on a file system without zero-range fallocate): SCT 1, SC 83h.
+const ONCS_NOT_SUPPORTED: Status = Status::new(sct::COMMAND_SPECIFIC, 0x83, true);
+
 /// The error kind a status stands for (the reverse of the target's table).
 pub(crate) fn kind_for(status: Status) -> ErrorKind {
     match status {
         Status::LBA_OUT_OF_RANGE => ErrorKind::OutOfRange,
         Status::NAMESPACE_WRITE_PROTECTED => ErrorKind::ReadOnly,
         Status::CAPACITY_EXCEEDED => ErrorKind::NoSpace,
-        Status::INVALID_OPCODE => ErrorKind::Unsupported,
+        Status::INVALID_OPCODE | ONCS_NOT_SUPPORTED => ErrorKind::Unsupported,
         Status::INVALID_FIELD | Status::INVALID_NAMESPACE => ErrorKind::InvalidArgument,
         Status::DATA_SGL_LENGTH_INVALID => ErrorKind::TooLarge,
         // The controller lost the command, not the medium: try it elsewhere.
@@ -46,6 +50,7 @@ mod tests {
             ErrorKind::Disconnected
         );
         assert_eq!(kind(Status::UNRECOVERED_READ_ERROR), ErrorKind::Io);
+        assert_eq!(kind(ONCS_NOT_SUPPORTED), ErrorKind::Unsupported);
         // The DNR bit does not change the meaning.
         assert_eq!(kind(Status::new(0, 0x80, false)), ErrorKind::OutOfRange);
         assert_eq!(kind(Status::new(3, 0x02, false)), ErrorKind::Disconnected);
