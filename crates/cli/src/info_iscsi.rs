@@ -12,7 +12,7 @@ use blockwire_iscsi::initiator::{
 };
 use serde_json::json;
 
-use crate::info::{allocation_map, human, map_json, map_text};
+use crate::info_format::{allocation_map, human, map_json, map_text};
 
 pub fn run(uri: &str, json: bool) -> Result<()> {
     let uri: IscsiUri = uri.parse().map_err(|e| anyhow!("{e}"))?;

@@ -10,7 +10,7 @@ use anyhow::{anyhow, bail, Result};
 use blockwire_blockdev::Device;
 use blockwire_rbd::{Description, RbdDevice, RbdSpec};
 
-use crate::info::{allocation_map, human, map_json, map_text};
+use crate::info_format::{allocation_map, human, map_json, map_text};
 
 pub fn run(spec: &str, list: bool, map: bool, json: bool) -> Result<()> {
     if list {

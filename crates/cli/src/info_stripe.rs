@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use blockwire_blockdev::size::format_size;
 use blockwire_blockdev::{Capabilities, Device, Stripe};
 
-use crate::info::{allocation_map, human, map_json, map_text};
+use crate::info_format::{allocation_map, human, map_json, map_text};
 use blockwire_server::device_spec::Target;
 use blockwire_server::factory::Remote;
 

@@ -8,6 +8,7 @@ mod copy;
 mod demo;
 mod info;
 mod info_aoe;
+mod info_format;
 mod info_iscsi;
 mod info_rbd;
 mod info_stripe;
@@ -16,6 +17,7 @@ mod logging;
 mod manpages;
 mod netserve;
 mod serve;
+mod serve_args;
 mod serve_args_check;
 mod tls_args;
 
@@ -44,7 +46,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Export a file, a block device or memory over NBD, AoE and iSCSI.
-    Serve(Box<serve::ServeArgs>),
+    Serve(Box<serve_args::ServeArgs>),
     /// Measure a path or a remote device: throughput, IOPS, latency, CPU.
     ///
     /// A file, block device or directory, an NBD, AoE or iSCSI target, or a striped

@@ -4,7 +4,7 @@
 
 use anyhow::{anyhow, Result};
 
-use crate::serve::ServeArgs;
+use crate::serve_args::ServeArgs;
 use blockwire_server::config::{
     AoeSection, Config, ExportSection, IscsiExport, IscsiExportSettings, IscsiSection,
     MetricsSection, ServerSection,

@@ -31,9 +31,16 @@
 //!    [`serve_status`] (SIGUSR1) and [`serve_run`], which announces and serves a
 //!    start until it is told to stop.
 //!
-//! A new protocol (NVMe/TCP) is one more `serve_*` module beside NBD's, iSCSI's
-//! and AoE's: its plan from the config (called by [`serve_plan`]), its bind (called
-//! by [`serve_start`]), its reload handle (given to [`reload_apply`]).
+//! A new protocol (NVMe/TCP, say) is one more `serve_*` module beside
+//! [`serve_nbd`], [`serve_iscsi`] and [`serve_aoe`], holding everything about that
+//! protocol's target: its plan from a [`config::Config`] (`plan_from_file`, as
+//! [`serve_iscsi::plan_from_file`]), its bind and its announcement. The rest only
+//! wires it in: a field in [`serve_plan::Plan`] filled by
+//! [`serve_plan::plan_from_config`], its bind in [`serve_start::start`] (with
+//! [`serve_start::busy_hint`] naming its flag and key), its thread and shutdown in
+//! [`serve_run::run`], its label in [`metrics::Protocol`] (which
+//! [`reload_diff`] walks) and its reload handle in [`reload_apply::Live`]; its
+//! keys in [`config`] and their checks in [`config_validate`].
 //!
 //! The bench (`blockwire-bench`) stays below this crate: it measures any `Device`
 //! it is handed and opens only paths itself, so the CLI opens remote targets

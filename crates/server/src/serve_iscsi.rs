@@ -15,7 +15,6 @@ use crate::config::{Config, ExportSection, IscsiExport as IscsiExportConfig, Isc
 use crate::defaults::{
     default_iqn, CHAP_SECRET_ENV, DEFAULT_IQN_PREFIX, ISCSI_LISTEN, MUTUAL_CHAP_SECRET_ENV,
 };
-use crate::serve_nbd::resolve;
 
 /// One export served over iSCSI.
 pub struct IscsiExport {
@@ -67,7 +66,7 @@ pub fn listen_addrs(listen: &[String]) -> Result<Vec<SocketAddr>> {
     };
     let mut addrs = Vec::new();
     for addr in listen {
-        addrs.extend(resolve(addr)?);
+        addrs.extend(crate::config_validate::resolve(addr).map_err(|e| anyhow!(e))?);
     }
     Ok(addrs)
 }

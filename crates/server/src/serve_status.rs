@@ -41,7 +41,7 @@ pub fn line(served: &Served) -> String {
     line
 }
 
-/// Logs [`line`] on every SIGUSR1, on a thread of its own, for as long as the
+/// Logs [`line()`] on every SIGUSR1, on a thread of its own, for as long as the
 /// process runs.
 pub fn watch(served: Served) -> Result<()> {
     let mut signals =

@@ -30,7 +30,7 @@ struct Buckets {
     sum_ns: AtomicU64,
 }
 
-/// A histogram of durations with the [`LATENCY_BOUNDS`] buckets. Clones share their
+/// A histogram of durations with the `LATENCY_BOUNDS` buckets. Clones share their
 /// counts (as prometheus-client's metrics do).
 #[derive(Clone)]
 pub struct LatencyHistogram(Arc<Buckets>);

@@ -1,0 +1,189 @@
+//! `blockwire serve`'s flags: one file or memory exported over the protocols they
+//! name, or `--config FILE`; their meaning is decided in `serve.rs` and checked
+//! with the configuration's one validation (`serve_args_check.rs`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use blockwire_blockdev::size::parse_size;
+use blockwire_server::config::XdpChoice;
+use blockwire_server::factory::parse_reconnect;
+use blockwire_server::throttle;
+use clap::Args;
+
+use crate::tls_args::TlsArgs;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// File or block device to export, or a remote device (nbd://, aoe://, iscsi://)
+    /// or a striped volume (stripe:CHUNK:MEMBER,MEMBER,...) to serve again as a
+    /// gateway. Without it (and without --config), serves a 1 GiB in-memory demo
+    /// export. Served over NBD unless --aoe or --iscsi alone is given.
+    pub path: Option<PathBuf>,
+
+    /// Create PATH as a sparse file of this size if it does not exist (e.g. 4G).
+    /// An existing file is never resized.
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<u64>,
+
+    /// Export name clients ask for (default: the file name, or "demo").
+    #[arg(long)]
+    pub name: Option<String>,
+
+    /// Text shown to clients that list exports.
+    #[arg(long, default_value = "")]
+    pub description: String,
+
+    /// NBD: TCP address to listen on; repeatable. Default 127.0.0.1:10809 (loopback
+    /// only).
+    #[arg(help_heading = "NBD", long, value_name = "HOST:PORT")]
+    pub listen: Vec<String>,
+
+    /// NBD: Unix socket to listen on; repeatable. With only --socket, no TCP listener.
+    #[arg(help_heading = "NBD", long, value_name = "PATH")]
+    pub socket: Vec<PathBuf>,
+
+    /// Refuse every write.
+    #[arg(long)]
+    pub read_only: bool,
+
+    /// For an rbd: image: take librbd's exclusive lock and keep it, so a second
+    /// gateway cannot write the image (it fails in one line); same as :exclusive=true.
+    #[arg(long)]
+    pub exclusive: bool,
+
+    /// Bypass the page cache (O_DIRECT); requests must then be aligned as the file
+    /// system says (512 B or 4 KiB; advertised to NBD clients).
+    #[arg(long)]
+    pub direct: bool,
+
+    /// Start writeback of each sequential stream of buffered writes every SIZE bytes
+    /// (16M, say), so a flush after a long write waits only for the last piece, at a
+    /// cost in throughput and CPU while data fits in the page cache; 0 (the default)
+    /// leaves writeback to the kernel.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "0")]
+    pub write_behind: u64,
+
+    /// For a remote PATH (a gateway): keep reconnecting this many seconds when an
+    /// NBD or iSCSI connection drops, then send again what had no answer; 0 fails
+    /// at once. Default 30.
+    #[arg(long, value_name = "SECS", value_parser = parse_reconnect)]
+    pub reconnect: Option<Duration>,
+
+    /// Threads for requests that may block (flush, FUA, cache misses), for every
+    /// protocol.
+    #[arg(help_heading = "Limits", long, default_value_t = 16)]
+    pub workers: usize,
+
+    /// AoE: serve on these interfaces (comma-separated), as eSHELF.SLOT. Without
+    /// --listen or --socket, NBD is then not served.
+    #[arg(
+        help_heading = "AoE",
+        long,
+        value_name = "IFACE[,IFACE...]",
+        value_delimiter = ','
+    )]
+    pub aoe: Vec<String>,
+
+    /// AoE: the shelf (major address, 0-65534) for --aoe.
+    #[arg(help_heading = "AoE", long, requires = "aoe")]
+    pub shelf: Option<u16>,
+
+    /// AoE: the slot (minor address, 0-254) for --aoe.
+    #[arg(help_heading = "AoE", long, requires = "aoe")]
+    pub slot: Option<u8>,
+
+    /// AoE: the buffer count, the frames an initiator may have outstanding at once (its
+    /// window), 1-65535; default 256.
+    #[arg(help_heading = "AoE", long, requires = "aoe", value_parser = clap::value_parser!(u16).range(1..))]
+    pub buffer_count: Option<u16>,
+
+    /// AoE: send and receive through AF_XDP; an XDP program on each --aoe interface
+    /// hands AoE frames to the target (faster per frame at MTU 1500; MTU up to
+    /// 3822; tcpdump no longer sees those frames). HOOK is generic (any interface,
+    /// the faster on veth; the default) or driver (native XDP).
+    #[arg(help_heading = "AoE", long, requires = "aoe", value_name = "HOOK", num_args = 0..=1, default_missing_value = "generic", value_parser = xdp_parser())]
+    pub aoe_xdp: Option<XdpChoice>,
+
+    /// iSCSI: serve on this TCP address (repeatable), e.g. 127.0.0.1:3260 or
+    /// 0.0.0.0:3260; port 0 takes a free port. The export is LUN 0 of one target.
+    /// Without --listen or --socket, NBD is then not served.
+    #[arg(help_heading = "iSCSI", long, value_name = "HOST:PORT")]
+    pub iscsi: Vec<String>,
+
+    /// iSCSI: the target name (default iqn.2026-11.dev.blockwire:NAME).
+    #[arg(help_heading = "iSCSI", long, requires = "iscsi")]
+    pub iqn: Option<String>,
+
+    /// iSCSI: the logical block size of the LUN: 512 or 4096.
+    #[arg(
+        help_heading = "iSCSI",
+        long,
+        requires = "iscsi",
+        default_value_t = 512
+    )]
+    pub block_size: u32,
+
+    /// iSCSI: require one-way CHAP with this user name for logins; the secret comes
+    /// from --chap-secret-file or the BLOCKWIRE_CHAP_SECRET environment variable.
+    #[arg(help_heading = "iSCSI", long, requires = "iscsi")]
+    pub chap_user: Option<String>,
+
+    /// iSCSI: the file whose first line is the CHAP secret.
+    #[arg(
+        help_heading = "iSCSI",
+        long,
+        requires = "chap_user",
+        value_name = "FILE"
+    )]
+    pub chap_secret_file: Option<PathBuf>,
+
+    /// iSCSI: mutual CHAP, the name the target answers the initiator's challenge with; the
+    /// secret comes from --mutual-chap-secret-file or BLOCKWIRE_MUTUAL_CHAP_SECRET.
+    #[arg(help_heading = "iSCSI", long, requires = "chap_user")]
+    pub mutual_chap_user: Option<String>,
+
+    /// iSCSI: the file whose first line is the mutual CHAP secret.
+    #[arg(
+        help_heading = "iSCSI",
+        long,
+        requires = "mutual_chap_user",
+        value_name = "FILE"
+    )]
+    pub mutual_chap_secret_file: Option<PathBuf>,
+
+    /// Also answer the bench's network test (`blockwire bench --netserve-port`) on
+    /// this TCP address, e.g. 0.0.0.0:10810; see `blockwire netserve`.
+    #[arg(help_heading = "Service", long, value_name = "HOST:PORT")]
+    pub netserve: Option<String>,
+
+    /// Limit the export's reads and writes together to this many MB/s (10^6 bytes),
+    /// to stand in for a disk (the lab's 70 MB/s disk, say).
+    #[arg(help_heading = "Limits", long, value_name = "MB/s", value_parser = throttle::parse_rate, conflicts_with = "config")]
+    pub disk_rate: Option<u64>,
+
+    /// Add this many milliseconds to every request of the export, like a disk.
+    #[arg(help_heading = "Limits", long, value_name = "MS", value_parser = throttle::parse_latency, conflicts_with = "config")]
+    pub disk_latency: Option<std::time::Duration>,
+
+    /// Answer Prometheus scrapes at http://HOST:PORT/metrics (overrides the config
+    /// file's [metrics] listen); port 0 takes a free port.
+    #[arg(help_heading = "Service", long, value_name = "HOST:PORT")]
+    pub metrics: Option<String>,
+
+    /// Serve the exports of this TOML file instead of PATH.
+    #[arg(help_heading = "Service", long, value_name = "FILE", conflicts_with_all = ["path", "size", "name", "read_only", "direct", "aoe", "iscsi"])]
+    pub config: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// `--aoe-xdp HOOK`: its values listed with their meaning, for help, manual pages and
+/// shell completions.
+fn xdp_parser() -> impl clap::builder::TypedValueParser<Value = XdpChoice> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser as _};
+    let values = XdpChoice::NAMES.map(|(name, help)| PossibleValue::new(name).help(help));
+    PossibleValuesParser::new(values)
+        .map(|name| XdpChoice::from_name(&name).expect("one of the listed hooks"))
+}
