@@ -5,7 +5,8 @@
 //! (`BLOCKWIRE_VM_NETDEV=hostfwd=tcp:127.0.0.1:PORT-:4420 scripts/vm/boot.sh ...`),
 //! then run
 //! `BLOCKWIRE_NVMET=127.0.0.1:PORT BLOCKWIRE_NVMET_NQN=NQN cargo test -p
-//! blockwire-nvme --test initiator_nvmet -- --ignored --test-threads 1`.
+//! blockwire-nvme --test initiator_nvmet -- --ignored --test-threads 1`
+//! (`rides_out_a_restart` also needs the restart trigger it describes).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -137,4 +138,36 @@ fn discovery() {
     let entries = discover(&options).unwrap();
     eprintln!("{entries:#?}");
     assert!(entries.iter().any(|e| e.subnqn == nqn), "{entries:?}");
+}
+
+/// With BLOCKWIRE_NVMET_RESTART=HOST:PORT, a connection to which makes the guest
+/// take the subsystem off its port for a few seconds (nvmet_port_off, then
+/// nvmet_port_on), as a target restart.
+#[test]
+#[ignore = "needs Linux nvmet-tcp and a restart trigger (see the file's comment)"]
+fn rides_out_a_restart() {
+    let trigger = std::env::var("BLOCKWIRE_NVMET_RESTART").expect("BLOCKWIRE_NVMET_RESTART");
+    let client = Arc::new(open("?queues=2"));
+    let chunk = 256 * 1024;
+    let chunks = 64u64;
+    let writer = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            for i in 0..chunks {
+                client
+                    .write_at(&pattern(i as u8, chunk), i * chunk as u64, WriteFlags::NONE)
+                    .unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    drop(std::net::TcpStream::connect(trigger).unwrap());
+    writer.join().expect("writes ride out the restart");
+    assert!(client.reconnects() >= 1, "the target never went away");
+    let mut back = vec![0u8; chunk];
+    for i in 0..chunks {
+        client.read_at(&mut back, i * chunk as u64).unwrap();
+        assert!(back == pattern(i as u8, chunk), "chunk {i} differs");
+    }
 }
