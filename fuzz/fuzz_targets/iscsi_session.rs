@@ -12,7 +12,7 @@ use blockwire_blockdev::{Device, MemoryDevice};
 use blockwire_iscsi::login::{LoginConfig, Negotiated, SessionType};
 use blockwire_iscsi::pdu::{Bhs, Pdu, BHS_LEN};
 use blockwire_iscsi::target::full_feature::{
-    FullFeature, SegmentRead, Timers, Work, MAX_PENDING_DATA, NO_SUCH_LUN,
+    FullFeature, SegmentRead, Timers, Work, MAX_PENDING_DATA,
 };
 use blockwire_iscsi::target::initiator_port;
 use blockwire_iscsi::target::tasks::Tasks;
@@ -154,8 +154,8 @@ fuzz_target!(|input: &[u8]| {
                             Some((buf, received)) => &buf[..*received as usize],
                             None => &[][..],
                         };
-                        let _ = scsi.execute(
-                            job.lun.unwrap_or(NO_SUCH_LUN),
+                        let _ = scsi.execute_decoded(
+                            &job.decoded,
                             &Command {
                                 nexus: &nexus,
                                 cdb: &job.cdb,

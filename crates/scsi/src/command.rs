@@ -2,6 +2,7 @@
 
 use blockwire_blockdev::IoBuf;
 
+use crate::cdb::{Cdb, CdbError};
 use crate::nexus::Nexus;
 use crate::sense::{Code, Sense};
 
@@ -167,4 +168,21 @@ impl TransferInfo {
             len,
         }
     }
+}
+
+/// A CDB decoded once, for the logical unit it is addressed to
+/// ([`ScsiTarget::decode`](crate::ScsiTarget::decode)). A transport keeps it with
+/// the command: how much data-out to solicit, where the command may run and its
+/// execution all read this one decoding instead of the CDB bytes again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodedCdb {
+    /// The LUN the command is addressed to.
+    pub lun: u64,
+    /// The operation code; None for an empty CDB.
+    pub opcode: Option<u8>,
+    /// The fields, or why the CDB cannot be executed.
+    pub cdb: Result<Cdb, CdbError>,
+    /// What the command transfers on its logical unit; nothing for a command that
+    /// will fail.
+    pub transfer: TransferInfo,
 }

@@ -34,7 +34,7 @@ pub mod vpd;
 mod write_gate;
 pub mod xcopy;
 
-pub use command::{Command, DataDirection, Response, Status, TransferInfo};
+pub use command::{Command, DataDirection, DecodedCdb, Response, Status, TransferInfo};
 pub use errors::{error_kind_for_sense, sense_for_error};
 pub use lun::{LogicalUnit, LunConfig, LunError};
 pub use nexus::{Nexus, NexusKey};

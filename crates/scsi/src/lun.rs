@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use blockwire_blockdev::Device;
 
 use crate::cdb::{self, Access, Cdb, CdbError, Rw};
-use crate::command::{Command, Response, TransferInfo};
+use crate::command::{Command, Response};
 use crate::mode::{Geometry, ModeState};
 use crate::nexus::{Nexus, NexusKey};
 use crate::opcodes;
@@ -240,14 +240,6 @@ impl LogicalUnit {
         self.num_blocks
     }
 
-    /// What the CDB will transfer (see [`crate::ScsiTarget::transfer_info`]).
-    pub fn transfer_info(&self, cdb: &[u8]) -> TransferInfo {
-        match cdb::decode(cdb) {
-            Ok(decoded) => decoded.transfer(self.block_size),
-            Err(_) => TransferInfo::NONE,
-        }
-    }
-
     /// CHECK CONDITION in the format the control mode page asks for.
     pub(crate) fn fail(&self, sense: impl Into<Sense>, expected_len: u64) -> Response {
         Response::sense(&sense.into(), self.mode.descriptor_sense(), expected_len)
@@ -331,26 +323,25 @@ impl LogicalUnit {
     /// Whether `cdb` is a plain WRITE that the device finishes without waiting for
     /// hardware: a buffered write into a cache, neither FUA nor write-through (see
     /// [`ScsiTarget::write_completes_inline`](crate::ScsiTarget::write_completes_inline)).
-    pub(crate) fn write_completes_inline(&self, cdb: &[u8]) -> bool {
+    pub(crate) fn write_completes_inline(&self, cdb: &Cdb) -> bool {
         if !self.device.info().completes_inline {
             return false;
         }
-        match cdb::decode(cdb) {
-            Ok(Cdb::Write(rw)) => !self.write_flags(rw.fua).fua,
+        match cdb {
+            Cdb::Write(rw) => !self.write_flags(rw.fua).fua,
             _ => false,
         }
     }
 
     /// A READ served from the device's cache without waiting (see
     /// [`ScsiTarget::try_execute_cached`](crate::ScsiTarget::try_execute_cached)).
-    pub(crate) fn try_read_cached(&self, command: &Command<'_>) -> Option<Response> {
+    pub(crate) fn try_read_cached(&self, cdb: &Cdb, command: &Command<'_>) -> Option<Response> {
         if self.attentions.any() {
             return None;
         }
-        let decoded = cdb::decode(command.cdb).ok()?;
-        let expected = decoded.transfer(self.block_size).len;
-        match decoded {
-            Cdb::Read(rw) if !self.conflicts(command.nexus, decoded.access()) => {
+        let expected = cdb.transfer(self.block_size).len;
+        match *cdb {
+            Cdb::Read(rw) if !self.conflicts(command.nexus, cdb.access()) => {
                 self.try_read(rw, expected)
             }
             _ => None,
@@ -361,13 +352,18 @@ impl LogicalUnit {
     /// EXTENDED COPY may only name this logical unit; through the target it may name
     /// any of the target's.
     pub fn execute(&self, command: &Command<'_>) -> Response {
-        self.execute_among(command, &[])
+        self.execute_decoded(cdb::decode(command.cdb), command, &[])
     }
 
-    /// [`execute`](LogicalUnit::execute), with `others` the logical units EXTENDED COPY
-    /// may also name.
-    pub(crate) fn execute_among(&self, command: &Command<'_>, others: &[&LogicalUnit]) -> Response {
-        let decoded = match cdb::decode(command.cdb) {
+    /// [`execute`](LogicalUnit::execute) with the CDB already decoded, and `others`
+    /// the logical units EXTENDED COPY may also name.
+    pub(crate) fn execute_decoded(
+        &self,
+        decoded: Result<Cdb, CdbError>,
+        command: &Command<'_>,
+        others: &[&LogicalUnit],
+    ) -> Response {
+        let decoded = match decoded {
             Ok(decoded) => decoded,
             Err(err) => return self.fail(err.sense(), 0),
         };

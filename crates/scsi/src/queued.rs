@@ -4,8 +4,8 @@
 
 use blockwire_blockdev::{IoBuf, Result, WriteFlags};
 
-use crate::cdb::{self, op, Cdb};
-use crate::command::{Command, Response};
+use crate::cdb::Cdb;
+use crate::command::{Command, DecodedCdb, Response};
 use crate::sense::codes;
 use crate::target::ScsiTarget;
 use crate::write_gate::QueuedWriteTicket;
@@ -39,19 +39,20 @@ impl ScsiTarget {
     /// reservation in the way and a valid range. `None` for everything else, which
     /// then goes to `execute` as usual (and is answered there, errors included).
     pub fn plan_read(&self, lun: u64, command: &Command<'_>) -> Option<QueuedRead> {
-        let opcode = *command.cdb.first()?;
-        if !matches!(opcode, op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16) {
+        self.plan_read_decoded(&self.decode(lun, command.cdb), command)
+    }
+
+    /// [`plan_read`](Self::plan_read) for a command whose CDB was decoded with
+    /// [`decode`](Self::decode).
+    pub fn plan_read_decoded(&self, cdb: &DecodedCdb, command: &Command<'_>) -> Option<QueuedRead> {
+        let Ok(decoded @ Cdb::Read(rw)) = cdb.cdb else {
             return None;
-        }
-        let unit = self.lun(lun)?;
+        };
+        let unit = self.lun(cdb.lun)?;
         if unit.attentions.any() {
             return None;
         }
-        let decoded = cdb::decode(command.cdb).ok()?;
-        let expected = decoded.transfer(unit.block_size()).len;
-        let Cdb::Read(rw) = decoded else {
-            return None;
-        };
+        let expected = cdb.transfer.len;
         if unit.conflicts(command.nexus, decoded.access()) {
             return None;
         }
@@ -91,22 +92,24 @@ impl ScsiTarget {
     /// the device's native FUA, as its queue does. `None` for everything else,
     /// which goes to `execute` as usual.
     pub fn plan_write(&self, lun: u64, command: &Command<'_>) -> Option<QueuedWrite> {
-        let opcode = *command.cdb.first()?;
-        if !matches!(
-            opcode,
-            op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16
-        ) {
+        self.plan_write_decoded(&self.decode(lun, command.cdb), command)
+    }
+
+    /// [`plan_write`](Self::plan_write) for a command whose CDB was decoded with
+    /// [`decode`](Self::decode).
+    pub fn plan_write_decoded(
+        &self,
+        cdb: &DecodedCdb,
+        command: &Command<'_>,
+    ) -> Option<QueuedWrite> {
+        let Ok(decoded @ Cdb::Write(rw)) = cdb.cdb else {
             return None;
-        }
-        let unit = self.lun(lun)?;
+        };
+        let unit = self.lun(cdb.lun)?;
         if unit.attentions.any() || unit.write_protection().is_some() {
             return None;
         }
-        let decoded = cdb::decode(command.cdb).ok()?;
-        let expected = decoded.transfer(unit.block_size()).len;
-        let Cdb::Write(rw) = decoded else {
-            return None;
-        };
+        let expected = cdb.transfer.len;
         if unit.conflicts(command.nexus, decoded.access()) {
             return None;
         }

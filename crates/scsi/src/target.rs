@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
 use crate::cdb::{self, op, Cdb};
-use crate::command::{Command, Response, TransferInfo};
+use crate::command::{Command, DecodedCdb, Response, TransferInfo};
 use crate::inquiry::{self, NO_LUN};
 use crate::lun::{LogicalUnit, LunConfig};
 use crate::nexus::{Nexus, NexusKey};
@@ -115,28 +115,55 @@ impl ScsiTarget {
         Response::with_allocation(&out, alloc)
     }
 
+    /// Decodes `cdb` for the logical unit `lun`, once: the transport reads what it
+    /// transfers and where it may run from the result, then executes it with
+    /// [`execute_decoded`](Self::execute_decoded).
+    pub fn decode(&self, lun: u64, cdb: &[u8]) -> DecodedCdb {
+        let decoded = cdb::decode(cdb);
+        let transfer = match (self.luns.get(&lun), &decoded) {
+            (Some(unit), Ok(d)) => d.transfer(unit.block_size()),
+            // An absent LUN answers only these (SPC-4 6.6.2, 6.29, 6.33).
+            (
+                None,
+                Ok(d @ (Cdb::Inquiry { .. } | Cdb::RequestSense { .. } | Cdb::ReportLuns { .. })),
+            ) => d.transfer(512),
+            _ => TransferInfo::NONE,
+        };
+        DecodedCdb {
+            lun,
+            opcode: cdb.first().copied(),
+            cdb: decoded,
+            transfer,
+        }
+    }
+
     /// Executes one command addressed to `lun`. Handles REPORT LUNS (any LUN),
     /// unknown LUNs, pending unit attentions, and passes the rest to the logical
     /// unit. Blocking; safe to call concurrently for many nexuses.
     pub fn execute(&self, lun: u64, command: &Command<'_>) -> Response {
-        let opcode = command.cdb.first().copied();
+        self.execute_decoded(&self.decode(lun, command.cdb), command)
+    }
+
+    /// [`execute`](Self::execute) for a command whose CDB (`command.cdb`) was
+    /// decoded with [`decode`](Self::decode).
+    pub fn execute_decoded(&self, decoded: &DecodedCdb, command: &Command<'_>) -> Response {
+        let opcode = decoded.opcode;
         if opcode == Some(op::REPORT_LUNS) {
-            return match cdb::decode(command.cdb) {
+            return match decoded.cdb {
                 Ok(Cdb::ReportLuns { select, alloc }) => self.report_luns(select, alloc),
                 Ok(_) => Response::code(codes::INVALID_COMMAND_OPERATION_CODE, 0),
                 Err(err) => Response::sense(&err.sense(), false, 0),
             };
         }
-        let Some(unit) = self.luns.get(&lun) else {
-            return self.absent_lun(command);
+        let Some(unit) = self.luns.get(&decoded.lun) else {
+            return absent_lun(decoded);
         };
         self.note_nexus(command.nexus);
         // SAM-5 5.14: INQUIRY, REPORT LUNS and REQUEST SENSE pass a pending unit
         // attention (REQUEST SENSE reports it as its data); everything else gets it.
         if !matches!(opcode, Some(op::INQUIRY) | Some(op::REQUEST_SENSE)) {
             if let Some(code) = unit.take_unit_attention(command.nexus) {
-                let expected = unit.transfer_info(command.cdb).len;
-                return unit.fail(code, expected);
+                return unit.fail(code, decoded.transfer.len);
             }
         }
         if opcode == Some(op::EXTENDED_COPY) {
@@ -146,11 +173,11 @@ impl ScsiTarget {
                 .filter(|other| !Arc::ptr_eq(other, unit))
                 .map(|other| other.as_ref())
                 .collect();
-            return unit.execute_among(command, &others);
+            return unit.execute_decoded(decoded.cdb, command, &others);
         }
         if matches!(opcode, Some(op::MODE_SELECT_6) | Some(op::MODE_SELECT_10)) {
             let before = unit.mode.changes();
-            let response = unit.execute(command);
+            let response = unit.execute_decoded(decoded.cdb, command, &[]);
             if unit.mode.changes() != before {
                 // SPC-4 6.9: the other nexuses learn of it by a unit attention.
                 for nexus in self.known_nexuses() {
@@ -161,7 +188,7 @@ impl ScsiTarget {
             }
             return response;
         }
-        unit.execute(command)
+        unit.execute_decoded(decoded.cdb, command, &[])
     }
 
     /// [`execute`](Self::execute) for a READ whose data is all in the device's cache:
@@ -170,38 +197,35 @@ impl ScsiTarget {
     /// fail, or a unit attention or reservation is in the way): then `execute` it
     /// where blocking is fine.
     pub fn try_execute_cached(&self, lun: u64, command: &Command<'_>) -> Option<Response> {
-        let opcode = *command.cdb.first()?;
-        if !matches!(opcode, op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16) {
+        self.try_execute_cached_decoded(&self.decode(lun, command.cdb), command)
+    }
+
+    /// [`try_execute_cached`](Self::try_execute_cached) for a decoded CDB.
+    pub fn try_execute_cached_decoded(
+        &self,
+        decoded: &DecodedCdb,
+        command: &Command<'_>,
+    ) -> Option<Response> {
+        let Ok(cdb @ Cdb::Read(_)) = &decoded.cdb else {
             return None;
-        }
-        let unit = self.luns.get(&lun)?;
+        };
+        let unit = self.luns.get(&decoded.lun)?;
         self.note_nexus(command.nexus);
-        unit.try_read_cached(command)
+        unit.try_read_cached(cdb, command)
     }
 
     /// Whether `cdb` is a WRITE that `lun`'s device finishes without waiting for
     /// hardware (buffered, no FUA, the write cache on): a transport may then
     /// [`execute`](Self::execute) it on its connection's own thread.
     pub fn write_completes_inline(&self, lun: u64, cdb: &[u8]) -> bool {
-        self.luns
-            .get(&lun)
-            .is_some_and(|unit| unit.write_completes_inline(cdb))
+        self.write_completes_inline_decoded(&self.decode(lun, cdb))
     }
 
-    fn absent_lun(&self, command: &Command<'_>) -> Response {
-        match cdb::decode(command.cdb) {
-            Ok(Cdb::Inquiry {
-                evpd: false, alloc, ..
-            }) => Response::with_allocation(&inquiry::standard(&absent_config(), NO_LUN), alloc),
-            Ok(Cdb::RequestSense { descriptor, alloc }) => {
-                // SPC-4 6.29: REQUEST SENSE to an absent LUN reports it as data.
-                let sense = Sense::new(codes::LOGICAL_UNIT_NOT_SUPPORTED).encode(descriptor);
-                Response::with_allocation(&sense, alloc)
-            }
-            Ok(decoded) => {
-                Response::code(codes::LOGICAL_UNIT_NOT_SUPPORTED, decoded.transfer(512).len)
-            }
-            Err(_) => Response::code(codes::LOGICAL_UNIT_NOT_SUPPORTED, 0),
+    /// [`write_completes_inline`](Self::write_completes_inline) for a decoded CDB.
+    pub fn write_completes_inline_decoded(&self, decoded: &DecodedCdb) -> bool {
+        match (&decoded.cdb, self.luns.get(&decoded.lun)) {
+            (Ok(cdb @ Cdb::Write(_)), Some(unit)) => unit.write_completes_inline(cdb),
+            _ => false,
         }
     }
 
@@ -209,17 +233,7 @@ impl ScsiTarget {
     /// solicit before calling [`execute`](ScsiTarget::execute). Commands that will
     /// fail (unknown operation codes, bad fields) transfer nothing.
     pub fn transfer_info(&self, lun: u64, cdb: &[u8]) -> TransferInfo {
-        match self.luns.get(&lun) {
-            Some(unit) => unit.transfer_info(cdb),
-            None => match cdb::decode(cdb) {
-                Ok(
-                    decoded @ (Cdb::Inquiry { .. }
-                    | Cdb::RequestSense { .. }
-                    | Cdb::ReportLuns { .. }),
-                ) => decoded.transfer(512),
-                _ => TransferInfo::NONE,
-            },
-        }
+        self.decode(lun, cdb).transfer
     }
 
     /// Task management: LOGICAL UNIT RESET, TARGET WARM RESET, TARGET COLD RESET.
@@ -257,5 +271,98 @@ impl ScsiTarget {
                 nexuses.remove(nexus.initiator_port.as_str());
             }
         }
+    }
+}
+
+/// The answer of a LUN that does not exist: INQUIRY and REQUEST SENSE say so in
+/// their data, everything else fails with LOGICAL UNIT NOT SUPPORTED.
+fn absent_lun(decoded: &DecodedCdb) -> Response {
+    match decoded.cdb {
+        Ok(Cdb::Inquiry {
+            evpd: false, alloc, ..
+        }) => Response::with_allocation(&inquiry::standard(&absent_config(), NO_LUN), alloc),
+        Ok(Cdb::RequestSense { descriptor, alloc }) => {
+            // SPC-4 6.29: REQUEST SENSE to an absent LUN reports it as data.
+            let sense = Sense::new(codes::LOGICAL_UNIT_NOT_SUPPORTED).encode(descriptor);
+            Response::with_allocation(&sense, alloc)
+        }
+        Ok(other) => Response::code(codes::LOGICAL_UNIT_NOT_SUPPORTED, other.transfer(512).len),
+        Err(_) => Response::code(codes::LOGICAL_UNIT_NOT_SUPPORTED, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::{DataDirection, Status};
+    use blockwire_blockdev::{Device, MemoryDevice};
+
+    fn target() -> ScsiTarget {
+        let mut target = ScsiTarget::new();
+        let device = Device::from_device(MemoryDevice::new(1 << 20));
+        let unit = LogicalUnit::new(device, LunConfig::default()).expect("logical unit");
+        target.add_lun(0, Arc::new(unit));
+        target
+    }
+
+    fn nexus() -> Nexus {
+        Nexus {
+            initiator_port: "iqn.test:i,i,0x1".into(),
+            transport_id: Vec::new(),
+            relative_target_port: 1,
+        }
+    }
+
+    const WRITE_8_BLOCKS: [u8; 10] = [0x2a, 0, 0, 0, 0, 0, 0, 0, 8, 0];
+    const INQUIRY_36: [u8; 6] = [0x12, 0, 0, 0, 36, 0];
+
+    #[test]
+    fn one_decoding_tells_the_transfer_for_the_lun() {
+        let t = target();
+        let write = t.decode(0, &WRITE_8_BLOCKS);
+        assert_eq!(write.opcode, Some(0x2a));
+        assert!(matches!(write.cdb, Ok(Cdb::Write(_))));
+        assert_eq!(write.transfer.direction, DataDirection::Out);
+        assert_eq!(write.transfer.len, 4096);
+        assert_eq!(t.transfer_info(0, &WRITE_8_BLOCKS), write.transfer);
+        // An absent LUN moves data only for what it answers itself.
+        assert_eq!(t.decode(7, &WRITE_8_BLOCKS).transfer, TransferInfo::NONE);
+        assert_eq!(t.decode(7, &INQUIRY_36).transfer.len, 36);
+        // A CDB that does not decode transfers nothing.
+        let bad = t.decode(0, &[0xff, 0, 0, 0, 0, 0]);
+        assert!(bad.cdb.is_err());
+        assert_eq!(bad.transfer, TransferInfo::NONE);
+    }
+
+    #[test]
+    fn a_decoded_command_executes_as_its_bytes_do() {
+        let t = target();
+        let nexus = nexus();
+        let data = vec![0x5a; 4096];
+        let command = Command {
+            nexus: &nexus,
+            cdb: &WRITE_8_BLOCKS,
+            data_out: &data,
+        };
+        let decoded = t.decode(0, command.cdb);
+        assert_eq!(t.execute_decoded(&decoded, &command).status, Status::Good);
+        let read = [0x28, 0, 0, 0, 0, 0, 0, 0, 8, 0];
+        let command = Command {
+            nexus: &nexus,
+            cdb: &read,
+            data_out: &[],
+        };
+        let response = t.execute_decoded(&t.decode(0, &read), &command);
+        assert_eq!(response.data(), &data[..]);
+        // To an absent LUN: INQUIRY answers, a READ fails.
+        let absent = t.execute_decoded(&t.decode(7, &read), &command);
+        assert_eq!(absent.sense_code(), Some(codes::LOGICAL_UNIT_NOT_SUPPORTED));
+        let inquiry = Command {
+            cdb: &INQUIRY_36,
+            ..command
+        };
+        let answer = t.execute_decoded(&t.decode(7, &INQUIRY_36), &inquiry);
+        assert_eq!(answer.status, Status::Good);
+        assert_eq!(answer.data()[0], NO_LUN);
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use blockwire_scsi::{Command, Response};
 
 use super::command::{send_reply, Reply};
-use super::full_feature::{CommandJob, NO_SUCH_LUN};
+use super::full_feature::CommandJob;
 use super::queued::{QueuedCommands, QueuedJob, Work};
 use super::session::Session;
 use super::Shared;
@@ -66,7 +66,7 @@ impl Dispatcher {
         let inline = job.early.is_none()
             && job.writes
             && job.expected_len <= INLINE_WRITE_MAX
-            && scsi.write_completes_inline(job.lun.unwrap_or(NO_SUCH_LUN), &job.cdb);
+            && scsi.write_completes_inline_decoded(&job.decoded);
         if inline {
             execute(&self.session, job, self.max_burst);
             return;
@@ -88,8 +88,8 @@ impl Dispatcher {
             return false;
         }
         let scsi = self.session.scsi.as_ref().expect("normal session");
-        let Some(response) = scsi.try_execute_cached(
-            job.lun.unwrap_or(NO_SUCH_LUN),
+        let Some(response) = scsi.try_execute_cached_decoded(
+            &job.decoded,
             &Command {
                 nexus: &self.session.nexus,
                 cdb: &job.cdb,
@@ -112,8 +112,8 @@ impl Dispatcher {
         if !lun_queues(scsi, lun) {
             return false;
         }
-        let plan = scsi.plan_read(
-            lun,
+        let plan = scsi.plan_read_decoded(
+            &job.decoded,
             &Command {
                 nexus: &self.session.nexus,
                 cdb: &job.cdb,
@@ -143,8 +143,8 @@ impl Dispatcher {
             return Some(job);
         }
         let (buf, received) = job.data.take().expect("checked");
-        let plan = scsi.plan_write(
-            lun,
+        let plan = scsi.plan_write_decoded(
+            &job.decoded,
             &Command {
                 nexus: &self.session.nexus,
                 cdb: &job.cdb,
@@ -211,8 +211,8 @@ fn execute(session: &Session, mut job: CommandJob, max_burst: u32) {
                 Some((buf, received)) => &buf[..*received as usize],
                 None => &[][..],
             };
-            scsi.execute(
-                job.lun.unwrap_or(NO_SUCH_LUN),
+            scsi.execute_decoded(
+                &job.decoded,
                 &Command {
                     nexus: &session.nexus,
                     cdb: &job.cdb,

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use blockwire_blockdev::IoBuf;
 use blockwire_scsi::sense::{codes, key, Code};
-use blockwire_scsi::{DataDirection, Response, Status};
+use blockwire_scsi::{DataDirection, DecodedCdb, Response, Status};
 
 use crate::pdu::{
     Bhs, DataOut, LogoutRequest, NopOut, Pdu, R2t, RejectReason, ScsiCommand, TaskMgmtRequest,
@@ -53,6 +53,8 @@ pub struct PendingWrite {
     pub command: ScsiCommand,
     /// The LUN number, None when the LUN field uses an addressing method we do not.
     pub lun: Option<u64>,
+    /// The CDB, decoded once.
+    pub decoded: DecodedCdb,
     /// The data, EDTL bytes long; None when the command is answered early and its
     /// unsolicited data is only drained.
     pub buf: Option<IoBuf>,
@@ -173,9 +175,8 @@ impl FullFeature {
             return Step::Read(command);
         }
         let lun = decode_lun(command.lun);
-        let info = self
-            .scsi()
-            .transfer_info(lun.unwrap_or(NO_SUCH_LUN), &command.cdb);
+        let decoded = self.scsi().decode(lun.unwrap_or(NO_SUCH_LUN), &command.cdb);
+        let info = decoded.transfer;
         let want = match info.direction {
             DataDirection::Out => u64::from(edtl).min(info.len) as u32,
             _ => 0,
@@ -200,6 +201,7 @@ impl FullFeature {
         }
         let task = PendingWrite {
             lun,
+            decoded,
             early,
             received: data_len,
             want,
@@ -240,9 +242,11 @@ impl FullFeature {
     /// Queues a command without data-out.
     pub(super) fn execute_read(&mut self, command: ScsiCommand) {
         let lun = decode_lun(command.lun);
+        let decoded = self.scsi().decode(lun.unwrap_or(NO_SUCH_LUN), &command.cdb);
         self.work.push_back(Work::Execute(CommandJob {
             itt: command.initiator_task_tag,
             lun,
+            decoded,
             lun_field: command.lun,
             expected_len: command.expected_data_transfer_length,
             reads: command.read,
@@ -306,6 +310,7 @@ impl FullFeature {
             self.work.push_back(Work::Execute(CommandJob {
                 itt,
                 lun: task.lun,
+                decoded: task.decoded,
                 lun_field: command.lun,
                 expected_len: command.expected_data_transfer_length,
                 reads: command.read,

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blockwire_blockdev::IoBuf;
-use blockwire_scsi::{ResetKind, Response, ScsiTarget};
+use blockwire_scsi::{DecodedCdb, ResetKind, Response, ScsiTarget};
 
 use crate::login::{LoginConfig, Negotiated};
 use crate::pdu::{Bhs, Pdu, PduError, Reject, RejectReason, RESERVED_TAG};
@@ -81,6 +81,8 @@ pub struct CommandJob {
     /// The LUN field as the initiator sent it.
     pub lun_field: u64,
     pub cdb: Vec<u8>,
+    /// The CDB decoded once, for the LUN (where it runs and its execution read it).
+    pub decoded: DecodedCdb,
     /// The initiator's Expected Data Transfer Length.
     pub expected_len: u32,
     /// The command's R and W bits.
