@@ -29,6 +29,11 @@ else
   cache=${XDG_CACHE_HOME:-$HOME/.cache}/blockwire-vm
 fi
 mkdir -p "$cache/debs"
+# One build at a time per cache (two test runs may start together).
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$cache/lock"
+  flock 9
+fi
 
 for tool in apt-get apt-cache dpkg-deb depmod readelf gzip; do
   command -v "$tool" >/dev/null 2>&1 || unavailable "$tool is not installed"
