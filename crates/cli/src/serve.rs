@@ -3,13 +3,13 @@
 
 use anyhow::{anyhow, bail, Result};
 use blockwire_aoe::target::TargetConfig;
-use blockwire_blockdev::{Device, FileOptions, MemoryDevice, ThrottleConfig};
+use blockwire_blockdev::{FileOptions, ThrottleConfig};
 use blockwire_nbd::{Export, ExportSet};
 use blockwire_server::config::XdpChoice;
 use blockwire_server::created_files::CreatedFiles;
 use blockwire_server::defaults::{default_iqn, DEFAULT_IQN_PREFIX};
 use blockwire_server::device_spec::{remote_target, Target};
-use blockwire_server::factory::{open, open_or_create, reconnect_setting, Remote};
+use blockwire_server::factory::{open_source, reconnect_setting, Remote, Source};
 use blockwire_server::serve_export::throttled;
 use blockwire_server::serve_iscsi::{self, ChapSources, IscsiExport, IscsiPlan};
 use blockwire_server::serve_plan::{plan_from_file, Plan};
@@ -34,12 +34,7 @@ fn export_from_args(args: &ServeArgs, created: &CreatedFiles) -> Result<Export> 
 fn plain_export_from_args(args: &ServeArgs, created: &CreatedFiles) -> Result<Export> {
     Ok(match &args.path {
         None => {
-            let device = Device::from_device(MemoryDevice::new(DEMO_SIZE));
-            let device = if args.read_only {
-                device.read_only()
-            } else {
-                device
-            };
+            let device = open_source(&Source::Memory(DEMO_SIZE), args.read_only, created)?;
             let name = args.name.clone().unwrap_or_else(|| "demo".into());
             let description = if args.description.is_empty() {
                 "blockwire in-memory demo export (contents vanish on exit)".to_string()
@@ -66,17 +61,16 @@ fn plain_export_from_args(args: &ServeArgs, created: &CreatedFiles) -> Result<Ex
                 reconnect: reconnect_setting(args.reconnect),
                 ..Remote::default()
             };
-            let device = open(&target, args.read_only, remote)?;
-            let device = if args.read_only {
-                device.read_only()
-            } else {
-                device
-            };
             let default = match &target {
                 Target::Stripe(_) => "volume".to_string(),
                 Target::Rbd(spec) => spec.image.clone(),
                 _ => "remote".to_string(),
             };
+            let device = open_source(
+                &Source::Remote(Box::new(target), remote),
+                args.read_only,
+                created,
+            )?;
             let name = args.name.clone().unwrap_or(default);
             Export::new(name, args.description.clone(), device)
         }
@@ -86,7 +80,12 @@ fn plain_export_from_args(args: &ServeArgs, created: &CreatedFiles) -> Result<Ex
                 direct: args.direct,
                 write_behind: args.write_behind,
             };
-            let device = open_or_create(path, args.size, options, created)?;
+            let file = Source::File {
+                path: path.clone(),
+                size: args.size,
+                options,
+            };
+            let device = open_source(&file, args.read_only, created)?;
             let name = match &args.name {
                 Some(name) => name.clone(),
                 None => path

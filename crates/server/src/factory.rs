@@ -4,7 +4,7 @@
 //! files (created sparse on request, never resized) too.
 
 use std::fs::OpenOptions;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
@@ -13,7 +13,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use blockwire_aoe::initiator::{AoeClient, AoeOptions};
 use blockwire_blockdev::paths::DEFAULT_RECONNECT;
 use blockwire_blockdev::size::format_size;
-use blockwire_blockdev::{Device, FileDevice, FileOptions, Stripe};
+use blockwire_blockdev::{Device, FileDevice, FileOptions, MemoryDevice, Stripe};
 use blockwire_iscsi::initiator::{IscsiClient, IscsiOptions};
 use blockwire_nbd::initiator::{ClientOptions, NbdClient};
 use blockwire_rbd::{RbdDevice, RbdSpec};
@@ -193,6 +193,64 @@ impl StripeSpec {
     }
 }
 
+/// What an export's device is made from, as a config table or serve's flags
+/// name it (a `[[volume]]` is opened by [`crate::volumes`], which shares it).
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// A file or block device; created as a sparse file of `size` bytes if it does
+    /// not exist and a size is given.
+    File {
+        path: PathBuf,
+        size: Option<u64>,
+        options: FileOptions,
+    },
+    /// A sparse in-memory device of this many bytes.
+    Memory(u64),
+    /// What [`Target::parse`] reads other than a path: a remote target (through
+    /// an initiator), a Ceph RBD image, a striped volume.
+    Remote(Box<Target>, Remote),
+}
+
+impl Source {
+    /// A `path` as serve reads it: a URI, `rbd:` or `stripe:` names a remote
+    /// device ([`crate::device_spec::remote_target`]), anything else a file.
+    pub fn from_path(path: &Path, size: Option<u64>, options: FileOptions) -> Result<Source> {
+        Ok(match crate::device_spec::remote_target(path)? {
+            Some(target) => Source::Remote(Box::new(target), Remote::default()),
+            None => Source::File {
+                path: path.to_path_buf(),
+                size,
+                options,
+            },
+        })
+    }
+}
+
+/// Opens (or creates, noted in `created`) the device `source` describes, refusing
+/// writes when `read_only`.
+pub fn open_source(source: &Source, read_only: bool, created: &CreatedFiles) -> Result<Device> {
+    let device = match source {
+        Source::File {
+            path,
+            size,
+            options,
+        } => {
+            let options = FileOptions {
+                read_only: options.read_only || read_only,
+                ..*options
+            };
+            return open_or_create(path, *size, options, created);
+        }
+        Source::Memory(size) => Device::from_device(MemoryDevice::new(*size)),
+        Source::Remote(target, remote) => open(target, read_only, *remote)?,
+    };
+    Ok(if read_only {
+        device.read_only()
+    } else {
+        device
+    })
+}
+
 /// Opens `path`, creating a sparse file of `size` bytes if it does not exist.
 /// Refuses to resize an existing file.
 pub fn open_or_create(
@@ -278,5 +336,43 @@ mod tests {
         assert!(parse_timeout("0").is_err());
         assert!(parse_timeout("-2").is_err());
         assert!(parse_timeout("soon").is_err());
+    }
+
+    #[test]
+    fn sources_open_as_described() {
+        let dir = tempfile::tempdir().unwrap();
+        let created = CreatedFiles::default();
+        let memory = open_source(&Source::Memory(1 << 20), true, &created).unwrap();
+        assert_eq!(memory.size(), 1 << 20);
+        assert!(memory.info().read_only);
+
+        let path = dir.path().join("new.img");
+        let file = Source::from_path(&path, Some(2 << 20), FileOptions::default()).unwrap();
+        assert!(matches!(file, Source::File { .. }));
+        let device = open_source(&file, false, &created).unwrap();
+        assert_eq!(device.size(), 2 << 20);
+        assert!(!device.info().read_only);
+        // Created for this start, so removed if the start fails.
+        created.remove_all();
+        assert!(!path.exists());
+
+        let (a, b) = (dir.path().join("a.img"), dir.path().join("b.img"));
+        std::fs::File::create(&a).unwrap().set_len(1 << 20).unwrap();
+        std::fs::File::create(&b).unwrap().set_len(1 << 20).unwrap();
+        let spec = format!("stripe:64K:{},{}", a.display(), b.display());
+        let stripe = Source::from_path(Path::new(&spec), None, FileOptions::default()).unwrap();
+        assert!(matches!(&stripe, Source::Remote(t, _) if matches!(**t, Target::Stripe(_))));
+        let volume = open_source(&stripe, false, &created).unwrap();
+        assert_eq!(volume.size(), 2 << 20);
+    }
+
+    #[test]
+    fn a_missing_file_without_a_size_is_not_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("missing.img");
+        let source = Source::from_path(&path, None, FileOptions::default()).unwrap();
+        let error = open_source(&source, false, &CreatedFiles::default()).unwrap_err();
+        assert!(format!("{error:#}").contains("does not exist"), "{error:#}");
+        assert!(!path.exists());
     }
 }

@@ -14,8 +14,10 @@
 //! 4. [`config_validate`]: the one validation, for `check-config`, `serve` and
 //!    reload;
 //! 5. [`created_files`], [`factory`], [`volumes`]: the device factory, the one place
-//!    where a description becomes a device (and the `[[volume]]` tables opened once
-//!    each);
+//!    where a description becomes a device: [`factory::open`] for what a command
+//!    names, [`factory::open_source`] for an export's file (created on request),
+//!    memory or remote device, whether a config table or serve's flags describe
+//!    it, and the `[[volume]]` tables, opened once each and shared;
 //! 6. [`metrics`]: the Prometheus registry, its counters and the HTTP endpoint;
 //! 7. orchestration: [`serve_export`] builds an export's device from its table; one
 //!    module per protocol ([`serve_nbd`], [`serve_iscsi`], [`serve_aoe`], with

@@ -5,13 +5,13 @@
 use anyhow::{anyhow, bail, Context, Result};
 use blockwire_blockdev::size::parse_size;
 use blockwire_blockdev::write_behind::DEFAULT_WRITE_BEHIND;
-use blockwire_blockdev::{Device, FileOptions, MemoryDevice, Throttle, ThrottleConfig};
+use blockwire_blockdev::{Device, FileOptions, Throttle, ThrottleConfig};
 use blockwire_nbd::Export;
 
 use crate::config::ExportSection;
 use crate::created_files::CreatedFiles;
 use crate::device_spec::Target;
-use crate::factory::{open, open_or_create, Remote};
+use crate::factory::{open_source, Remote, Source};
 use crate::throttle;
 use crate::volumes::Volumes;
 
@@ -52,13 +52,9 @@ pub fn export_from_section(
                 .rbd_spec()
                 .expect("checked above")
                 .map_err(|e| anyhow!(e))?;
-            let device = open(&Target::Rbd(spec), section.read_only, Remote::default())
-                .with_context(|| format!("export '{}'", section.name))?;
-            if section.read_only {
-                device.read_only()
-            } else {
-                device
-            }
+            let source = Source::Remote(Box::new(Target::Rbd(spec)), Remote::default());
+            open_source(&source, section.read_only, created)
+                .with_context(|| format!("export '{}'", section.name))?
         }
         (Some(path), _) => {
             let size = section
@@ -77,17 +73,16 @@ pub fn export_from_section(
                 direct: section.direct,
                 write_behind,
             };
-            open_or_create(path, size, options, created)
+            // A file, or (as check-config describes it) a remote device or a
+            // striped volume served again.
+            let source = Source::from_path(path, size, options)
+                .with_context(|| format!("export '{}'", section.name))?;
+            open_source(&source, section.read_only, created)
                 .with_context(|| format!("export '{}'", section.name))?
         }
         (None, Some(memory)) => {
             let size = parse_size(memory).map_err(|e| anyhow!("export '{}': {e}", section.name))?;
-            let device = Device::from_device(MemoryDevice::new(size));
-            if section.read_only {
-                device.read_only()
-            } else {
-                device
-            }
+            open_source(&Source::Memory(size), section.read_only, created)?
         }
         (None, None) => bail!("export '{}' has neither path nor memory", section.name),
     };
@@ -125,5 +120,23 @@ mod tests {
             text.contains("export 'f'") && text.contains("/nonexistent/f.img"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_path_that_names_a_stripe_is_opened_as_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.img"), dir.path().join("b.img"));
+        std::fs::File::create(&a).unwrap().set_len(1 << 20).unwrap();
+        std::fs::File::create(&b).unwrap().set_len(1 << 20).unwrap();
+        let text = format!(
+            "name = \"s\"\npath = \"stripe:64K:{},{}\"\nread_only = true\n",
+            a.display(),
+            b.display()
+        );
+        let mut volumes = Volumes::new(&[], &[]);
+        let export =
+            export_from_section(&section(&text), &mut volumes, &CreatedFiles::default()).unwrap();
+        assert_eq!(export.device.size(), 2 << 20);
+        assert!(export.device.info().read_only);
     }
 }
