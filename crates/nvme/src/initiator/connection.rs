@@ -15,12 +15,11 @@ use std::time::Duration;
 use blockwire_blockdev::IoBuf;
 
 use super::error::InitiatorError;
-use super::frame::{parse_c2h_header, put_h2c_data, C2HHeader, DATA_HEADER_LEN};
+use super::frame::{parse_c2h_header, put_capsule, put_h2c_data, C2HHeader, DATA_HEADER_LEN};
 use crate::cqe::{Cqe, Status};
 use crate::pdu::digest::digest_matches;
 use crate::pdu::{
-    decode, pdu_len, CapsuleCmd, Digests, Framing, IcReq, Pdu, PduType, COMMON_HEADER_LEN,
-    DIGEST_LEN,
+    decode, pdu_len, Digests, Framing, IcReq, Pdu, PduType, COMMON_HEADER_LEN, DIGEST_LEN,
 };
 use crate::sqe::{Direction, SglDescriptor, Sqe};
 
@@ -105,7 +104,11 @@ pub(crate) struct Connection {
     inline_max: usize,
     table: Mutex<Table>,
     freed: Condvar,
+    /// PDUs the reader thread sends (H2CData), for the writer thread.
     out: Sender<Vec<u8>>,
+    /// The socket's sending side: submitters write capsules to it directly,
+    /// the writer thread its queue.
+    sending: Arc<Mutex<TcpStream>>,
     stream: TcpStream,
 }
 
@@ -216,7 +219,8 @@ impl Connection {
             maxh2cdata: resp.maxh2cdata,
         };
         let (out, queued) = mpsc::channel();
-        let writer = stream.try_clone().map_err(&failed)?;
+        let sending = Arc::new(Mutex::new(stream.try_clone().map_err(&failed)?));
+        let writer = sending.clone();
         let reader = stream.try_clone().map_err(&failed)?;
         let connection = Arc::new(Connection {
             address: address.to_owned(),
@@ -229,6 +233,7 @@ impl Connection {
             }),
             freed: Condvar::new(),
             out,
+            sending,
             stream,
         });
         std::thread::Builder::new()
@@ -282,14 +287,19 @@ impl Connection {
         let len = payload.len();
         let in_capsule = direction == Direction::ToController && len > 0 && len <= self.inline_max
             || sqe.opcode() == crate::opcodes::admin::FABRICS;
-        let data = if in_capsule {
+        let mut bytes = Vec::new();
+        if in_capsule {
             sqe.set_sgl(SglDescriptor::in_capsule(len as u32));
-            payload.as_slice().to_vec()
+            put_capsule(
+                &mut bytes,
+                &self.negotiated.framing,
+                &sqe,
+                payload.as_slice(),
+            );
         } else {
             sqe.set_sgl(SglDescriptor::transport(len as u32));
-            Vec::new()
-        };
-        let bytes = Pdu::CapsuleCmd(CapsuleCmd { sqe, data }).to_bytes(&self.negotiated.framing);
+            put_capsule(&mut bytes, &self.negotiated.framing, &sqe, &[]);
+        }
         table.pending.insert(
             cid,
             Pending {
@@ -299,9 +309,20 @@ impl Connection {
                 direction,
             },
         );
-        // Queued under the lock, so a fatal error cannot miss this command.
-        if self.out.send(bytes).is_err() {
-            drop(table);
+        // Once in the table, a fatal error (which drains it) answers the
+        // command even if the write below never happens.
+        drop(table);
+        // Written here when the socket is free; otherwise queued for the
+        // writer thread, which gathers what piles up into fewer writes.
+        let written = match self.sending.try_lock() {
+            Ok(mut stream) => stream.write_all(&bytes),
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().write_all(&bytes),
+            Err(std::sync::TryLockError::WouldBlock) => self
+                .out
+                .send(bytes)
+                .map_err(|_| std::io::Error::other("the sending thread is gone")),
+        };
+        if written.is_err() {
             self.fail();
         }
     }
@@ -527,7 +548,13 @@ const BATCH: usize = 256 * 1024;
 
 /// Writes whatever is queued: small PDUs that pile up gathered into one write,
 /// large ones as they are.
-fn write_loop(mut stream: TcpStream, queued: Receiver<Vec<u8>>) {
+fn write_loop(sending: Arc<Mutex<TcpStream>>, queued: Receiver<Vec<u8>>) {
+    let write = |bytes: &[u8]| {
+        sending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .write_all(bytes)
+    };
     let mut batch = Vec::with_capacity(BATCH);
     while let Ok(first) = queued.recv() {
         let mut next = Some(first);
@@ -535,10 +562,10 @@ fn write_loop(mut stream: TcpStream, queued: Receiver<Vec<u8>>) {
         while let Some(bytes) = next.take() {
             if bytes.len() >= WRITE_ALONE {
                 if !batch.is_empty() {
-                    written = written.and_then(|()| stream.write_all(&batch));
+                    written = written.and_then(|()| write(&batch));
                     batch.clear();
                 }
-                written = written.and_then(|()| stream.write_all(&bytes));
+                written = written.and_then(|()| write(&bytes));
             } else {
                 batch.extend_from_slice(&bytes);
             }
@@ -547,12 +574,15 @@ fn write_loop(mut stream: TcpStream, queued: Receiver<Vec<u8>>) {
             }
         }
         if !batch.is_empty() {
-            written = written.and_then(|()| stream.write_all(&batch));
+            written = written.and_then(|()| write(&batch));
             batch.clear();
         }
         if written.is_err() {
             // The reader sees the shutdown and fails what is in flight.
-            let _ = stream.shutdown(Shutdown::Both);
+            let _ = sending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .shutdown(Shutdown::Both);
             return;
         }
     }

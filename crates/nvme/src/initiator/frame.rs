@@ -1,11 +1,12 @@
-//! The two data PDUs on the initiator's hot path, framed without the codec's
-//! intermediate copies: H2CData written straight from the command's buffer,
-//! and C2HData headers parsed so their data is read straight into the
-//! command's buffer. The layout is the codec's ([`crate::pdu`]); the tests
+//! The PDUs on the initiator's hot path, framed without the codec's
+//! intermediate copies: command capsules and H2CData written straight from the
+//! command's buffer, and C2HData headers parsed so their data is read straight
+//! into the command's buffer. The layout is the codec's ([`crate::pdu`]); the tests
 //! check both against it.
 
 use crate::pdu::digest::{crc32c, digest_matches};
 use crate::pdu::{flags, CommonHeader, Framing, PduType, DIGEST_LEN};
+use crate::sqe::Sqe;
 
 /// Header length of H2CData and C2HData.
 pub(crate) const DATA_HEADER_LEN: usize = 24;
@@ -59,6 +60,58 @@ pub(crate) fn put_h2c_data(
     h[16..20].copy_from_slice(&(data.len() as u32).to_le_bytes());
     if hdgst {
         let digest = crc32c(&out[start..start + DATA_HEADER_LEN]);
+        out.extend_from_slice(&digest.to_le_bytes());
+    }
+    if !data.is_empty() {
+        out.resize(start + pdo, 0);
+        out.extend_from_slice(data);
+        if ddgst {
+            out.extend_from_slice(&crc32c(data).to_le_bytes());
+        }
+    }
+    debug_assert_eq!(out.len() - start, plen);
+}
+
+/// Header length of a command capsule (common header and SQE).
+const CAPSULE_HEADER_LEN: usize = 72;
+
+/// Appends one command capsule with `data` in it to `out`.
+pub(crate) fn put_capsule(out: &mut Vec<u8>, framing: &Framing, sqe: &Sqe, data: &[u8]) {
+    let start = out.len();
+    let hdgst = framing.digests.header;
+    let ddgst = framing.digests.data && !data.is_empty();
+    let after_header = CAPSULE_HEADER_LEN + if hdgst { DIGEST_LEN } else { 0 };
+    let align = (usize::from(framing.send_pda) + 1) * 4;
+    let pdo = if data.is_empty() {
+        0
+    } else {
+        after_header.div_ceil(align) * align
+    };
+    let plen = if data.is_empty() {
+        after_header
+    } else {
+        pdo + data.len() + if ddgst { DIGEST_LEN } else { 0 }
+    };
+    let mut pdu_flags = 0;
+    if hdgst {
+        pdu_flags |= flags::HDGSTF;
+    }
+    if ddgst {
+        pdu_flags |= flags::DDGSTF;
+    }
+    out.reserve(plen);
+    out.resize(start + 8, 0);
+    CommonHeader {
+        pdu_type: PduType::CapsuleCmd as u8,
+        flags: pdu_flags,
+        hlen: CAPSULE_HEADER_LEN as u8,
+        pdo: pdo as u8,
+        plen: plen as u32,
+    }
+    .write(&mut out[start..]);
+    out.extend_from_slice(&sqe.0);
+    if hdgst {
+        let digest = crc32c(&out[start..start + CAPSULE_HEADER_LEN]);
         out.extend_from_slice(&digest.to_le_bytes());
     }
     if !data.is_empty() {
@@ -144,7 +197,7 @@ pub(crate) fn parse_c2h_header(bytes: &[u8], framing: &Framing) -> Result<C2HHea
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pdu::{decode, C2HData, Digests, H2CData, Pdu};
+    use crate::pdu::{decode, C2HData, CapsuleCmd, Digests, H2CData, Pdu};
 
     fn framings() -> Vec<Framing> {
         let mut all = Vec::new();
@@ -172,6 +225,25 @@ mod tests {
                     ttag: 9,
                     offset: 4096,
                     last: true,
+                    data: data.clone(),
+                })
+                .to_bytes(&framing);
+                assert_eq!(ours, codec, "{framing:?} {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn capsule_matches_the_codec() {
+        for framing in framings() {
+            for len in [0usize, 1, 1024, 16384] {
+                let data: Vec<u8> = (0..len).map(|i| (i * 3) as u8).collect();
+                let mut sqe = Sqe::new(0x01, 42);
+                sqe.set_cdw(12, 7);
+                let mut ours = Vec::new();
+                put_capsule(&mut ours, &framing, &sqe, &data);
+                let codec = Pdu::CapsuleCmd(CapsuleCmd {
+                    sqe,
                     data: data.clone(),
                 })
                 .to_bytes(&framing);
