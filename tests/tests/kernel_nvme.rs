@@ -2,8 +2,9 @@
 //! our release binary's NVMe/TCP target (issue 33, "How it is judged"): in one boot
 //! the guest runs `nvme discover`, `connect-all`, checks `id-ctrl` and `id-ns`
 //! (subnqn, model, nn, nsze), makes and checks an ext4 filesystem over a connection
-//! without digests, then over one with header and data digests writes 64 MiB and
-//! reads it back, flushes, rides out a restart of the target (this test restarts
+//! without digests, then over one with header and data digests (an admin queue and
+//! one I/O queue per guest CPU, each its own TCP connection) writes 64 MiB and reads
+//! it back, flushes, rides out a restart of the target (this test restarts
 //! `blockwire serve` on the same ports when the guest asks) and disconnects. The
 //! served file must then hold the bytes the guest wrote.
 //!

@@ -118,6 +118,14 @@ disconnect
 
 step "connect (header and data digests): ${DATA_MIB} MiB written and read back"
 connect --hdr-digest --data-digest --ctrl-loss-tmo 120 --reconnect-delay 1
+# One I/O queue per guest CPU, each its own TCP connection, beside the admin queue's:
+# count this host's established connections to ADDR:PORT (/proc/net/tcp writes the
+# address as a little-endian hex word).
+cpus=$(grep -c '^processor' /proc/cpuinfo)
+peer=$(echo "$ADDR" | awk -F. '{ printf "%02X%02X%02X%02X", $4, $3, $2, $1 }'):$(printf '%04X' "$PORT")
+conns=$(grep -c " $peer 01 " /proc/net/tcp)
+echo "TCP connections to the target: $conns ($cpus CPUs)"
+[ "$conns" = $((cpus + 1)) ] || fail "$conns TCP connections for $cpus CPUs (want an admin queue and one I/O queue per CPU)"
 must dd if=/dev/urandom of=/tmp/data bs=1M count="$DATA_MIB" 2>/dev/null
 want=$(md5_of /tmp/data "$DATA_MIB")
 must dd if=/tmp/data of="$NS" bs=1M seek="$DATA_OFFSET_MIB" conv=fsync 2>/dev/null
