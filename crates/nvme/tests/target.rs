@@ -258,9 +258,9 @@ fn discovery_on_its_own_listener() {
     let entry = &page.data[1024..2048];
     let port = target.addr.port().to_string();
     assert_eq!(&entry[32..32 + port.len()], port.as_bytes());
-    assert_eq!(&entry[256..265], b"127.0.0.1");
+    assert_eq!(&entry[512..521], b"127.0.0.1");
     let a = default_nqn("a");
-    assert_eq!(&entry[512..512 + a.len()], a.as_bytes());
+    assert_eq!(&entry[256..256 + a.len()], a.as_bytes());
     // The discovery listener serves no NVM subsystem.
     let mut wrong = Host::connect(target.discovery, Digests::default());
     let cqe = wrong.fabrics_connect(&a, 0, DYNAMIC_CNTLID, 0);

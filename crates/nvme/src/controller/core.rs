@@ -2,7 +2,7 @@
 //! controllers connected to them, the I/O ports discovery lists, and the settings.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
@@ -56,6 +56,9 @@ pub struct Core {
     genctr: AtomicU64,
     /// The I/O listeners discovery reports.
     ports: RwLock<Vec<SocketAddr>>,
+    /// The address discovery reports instead of the listeners' (see
+    /// [`Core::set_advertised`]).
+    advertised: RwLock<Option<IpAddr>>,
 }
 
 /// Controller IDs 0xFFF0 and above are reserved (0xFFFF asks for any).
@@ -70,6 +73,7 @@ impl Core {
             last_cntlid: Mutex::new(0),
             genctr: AtomicU64::new(1),
             ports: RwLock::new(Vec::new()),
+            advertised: RwLock::new(None),
         }
     }
 
@@ -97,6 +101,18 @@ impl Core {
 
     pub fn ports(&self) -> Vec<SocketAddr> {
         self.ports.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Makes discovery report `address` (with each I/O listener's port) instead of
+    /// the listeners' own: for hosts that reach the target through NAT (a VM on
+    /// user-mode networking reaches a host's 127.0.0.1 as 10.0.2.2), which the
+    /// target cannot see.
+    pub fn set_advertised(&self, address: Option<IpAddr>) {
+        *self.advertised.write().unwrap_or_else(|e| e.into_inner()) = address;
+    }
+
+    pub fn advertised(&self) -> Option<IpAddr> {
+        *self.advertised.read().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn genctr(&self) -> u64 {

@@ -161,14 +161,15 @@ fn discovery_log(core: &Core, controller: &Controller, local: Option<SocketAddr>
         .filter(|s| s.allows(&controller.hostnqn))
         .collect();
     let ports = core.ports();
+    let advertised = core.advertised();
     let mut entries = Vec::new();
     for s in &subsystems {
         for (portid, port) in ports.iter().enumerate() {
-            entries.push(discovery_entry(
-                &s.nqn,
-                portid as u16 + 1,
-                reported(*port, local),
-            ));
+            let addr = match advertised {
+                Some(ip) => SocketAddr::new(ip, port.port()),
+                None => reported(*port, local),
+            };
+            entries.push(discovery_entry(&s.nqn, portid as u16 + 1, addr));
         }
     }
     let mut d = vec![0u8; DISCOVERY_RECORD_LEN * (1 + entries.len())];
@@ -205,8 +206,8 @@ fn discovery_entry(nqn: &str, portid: u16, addr: SocketAddr) -> [u8; DISCOVERY_R
         e[at..at + n].copy_from_slice(&text.as_bytes()[..n]);
     };
     field(&mut e, 32, 32, &addr.port().to_string());
-    field(&mut e, 256, 256, &addr.ip().to_string());
-    field(&mut e, 512, 256, nqn);
+    field(&mut e, 256, 256, nqn);
+    field(&mut e, 512, 256, &addr.ip().to_string());
     // TSAS for TCP: SECTYPE 0, no security.
     e
 }

@@ -433,11 +433,16 @@ fn discovery_lists_every_allowed_subsystem_and_port() {
     assert_eq!((e[0], e[1], e[2]), (3, 1, 2));
     assert_eq!(&e[32..36], b"4420");
     // The wildcard listener is reported as the address the host reached.
-    assert_eq!(&e[256..264], b"10.1.2.3");
+    // SUBNQN at 256, TRADDR at 512 (struct nvmf_disc_rsp_page_entry).
+    assert_eq!(&e[512..520], b"10.1.2.3");
     let nqn = default_nqn("a");
-    assert_eq!(&e[512..512 + nqn.len()], nqn.as_bytes());
+    assert_eq!(&e[256..256 + nqn.len()], nqn.as_bytes());
     let e2 = &page[2048..3072];
-    assert_eq!(&e2[512..512 + nqn.len()], default_nqn("b").as_bytes());
+    assert_eq!(&e2[256..256 + nqn.len()], default_nqn("b").as_bytes());
+    // An advertised address replaces the listeners' (NAT).
+    core.set_advertised(Some("10.0.2.2".parse().unwrap()));
+    let page = log_page(&mut q, log::DISCOVERY, 2048, 0, now).data;
+    assert_eq!(&page[1024 + 512..1024 + 521], b"10.0.2.2\0");
     // Namespaces are not the discovery controller's business.
     assert_eq!(
         identify(&mut q, cns::NAMESPACE, 1, now).cqe.status,

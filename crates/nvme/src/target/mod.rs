@@ -43,6 +43,11 @@ pub struct NvmeConfig {
     pub settings: Settings,
     /// MAXH2CDATA offered in ICResp: the most data one H2CData PDU carries.
     pub maxh2cdata: u32,
+    /// The address discovery reports for the I/O listeners, instead of their own:
+    /// for hosts behind NAT (a VM on user-mode networking reaches the host's
+    /// 127.0.0.1 as 10.0.2.2). None: the listeners' addresses, a wildcard one as
+    /// the address the host reached.
+    pub advertised: Option<std::net::IpAddr>,
     /// Threads that run device work that would block.
     pub workers: usize,
     /// Open connections at most; more are closed at once.
@@ -63,6 +68,7 @@ impl NvmeConfig {
             discovery_listen: Vec::new(),
             settings: Settings::default(),
             maxh2cdata: 1 << 20,
+            advertised: None,
             workers: 16,
             max_connections: 1024,
             removal_grace: Duration::from_secs(2),
@@ -216,6 +222,7 @@ impl NvmeTarget {
         let core = Arc::new(Core::new(config.settings.clone(), subsystems));
         // Port 0 becomes the port the kernel gave, for the discovery log.
         core.set_ports(local_addrs.clone());
+        core.set_advertised(config.advertised);
         let pool = WorkerPool::new("nvme-worker", config.workers.max(1));
         let listeners = io_listeners
             .into_iter()
