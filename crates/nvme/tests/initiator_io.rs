@@ -427,3 +427,52 @@ fn keep_alive_holds_an_idle_association() {
         .unwrap();
     assert_eq!(client.reconnects(), 0);
 }
+
+#[test]
+fn request_queue_rides_out_a_restart() {
+    let (_, device) = counting();
+    let mut target = start_on("127.0.0.1:0".parse().unwrap(), device.clone());
+    let addr = target.addr;
+    let client = NvmeClient::open(options(addr, "")).unwrap();
+    let block = 64 * 1024;
+    let blocks = 128u64;
+    let restarter = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(100));
+        target.stop();
+        thread::sleep(Duration::from_millis(300));
+        start_on(addr, device)
+    });
+    let mut queue = client.queue().unwrap();
+    let mut done = Vec::new();
+    // 16 writes in flight at a time, slowly enough that the restart falls in
+    // the middle.
+    for i in 0..blocks {
+        while queue.in_flight() >= 16 {
+            queue.complete(1, &mut done);
+        }
+        queue.submit(Submission {
+            tag: i,
+            op: QueuedOp::Write(WriteFlags::NONE),
+            buf: IoBuf::from_slice(&pattern(i as u8, block)),
+            offset: i * block as u64,
+        });
+        thread::sleep(Duration::from_millis(5));
+    }
+    let in_flight = queue.in_flight();
+    queue.complete(in_flight, &mut done);
+    assert_eq!(done.len(), blocks as usize);
+    for c in &done {
+        c.result.as_ref().unwrap();
+    }
+    let _restarted = restarter.join().unwrap();
+    assert!(
+        client.reconnects() >= 1,
+        "the restart did not happen mid-stream"
+    );
+    drop(queue);
+    let mut back = vec![0u8; block];
+    for i in 0..blocks {
+        client.read_at(&mut back, i * block as u64).unwrap();
+        assert!(back == pattern(i as u8, block), "block {i} differs");
+    }
+}
