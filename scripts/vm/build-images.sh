@@ -174,8 +174,9 @@ if [ ! -s "$out/initrd.gz" ]; then
   (cd "$root" && find . | "$root/bin/busybox" cpio -o -H newc 2>/dev/null) | gzip -1 >"$out.tmp/initrd.gz"
   rm -rf "$out"
   mv "$out.tmp" "$out"
-  # Older image sets are of no further use.
-  find "$cache" -maxdepth 1 -name 'images-*' ! -name "images-$key" -exec rm -rf {} +
+  # Older image sets go once nobody could still be starting a VM from them (other
+  # work trees may share this cache).
+  find "$cache" -maxdepth 1 -name 'images-*' ! -name "images-$key" -mmin +60 -exec rm -rf {} +
   echo "build-images: built $out ($kernel_package)" >&2
 fi
 

@@ -205,6 +205,17 @@ impl Vm {
     /// Boots the VM with `script` as the guest's /test.sh (scripts/vm/boot.sh); the
     /// console is echoed to stderr as it comes and kept.
     pub fn boot(images: &VmImages, script: &str) -> Vm {
+        Vm::boot_forwarding(images, script, &[])
+    }
+
+    /// [`boot`](Self::boot), with this host's `127.0.0.1:HOST_PORT` forwarded to the
+    /// guest's `GUEST_PORT` for each pair of `forwards` (a target in the guest, such
+    /// as judges/nvmet-peer.sh, for our initiator).
+    pub fn boot_forwarding(images: &VmImages, script: &str, forwards: &[(u16, u16)]) -> Vm {
+        let netdev: Vec<String> = forwards
+            .iter()
+            .map(|(host, guest)| format!("hostfwd=tcp:127.0.0.1:{host}-:{guest}"))
+            .collect();
         let workdir = tempfile::tempdir().expect("VM work folder");
         let script_path = workdir.path().join("guest.sh");
         std::fs::write(&script_path, script).expect("write the guest script");
@@ -216,6 +227,7 @@ impl Vm {
             .env("KERNEL", &images.kernel)
             .env("INITRD", &images.initrd)
             .env("BUSYBOX", &images.busybox)
+            .env("BLOCKWIRE_VM_NETDEV", netdev.join(","))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
