@@ -121,14 +121,19 @@ fn a_silent_target_times_out() {
 }
 
 #[test]
-fn a_refused_connect_says_so() {
-    let addr = fake(|s, mut cqe| {
+fn a_refused_connect_says_so_and_hangs_up() {
+    let (closed_tx, closed) = std::sync::mpsc::channel();
+    let addr = fake(move |s, mut cqe| {
         cqe.status = Status::CONNECT_INVALID_HOST;
         let pdu = Pdu::CapsuleResp(CapsuleResp { cqe });
         s.write_all(&pdu.to_bytes(&Framing::default())).unwrap();
+        // The initiator closes the connection it gave up on.
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let _ = closed_tx.send(matches!(s.read(&mut [0u8; 16]), Ok(0)));
     });
     let error = open_fails(addr);
     assert!(error.contains("Connect (admin queue) failed"), "{error}");
+    assert!(closed.recv().unwrap(), "the connection was left open");
 }
 
 #[test]

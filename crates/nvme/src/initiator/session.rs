@@ -63,7 +63,8 @@ impl Session {
         } else {
             options.keep_alive.as_millis().min(u128::from(u32::MAX)) as u32
         };
-        let cntlid = connect_queue(options, &admin, 0, ADMIN_DEPTH, kato, DYNAMIC_CNTLID)?;
+        let cntlid = connect_queue(options, &admin, 0, ADMIN_DEPTH, kato, DYNAMIC_CNTLID)
+            .inspect_err(|_| admin.close())?;
         let mut session = Session {
             address: address.clone(),
             admin,
@@ -126,7 +127,8 @@ impl Session {
         let max_pdu = session.max_transfer + 4096;
         for qid in 1..=queues {
             let queue = Connection::open(&address, digests, depth, inline, max_pdu, timeout)?;
-            connect_queue(options, &queue, qid, depth, 0, cntlid)?;
+            // A queue not yet in the session is closed here; the rest by Drop.
+            connect_queue(options, &queue, qid, depth, 0, cntlid).inspect_err(|_| queue.close())?;
             session.io.push(queue);
         }
         session.start_keep_alive(options.keep_alive / 2);
