@@ -16,8 +16,9 @@ pub const DEFAULT_PORT: u16 = 4420;
 pub const DEFAULT_DISCOVERY_PORT: u16 = 8009;
 /// Most I/O queues opened by default (one per CPU up to this).
 pub const DEFAULT_MAX_QUEUES: usize = 4;
-/// How long requests in flight wait for a restarted target by default.
-pub const DEFAULT_RECONNECT: Duration = Duration::from_secs(30);
+/// How long requests in flight wait for a restarted target by default: the
+/// same as the other initiators'.
+pub use blockwire_blockdev::paths::DEFAULT_RECONNECT;
 
 /// Everything a connection to one namespace needs.
 #[derive(Debug, Clone, PartialEq, Eq)]

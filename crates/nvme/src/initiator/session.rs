@@ -56,8 +56,9 @@ impl Session {
         };
         let timeout = options.setup_timeout;
         let discovery = options.is_discovery();
-        // The admin queue's PDUs: Identify and log pages of a few pages.
-        let admin = Connection::open(&address, digests, ADMIN_DEPTH, 0, 1 << 20, timeout)?;
+        // The admin queue's largest PDU: a log page of the most one command moves.
+        let admin_pdu = MAX_TRANSFER_CAP + 4096;
+        let admin = Connection::open(&address, digests, ADMIN_DEPTH, 0, admin_pdu, timeout)?;
         let kato = if discovery {
             0
         } else {
