@@ -158,6 +158,8 @@ fn identify_and_info() {
     assert!(ctrl.volatile_write_cache);
     assert_eq!(client.namespace().blocks, SIZE / 512);
     assert_eq!(client.io_queues(), 2);
+    // Each queue is its own TCP connection: the admin queue and two I/O queues.
+    assert_eq!(target.shutdown.open_connections(), 3);
     // Misaligned and out-of-range requests are refused before they travel.
     let mut buf = vec![0u8; 100];
     assert_eq!(

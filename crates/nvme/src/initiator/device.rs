@@ -6,8 +6,8 @@
 use std::sync::{Arc, Mutex, RwLock};
 
 use blockwire_blockdev::{
-    BlockDevice, BlockSizes, Capabilities, DeviceInfo, Error, ErrorKind, Limits, Op, RequestQueue,
-    Result, Support, WriteFlags, ZeroFlags,
+    BlockDevice, BlockSizes, Capabilities, DeviceInfo, Error, ErrorKind, IoBuf, Limits, Op,
+    RequestQueue, Result, Support, WriteFlags, ZeroFlags,
 };
 
 use super::commands::{self, ControllerIdentity, NamespaceIdentity};
@@ -229,7 +229,7 @@ impl BlockDevice for NvmeClient {
                 self.exec(
                     s,
                     sqe,
-                    Payload::Owned(vec![0; chunk.len()]),
+                    Payload::Io(IoBuf::new(chunk.len())),
                     Op::Read,
                     at,
                     len,
@@ -261,7 +261,14 @@ impl BlockDevice for NvmeClient {
                 flags.fua,
             );
             self.retrying(Op::Write, at, len, |s| {
-                self.exec(s, sqe, Payload::Owned(chunk.to_vec()), Op::Write, at, len)
+                self.exec(
+                    s,
+                    sqe,
+                    Payload::Io(IoBuf::from_slice(chunk)),
+                    Op::Write,
+                    at,
+                    len,
+                )
             })?;
             at += len;
         }
