@@ -177,6 +177,10 @@ if [ ! -s "$out/initrd.gz" ]; then
   # Older image sets go once nobody could still be starting a VM from them (other
   # work trees may share this cache).
   find "$cache" -maxdepth 1 -name 'images-*' ! -name "images-$key" -mmin +60 -exec rm -rf {} +
+  # Packages of superseded versions, likewise.
+  for deb in "$cache"/debs/*.deb; do
+    grep -qxF "$(basename "$deb")" <<<"$files" || rm -f "$deb"
+  done
   echo "build-images: built $out ($kernel_package)" >&2
 fi
 
