@@ -381,7 +381,10 @@ impl Connection {
                 return Ok(());
             };
             match work {
-                Work::Execute(job) => self.dispatcher.run(job),
+                Work::Execute(job) => {
+                    let reader = &self.reader;
+                    self.dispatcher.run(job, || reader.more_waiting());
+                }
                 Work::Quiesce { task, reset } => {
                     self.session.wait_executing(task);
                     if let (Some(kind), Some(scsi)) = (reset, &self.session.scsi) {

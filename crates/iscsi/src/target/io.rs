@@ -8,6 +8,7 @@
 
 use std::io::{self, Read};
 use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -69,6 +70,24 @@ impl PduReader {
         self.header_digest = header_digest;
         self.data_digest = data_digest;
         self.max_data = max_data;
+    }
+
+    /// Whether the initiator has sent more already: a header waiting in the buffer
+    /// or bytes in the socket's receive queue.
+    pub fn more_waiting(&self) -> bool {
+        if self.stream.buffer().len() >= BHS_LEN {
+            return true;
+        }
+        let mut pending: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int, the bytes waiting in the receive queue.
+        let rc = unsafe {
+            libc::ioctl(
+                self.stream.get_ref().as_raw_fd(),
+                libc::FIONREAD,
+                &mut pending,
+            )
+        };
+        rc == 0 && pending > 0
     }
 
     /// How long a read may wait between PDUs before [`Incoming::Idle`].

@@ -13,7 +13,6 @@ mod dispatch;
 pub mod full_feature;
 mod io;
 mod naming;
-mod queued;
 mod reload;
 mod session;
 pub mod tasks;

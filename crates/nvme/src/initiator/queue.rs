@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
 use std::task::Waker;
+use std::time::Instant;
 
 use blockwire_blockdev::{
     BlockDevice, Completion, Error, ErrorKind, IoBuf, Op, QueuedCommand, QueuedOp, RequestQueue,
@@ -27,6 +28,9 @@ struct Flight {
     /// The data of a Dataset Management command (kept to send it again).
     dsm: Option<Vec<u8>>,
     session: Arc<Session>,
+    /// When it was first sent: it is sent again only within the reconnect
+    /// deadline from then.
+    started: Instant,
 }
 
 /// A request queue over an [`NvmeClient`].
@@ -71,6 +75,13 @@ impl<'a> NvmeQueue<'a> {
         queue.submit(sqe, payload, tag, self.sink.clone());
     }
 
+    fn may_retry(&self, flight: &Flight) -> bool {
+        self.client
+            .options()
+            .reconnect
+            .is_some_and(|deadline| flight.started.elapsed() < deadline)
+    }
+
     fn fail_now(&mut self, tag: u64, buf: IoBuf, error: Error) {
         self.ready.push(Completion {
             tag,
@@ -87,6 +98,10 @@ impl<'a> NvmeQueue<'a> {
         };
         let result = match done.result {
             Ok(cqe) => outcome(cqe, flight.op, flight.offset, flight.len),
+            Err(Lost) if !self.may_retry(&flight) => {
+                Err(disconnected(flight.op, flight.offset, flight.len)
+                    .with_detail("connection lost; reconnecting is off or past its deadline"))
+            }
             Err(Lost) => match self.client.recover(&flight.session) {
                 Ok(_) => {
                     let payload = match &flight.dsm {
@@ -152,6 +167,7 @@ impl RequestQueue for NvmeQueue<'_> {
             len,
             dsm: None,
             session: client.current(),
+            started: Instant::now(),
         };
         self.send(tag, flight, Payload::Io(buf));
     }
@@ -223,6 +239,7 @@ impl RequestQueue for NvmeQueue<'_> {
             len,
             dsm,
             session: client.current(),
+            started: Instant::now(),
         };
         self.send(tag, flight, payload);
         Ok(())

@@ -116,7 +116,10 @@ impl Session {
                 timeout,
             )?
             .0;
-        let granted = (cqe.result as u16).min((cqe.result >> 16) as u16) + 1;
+        // Both counts are 0's based; a controller may offer all 65536.
+        let granted = (cqe.result as u16)
+            .min((cqe.result >> 16) as u16)
+            .saturating_add(1);
         let queues = wanted.min(granted);
         let depth = IO_DEPTH
             .min(((cap & 0xffff) as u16).saturating_add(1))
