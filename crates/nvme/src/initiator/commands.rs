@@ -191,7 +191,8 @@ pub struct NamespaceIdentity {
 
 impl NamespaceIdentity {
     /// Reads Identify Namespace; None for an inactive namespace (size 0), a
-    /// format with metadata, or a block size outside 512 B..64 KiB.
+    /// format with metadata, a block size outside 512 B..64 KiB, or a size
+    /// beyond 2^64 bytes.
     pub fn parse(d: &[u8]) -> Option<NamespaceIdentity> {
         if d.len() < 4096 {
             return None;
@@ -203,6 +204,8 @@ impl NamespaceIdentity {
         if blocks == 0 || u16_at(d, lbaf) != 0 || !(9..=16).contains(&lbads) {
             return None;
         }
+        // A size in bytes that does not fit 64 bits is not a real namespace.
+        blocks.checked_mul(1 << lbads)?;
         Some(NamespaceIdentity {
             blocks,
             block_size: 1 << lbads,
@@ -280,5 +283,20 @@ mod tests {
         assert!(c.supports_deallocate() && c.supports_write_zeroes());
         assert!(c.volatile_write_cache);
         assert_eq!(c.inline_data(), 16 * 1024);
+    }
+
+    proptest::proptest! {
+        /// Identify data is the target's to choose: any of it parses or is
+        /// refused, never a panic.
+        #[test]
+        fn identify_never_panics(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 4096..4097),
+        ) {
+            let _ = ControllerIdentity::parse(&bytes);
+            if let Some(ns) = NamespaceIdentity::parse(&bytes) {
+                proptest::prop_assert!(ns.block_size.is_power_of_two() && ns.blocks > 0);
+                proptest::prop_assert!(ns.size() >= ns.blocks);
+            }
+        }
     }
 }

@@ -285,4 +285,34 @@ mod tests {
             }
         }
     }
+
+    proptest::proptest! {
+        /// Any bytes where a C2HData header is expected: an answer, never a
+        /// panic, and a header it accepts describes a PDU of its PLEN.
+        #[test]
+        fn c2h_header_never_panics(
+            mut bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+            header in proptest::prelude::any::<bool>(),
+            data in proptest::prelude::any::<bool>(),
+        ) {
+            let framing = Framing {
+                digests: Digests { header, data },
+                ..Framing::default()
+            };
+            if bytes.len() > 2 {
+                bytes[2] = DATA_HEADER_LEN as u8;
+            }
+            if let Ok(h) = parse_c2h_header(&bytes, &framing) {
+                let plen = u32::from_le_bytes(bytes[4..8].try_into().unwrap()) as usize;
+                let hdgst = if header { 4 } else { 0 };
+                let ddgst = if h.data_digest { 4 } else { 0 };
+                let expected = if h.len == 0 {
+                    DATA_HEADER_LEN + hdgst
+                } else {
+                    DATA_HEADER_LEN + hdgst + h.padding + h.len as usize + ddgst
+                };
+                proptest::prop_assert_eq!(plen, expected);
+            }
+        }
+    }
 }
