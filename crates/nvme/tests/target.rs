@@ -335,3 +335,58 @@ fn shutdown_closes_connections() {
     assert!(admin.recv().is_none());
     assert_eq!(target.shutdown.open_connections(), 0);
 }
+
+/// Throughput of 1 MiB reads and writes at queue depth 16 on one I/O queue, over
+/// loopback against a memory namespace (a measurement, not a check: run with
+/// `cargo test --release -p blockwire-nvme --test target -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn throughput_1mib_qd16() {
+    let size = 256u64 << 20;
+    let sub = Arc::new(Subsystem::new(
+        "bench",
+        Device::from_device(MemoryDevice::new(size)),
+    ));
+    let target = start(vec![sub]);
+    let nqn = default_nqn("bench");
+    let (_admin, cntlid) = Host::admin(target.addr, &nqn, Digests::default());
+    let mut q = Host::io_queue(target.addr, &nqn, cntlid, 1, Digests::default());
+    let chunk = 1u32 << 20;
+    let blocks = chunk / 512;
+    let data = pattern(7, chunk as usize);
+    let total = 1024u64; // 1 GiB each way
+    for (name, opcode) in [("write", io::WRITE), ("read", io::READ)] {
+        let started = Instant::now();
+        let mut sent = 0u64;
+        let mut done = 0u64;
+        let mut inflight = 0;
+        while done < total {
+            while inflight < 16 && sent < total {
+                let slba = (sent % (size / u64::from(chunk))) * u64::from(blocks);
+                let sqe = q.rw_sqe(opcode, slba, blocks, false);
+                if opcode == io::WRITE {
+                    q.submit(sqe, &data, 0);
+                } else {
+                    q.submit(sqe, &[], chunk);
+                }
+                sent += 1;
+                inflight += 1;
+            }
+            match q.recv().expect("open") {
+                Pdu::R2T(r2t) => q.answer_r2t(&r2t, &data),
+                Pdu::C2HData(_) => {}
+                Pdu::CapsuleResp(r) => {
+                    assert!(r.cqe.status.is_success());
+                    done += 1;
+                    inflight -= 1;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let secs = started.elapsed().as_secs_f64();
+        println!(
+            "{name}: {total} MiB in {secs:.2} s = {:.0} MiB/s",
+            total as f64 / secs
+        );
+    }
+}

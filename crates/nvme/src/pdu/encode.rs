@@ -1,6 +1,6 @@
 //! PDUs to bytes.
 
-use super::digest::append_digest;
+use super::digest::{append_digest, crc32c};
 use super::header::{flags, CommonHeader, PduType, DIGEST_LEN};
 use super::types::*;
 use super::{align_up, Framing};
@@ -8,6 +8,19 @@ use super::{align_up, Framing};
 impl Pdu {
     /// Appends this PDU, framed by `framing`, to `out`.
     pub fn encode(&self, framing: &Framing, out: &mut Vec<u8>) {
+        let digest = self.encode_head(framing, out);
+        out.extend_from_slice(self.data());
+        if let Some(digest) = digest {
+            out.extend_from_slice(&digest);
+        }
+    }
+
+    /// Appends everything of this PDU that comes before its data (headers, header
+    /// digest, padding up to the data offset) to `out`, and returns the data
+    /// digest that follows the data, if the framing has one. With
+    /// [`Pdu::data`], a transport sends a large PDU without copying its data
+    /// (one vectored write of head, data and digest).
+    pub fn encode_head(&self, framing: &Framing, out: &mut Vec<u8>) -> Option<[u8; 4]> {
         let pdu_type = self.pdu_type();
         let hlen = pdu_type.header_len();
         let start = out.len();
@@ -50,15 +63,12 @@ impl Pdu {
         if hdgst {
             append_digest(out, start);
         }
-        if !data.is_empty() {
-            out.resize(start + data_at, 0);
-            let data_start = out.len();
-            out.extend_from_slice(data);
-            if ddgst {
-                append_digest(out, data_start);
-            }
+        if data.is_empty() {
+            debug_assert_eq!(out.len() - start, plen);
+            return None;
         }
-        debug_assert_eq!(out.len() - start, plen);
+        out.resize(start + data_at, 0);
+        ddgst.then(|| crc32c(data).to_le_bytes())
     }
 
     /// This PDU's bytes.
