@@ -48,6 +48,7 @@ struct PendingWrite {
 /// Serves one connection until it ends.
 pub(crate) fn serve(stream: TcpStream, id: u64, shared: Arc<Shared>, discovery_port: bool) {
     let _ = stream.set_nodelay(true);
+    let _ = stream.set_write_timeout(Some(shared.config.send_timeout));
     let local = stream.local_addr().ok();
     let peer = stream.peer_addr().ok();
     let write_half = match stream.try_clone() {

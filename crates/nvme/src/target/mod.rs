@@ -48,6 +48,8 @@ pub struct NvmeConfig {
     /// 127.0.0.1 as 10.0.2.2). None: the listeners' addresses, a wildcard one as
     /// the address the host reached.
     pub advertised: Option<std::net::IpAddr>,
+    /// A send blocked this long (a host that stopped reading) ends the connection.
+    pub send_timeout: Duration,
     /// Threads that run device work that would block.
     pub workers: usize,
     /// Open connections at most; more are closed at once.
@@ -69,6 +71,7 @@ impl NvmeConfig {
             settings: Settings::default(),
             maxh2cdata: 1 << 20,
             advertised: None,
+            send_timeout: Duration::from_secs(60),
             workers: 16,
             max_connections: 1024,
             removal_grace: Duration::from_secs(2),

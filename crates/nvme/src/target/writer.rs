@@ -30,7 +30,8 @@ impl Writer {
             pdu.encode(&self.framing, &mut out);
         }
         let mut stream = self.stream.lock().unwrap_or_else(|e| e.into_inner());
-        stream.write_all(&out)
+        let sent = stream.write_all(&out);
+        end_on_error(&stream, sent)
     }
 
     /// Sends a C2HData PDU (its data not copied) and whatever PDUs follow it, in
@@ -47,7 +48,8 @@ impl Writer {
         }
         let parts = [head.as_slice(), data_pdu.data(), tail.as_slice()];
         let mut stream = self.stream.lock().unwrap_or_else(|e| e.into_inner());
-        write_all_vectored(&mut *stream, &parts)
+        let sent = write_all_vectored(&mut *stream, &parts);
+        end_on_error(&stream, sent)
     }
 
     /// Sends a completion: for a successful command with data for the host,
@@ -87,6 +89,16 @@ impl Writer {
             tracing::debug!("NVMe/TCP: cannot send a completion: {e}");
         }
     }
+}
+
+/// A send that failed or timed out (a host that stopped reading) leaves a PDU
+/// half-sent: the connection cannot go on, so it ends here and its reader sees the
+/// end.
+fn end_on_error(stream: &TcpStream, sent: std::io::Result<()>) -> std::io::Result<()> {
+    if sent.is_err() {
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+    }
+    sent
 }
 
 /// Writes every byte of `parts`, in order, with as few system calls as the socket
