@@ -6,12 +6,14 @@
 # Interleaved rounds, medians; prints MB/s (10^6 bytes), IOPS, the server's CPU
 # seconds (utime+stime from /proc/PID/stat over each run), MB per server
 # CPU-second and the ratios blockwire / tgtd; writes JSON
-# (bench/results/iscsi-vs-tgt.json).
+# (bench/results/iscsi-vs-tgt.json). --baseline BIN serves another blockwire binary
+# too, as blockwire-baseline, and prints blockwire / baseline (an A/B run).
 # Needs root: tgtd's control socket lives in /var/run/tgtd. Server and client are
 # pinned to different CPUs when there are two or more.
 #
 # usage: bench/iscsi-vs-tgt.sh [--size 1G] [--dir /var/tmp] [--time 5] [--rounds 3]
-#                              [--servers blockwire,tgt,tgt-null] [--json FILE]
+#                              [--servers blockwire,tgt,tgt-null] [--baseline BIN]
+#                              [--json FILE]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")

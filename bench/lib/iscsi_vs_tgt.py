@@ -22,6 +22,8 @@ JOBS = [
     ("seq-read-1M-qd16", 1 << 20, 16, False),
 ]
 SERVERS = ["blockwire", "tgt", "tgt-null"]
+# Another blockwire binary (--baseline BIN), served the same way: an A/B comparison.
+BASELINE = "blockwire-baseline"
 TGT_IQN = "iqn.2026-11.dev.blockwire.bench:tgt"
 # Server and client each get a CPU of their own (when there are two or more), as on
 # two hosts: otherwise they fight for one scheduler and single runs vary widely.
@@ -169,15 +171,23 @@ def main():
     ap.add_argument("--time", type=int, default=5, help="seconds per run")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--servers", default=",".join(SERVERS),
-                    help="comma-separated subset of " + ",".join(SERVERS))
+                    help="comma-separated subset of " + ",".join(SERVERS + [BASELINE]))
+    ap.add_argument("--baseline", default=None,
+                    help="another blockwire binary, served as " + BASELINE +
+                    " (A/B; added to --servers after blockwire)")
     ap.add_argument("--json", default=os.path.join(
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results",
         "iscsi-vs-tgt.json"))
     args = ap.parse_args()
     servers = [s for s in args.servers.split(",") if s]
+    if args.baseline and BASELINE not in servers:
+        at = servers.index("blockwire") + 1 if "blockwire" in servers else len(servers)
+        servers.insert(at, BASELINE)
     for s in servers:
-        if s not in SERVERS:
-            raise SystemExit(f"unknown server {s!r}: choose from {','.join(SERVERS)}")
+        if s not in SERVERS + [BASELINE]:
+            raise SystemExit(f"unknown server {s!r}: choose from {','.join(SERVERS + [BASELINE])}")
+    if BASELINE in servers and not args.baseline:
+        raise SystemExit(f"{BASELINE} needs --baseline BIN")
     size = parse_size(args.size)
     image = os.path.join(args.dir, "bw-iscsi-bench.img")
     prefill(image, size)
@@ -193,6 +203,8 @@ def main():
         for server in servers:
             if server == "blockwire":
                 target = Blockwire(args.blockwire, image)
+            elif server == BASELINE:
+                target = Blockwire(args.baseline, image)
             else:
                 target = Tgtd(image, null=server == "tgt-null")
             try:
@@ -218,16 +230,22 @@ def main():
                 "client_cpu_s": round(statistics.median(r["client_cpu_s"] for r in rs), 3),
                 "mb_per_server_cpu_s": round(statistics.median(effs), 1) if effs else None,
             }
-    ratios = {}
-    if "blockwire" in medians and "tgt" in medians:
+    def ratios_over(other):
+        if "blockwire" not in medians or other not in medians:
+            return {}
+        out = {}
         for job, *_ in JOBS:
-            ours, theirs = medians["blockwire"][job], medians["tgt"][job]
-            ratios[job] = {
+            ours, theirs = medians["blockwire"][job], medians[other][job]
+            out[job] = {
                 "throughput": round(ours["mb_per_s"] / theirs["mb_per_s"], 2),
                 "mb_per_server_cpu_s": round(
                     ours["mb_per_server_cpu_s"] / theirs["mb_per_server_cpu_s"], 2)
                 if ours["mb_per_server_cpu_s"] and theirs["mb_per_server_cpu_s"] else None,
             }
+        return out
+
+    ratios = ratios_over("tgt")
+    baseline_ratios = ratios_over(BASELINE)
 
     print(f"\niSCSI on loopback, {args.size} prefilled file, iscsi-perf {args.time} s per run, "
           f"median of {args.rounds} interleaved rounds")
@@ -239,11 +257,12 @@ def main():
             eff = f"{m['mb_per_server_cpu_s']:13.1f}" if m["mb_per_server_cpu_s"] else f"{'-':>13}"
             print(f"{job:18} {server:10} {m['mb_per_s']:9.1f} {m['iops']:9} "
                   f"{m['server_cpu_s']:10.2f} {eff} {m['client_cpu_s']:10.2f}")
-        if job in ratios:
-            r = ratios[job]
-            eff = f"{r['mb_per_server_cpu_s']:.2f}x" if r["mb_per_server_cpu_s"] else "-"
-            print(f"{'':18} blockwire / tgt: throughput {r['throughput']:.2f}x, "
-                  f"MB per server CPU-second {eff}")
+        for name, table in (("tgt", ratios), ("baseline", baseline_ratios)):
+            if job in table:
+                r = table[job]
+                eff = f"{r['mb_per_server_cpu_s']:.2f}x" if r["mb_per_server_cpu_s"] else "-"
+                print(f"{'':18} blockwire / {name}: throughput {r['throughput']:.2f}x, "
+                      f"MB per server CPU-second {eff}")
     if "tgt-null" in servers:
         print("tgt-null is tgtd's null store (no storage I/O at all): tgtd's own protocol ceiling.")
 
@@ -254,11 +273,13 @@ def main():
                     "pinned": bool(PIN_SERVER)},
         "config": {"size": args.size, "image": image, "seconds": args.time,
                    "rounds": args.rounds, "servers": servers,
+                   "baseline": args.baseline,
                    "client": "iscsi-perf (libiscsi)",
                    "jobs": [{"name": j, "request_bytes": b, "in_flight": d, "random": r}
                             for j, b, d, r in JOBS]},
         "medians": medians,
         "ratios_blockwire_over_tgt": ratios,
+        "ratios_blockwire_over_baseline": baseline_ratios,
         "runs": runs,
     }
     write_json(args.json, result)
