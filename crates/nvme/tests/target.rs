@@ -390,3 +390,33 @@ fn throughput_1mib_qd16() {
         );
     }
 }
+
+#[test]
+fn h2c_data_digest_mismatch_closes_the_connection() {
+    let target = start(vec![subsystem("disk")]);
+    let nqn = default_nqn("disk");
+    let (_admin, cntlid) = Host::admin(target.addr, &nqn, ALL_DIGESTS);
+    let mut q = Host::io_queue(target.addr, &nqn, cntlid, 1, ALL_DIGESTS);
+    let data = pattern(6, 32 * 1024);
+    let sqe = q.rw_sqe(io::WRITE, 0, 64, false);
+    q.submit(sqe, &data, 0);
+    let r2t = match q.recv() {
+        Some(Pdu::R2T(r2t)) => r2t,
+        other => panic!("expected R2T, got {other:?}"),
+    };
+    let mut bytes = Pdu::H2CData(blockwire_nvme::pdu::H2CData {
+        cccid: r2t.cccid,
+        ttag: r2t.ttag,
+        offset: 0,
+        last: true,
+        data: data.clone(),
+    })
+    .to_bytes(&q.framing);
+    let n = bytes.len();
+    bytes[n - 1] ^= 0xff;
+    q.send_raw(&bytes);
+    assert!(q.recv().is_none(), "closed on a data digest mismatch");
+    // Nothing was written.
+    let mut other = Host::io_queue(target.addr, &nqn, cntlid, 2, ALL_DIGESTS);
+    assert!(other.read(0, 64).data.iter().all(|&b| b == 0));
+}

@@ -225,3 +225,82 @@ fn parse_specific(layout: &Layout, b: &[u8], data: &[u8]) -> Result<Pdu, PduErro
         }),
     })
 }
+
+/// The header of an H2CData or C2HData PDU, decoded before its data is read (see
+/// [`decode_data_header`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataHeader {
+    pub pdu_type: PduType,
+    pub cccid: u16,
+    /// H2CData only: the R2T's transfer tag.
+    pub ttag: u16,
+    /// Where the data goes in the command's data.
+    pub offset: u32,
+    /// How many data bytes follow.
+    pub length: u32,
+    pub last: bool,
+    /// C2HData only: the SUCCESS flag.
+    pub success: bool,
+    /// Bytes from the start of the PDU to its data (padding included).
+    pub data_at: usize,
+    /// Whether a data digest follows the data.
+    pub data_digest: bool,
+    /// The PDU's whole length.
+    pub plen: usize,
+}
+
+/// How many bytes of a data PDU come before anything [`decode_data_header`] does
+/// not need: its header and header digest.
+pub fn data_header_len(framing: &Framing) -> usize {
+    PduType::H2CData.header_len()
+        + if framing.digests.header {
+            DIGEST_LEN
+        } else {
+            0
+        }
+}
+
+/// Decodes the header of an H2CData or C2HData PDU from `head`, which holds at
+/// least [`data_header_len`] bytes from its start, checking everything but the
+/// data and its digest: a transport then reads the data straight into the
+/// command's buffer (and checks its digest with [`super::digest::crc32c`]).
+/// Other PDU types give an error.
+pub fn decode_data_header(head: &[u8], framing: &Framing) -> Result<DataHeader, PduError> {
+    let layout = layout(head, framing)?;
+    if !matches!(layout.pdu_type, PduType::H2CData | PduType::C2HData) {
+        return Err(invalid(0, "not a data PDU"));
+    }
+    let head_len = layout.hlen + layout.hdgst;
+    if head.len() < head_len {
+        return Err(PduError::Truncated);
+    }
+    if layout.hdgst != 0 && !digest_matches(&head[..layout.hlen], &head[layout.hlen..head_len]) {
+        return Err(PduError::HeaderDigest);
+    }
+    let length = u32_at(head, 16);
+    if length as usize != layout.data.len() {
+        return Err(invalid(16, "data length does not match the PDU"));
+    }
+    let flags_byte = layout.header.flags;
+    let last = flags_byte & flags::DATA_LAST != 0;
+    let success = layout.pdu_type == PduType::C2HData && flags_byte & flags::DATA_SUCCESS != 0;
+    if success && !last {
+        return Err(invalid(1, "SUCCESS flag without LAST_PDU"));
+    }
+    Ok(DataHeader {
+        pdu_type: layout.pdu_type,
+        cccid: u16_at(head, 8),
+        ttag: if layout.pdu_type == PduType::H2CData {
+            u16_at(head, 10)
+        } else {
+            0
+        },
+        offset: u32_at(head, 12),
+        length,
+        last,
+        success,
+        data_at: layout.data.start,
+        data_digest: layout.ddgst != 0,
+        plen: layout.header.plen as usize,
+    })
+}

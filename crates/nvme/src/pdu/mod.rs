@@ -19,7 +19,7 @@ mod types;
 #[cfg(test)]
 mod tests;
 
-pub use decode::{decode, pdu_len};
+pub use decode::{data_header_len, decode, decode_data_header, pdu_len, DataHeader};
 pub use header::{flags, CommonHeader, PduType, COMMON_HEADER_LEN, DIGEST_LEN};
 pub use types::{
     fes, C2HData, CapsuleCmd, CapsuleResp, Digests, H2CData, IcReq, IcResp, Pdu, TermReq, R2T,

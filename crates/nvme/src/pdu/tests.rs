@@ -450,3 +450,35 @@ proptest! {
         let _ = decode(&bytes, &framing);
     }
 }
+
+#[test]
+fn data_headers_decode_before_their_data() {
+    for framing in [plain(), digested()] {
+        let pdu = Pdu::H2CData(H2CData {
+            cccid: 4,
+            ttag: 9,
+            offset: 512,
+            last: true,
+            data: vec![3; 100],
+        });
+        let bytes = pdu.to_bytes(&framing);
+        let head = &bytes[..data_header_len(&framing)];
+        let h = decode_data_header(head, &framing).unwrap();
+        assert_eq!((h.cccid, h.ttag, h.offset, h.length), (4, 9, 512, 100));
+        assert!(h.last && !h.success);
+        assert_eq!(&bytes[h.data_at..h.data_at + 100], &[3; 100][..]);
+        assert_eq!(h.data_digest, framing.digests.data);
+        assert_eq!(h.plen, bytes.len());
+        // Other types and corrupted headers are refused.
+        let r2t = Pdu::R2T(R2T::default()).to_bytes(&framing);
+        assert!(decode_data_header(&r2t, &framing).is_err());
+        if framing.digests.header {
+            let mut bad = head.to_vec();
+            bad[12] ^= 1;
+            assert_eq!(
+                decode_data_header(&bad, &framing),
+                Err(PduError::HeaderDigest)
+            );
+        }
+    }
+}

@@ -17,7 +17,7 @@ use super::{SessionGuard, Shared};
 use crate::controller::{Action, Queue};
 use crate::cqe::{Cqe, Status};
 use crate::pdu::{
-    self, fes, CapsuleCmd, Digests, Framing, H2CData, IcResp, Pdu, PduError, TermReq,
+    self, fes, CapsuleCmd, Digests, Framing, IcResp, Pdu, PduError, PduType, TermReq,
     COMMON_HEADER_LEN, R2T, TERM_REQ_MAX_DATA,
 };
 use crate::sqe::{Direction, Sqe};
@@ -113,10 +113,24 @@ fn read_pdu(
     framing: &Framing,
     buf: &mut Vec<u8>,
 ) -> Result<Option<Pdu>, End> {
+    read_common_header(reader, buf)?;
+    read_rest(reader, framing, buf)
+}
+
+/// Reads the 8-byte common header into `buf`.
+fn read_common_header(reader: &mut impl Read, buf: &mut Vec<u8>) -> Result<(), End> {
     buf.resize(COMMON_HEADER_LEN, 0);
-    if reader.read_exact(&mut buf[..COMMON_HEADER_LEN]).is_err() {
-        return Err(End::Closed);
-    }
+    reader
+        .read_exact(&mut buf[..COMMON_HEADER_LEN])
+        .map_err(|_| End::Closed)
+}
+
+/// Reads the rest of the PDU whose common header `buf` holds, and decodes it.
+fn read_rest(
+    reader: &mut impl Read,
+    framing: &Framing,
+    buf: &mut Vec<u8>,
+) -> Result<Option<Pdu>, End> {
     let plen = match pdu::pdu_len(buf, framing) {
         Ok(plen) => plen,
         Err(e) => return Err(fatal(e.fes(), e.fei(), buf)),
@@ -128,14 +142,16 @@ fn read_pdu(
     match pdu::decode(buf, framing) {
         Ok(Some((pdu, _))) => Ok(Some(pdu)),
         Ok(None) => Err(fatal(fes::INVALID_PDU_HEADER_FIELD, 4, buf)),
-        Err(PduError::DataDigest { cccid, .. }) => {
-            // The framing is intact but the data is not what the host sent; as
-            // Linux nvmet does, the connection ends (the host reconnects).
-            tracing::warn!(cccid, "NVMe/TCP: data digest mismatch; closing");
-            Err(End::Closed)
-        }
+        Err(PduError::DataDigest { cccid, .. }) => data_digest_mismatch(cccid),
         Err(e) => Err(fatal(e.fes(), e.fei(), buf)),
     }
+}
+
+/// The framing is intact but the data is not what the host sent: as Linux nvmet
+/// does, the connection ends (the host reconnects and retries).
+fn data_digest_mismatch<T>(cccid: u16) -> Result<T, End> {
+    tracing::warn!(cccid, "NVMe/TCP: data digest mismatch; closing");
+    Err(End::Closed)
 }
 
 /// ICReq in, ICResp out: the digests the host asked for, our MAXH2CDATA.
@@ -193,7 +209,17 @@ impl Connection {
     fn read_loop(&mut self, reader: &mut BufReader<TcpStream>) -> End {
         let mut buf = Vec::new();
         loop {
-            let pdu = match read_pdu(reader, &self.framing, &mut buf) {
+            if let Err(end) = read_common_header(reader, &mut buf) {
+                return end;
+            }
+            if buf[0] == PduType::H2CData as u8 {
+                // Data goes straight from the socket into its command's buffer.
+                match self.h2c_data(reader, &mut buf) {
+                    Ok(()) => continue,
+                    Err(end) => return end,
+                }
+            }
+            let pdu = match read_rest(reader, &self.framing, &mut buf) {
                 Ok(Some(pdu)) => pdu,
                 Ok(None) => return End::Closed,
                 Err(end) => return end,
@@ -201,7 +227,6 @@ impl Connection {
             let more_waiting = !reader.buffer().is_empty();
             let result = match pdu {
                 Pdu::CapsuleCmd(capsule) => self.capsule(capsule, more_waiting),
-                Pdu::H2CData(data) => self.h2c_data(data, more_waiting),
                 Pdu::H2CTermReq(term) => {
                     tracing::warn!(
                         fes = term.fes,
@@ -280,39 +305,61 @@ impl Connection {
         self.execute(sqe, Vec::new(), more_waiting)
     }
 
-    fn h2c_data(&mut self, pdu: H2CData, more_waiting: bool) -> Result<(), End> {
-        let header = |pdu: &H2CData| {
-            // Rebuilt for the TermReq: the offending header as the host sent it.
-            let mut bytes = Pdu::H2CData(H2CData {
-                data: Vec::new(),
-                ..pdu.clone()
-            })
-            .to_bytes(&Framing::default());
-            bytes.truncate(24);
-            bytes
-        };
-        let Some(pending) = self.pending.get_mut(&pdu.cccid) else {
-            return Err(fatal(fes::INVALID_PDU_HEADER_FIELD, 8, &header(&pdu)));
-        };
-        if pdu.ttag != pdu.cccid {
-            return Err(fatal(fes::INVALID_PDU_HEADER_FIELD, 10, &header(&pdu)));
+    /// An H2CData PDU whose common header `buf` holds: its header is checked, then
+    /// its data read into the write it answers.
+    fn h2c_data(
+        &mut self,
+        reader: &mut BufReader<TcpStream>,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), End> {
+        if let Err(e) = pdu::pdu_len(buf, &self.framing) {
+            return Err(fatal(e.fes(), e.fei(), buf));
         }
-        let offset = pdu.offset as usize;
-        let end = offset + pdu.data.len();
+        let head_len = pdu::data_header_len(&self.framing);
+        buf.resize(head_len, 0);
+        reader
+            .read_exact(&mut buf[COMMON_HEADER_LEN..])
+            .map_err(|_| End::Closed)?;
+        let h = pdu::decode_data_header(buf, &self.framing)
+            .map_err(|e| fatal(e.fes(), e.fei(), buf))?;
+        let header = &buf[..head_len.min(24)];
+        let Some(pending) = self.pending.get_mut(&h.cccid) else {
+            return Err(fatal(fes::INVALID_PDU_HEADER_FIELD, 8, header));
+        };
+        if h.ttag != h.cccid {
+            return Err(fatal(fes::INVALID_PDU_HEADER_FIELD, 10, header));
+        }
+        let offset = h.offset as usize;
+        let end = offset + h.length as usize;
         if offset != pending.received || end > pending.data.len() {
-            return Err(fatal(fes::DATA_OUT_OF_RANGE, 12, &header(&pdu)));
+            return Err(fatal(fes::DATA_OUT_OF_RANGE, 12, header));
         }
-        if pdu.data.len() > self.shared.config.maxh2cdata as usize {
-            return Err(fatal(fes::DATA_LIMIT_EXCEEDED, 16, &header(&pdu)));
+        if h.length > self.shared.config.maxh2cdata {
+            return Err(fatal(fes::DATA_LIMIT_EXCEEDED, 16, header));
         }
-        pending.data[offset..end].copy_from_slice(&pdu.data);
-        pending.received = end;
         let complete = end == pending.data.len();
-        if complete != pdu.last {
-            return Err(fatal(fes::PDU_SEQUENCE_ERROR, 1, &header(&pdu)));
+        if complete != h.last {
+            return Err(fatal(fes::PDU_SEQUENCE_ERROR, 1, header));
         }
+        // Padding up to the data offset, then the data, then its digest.
+        let mut skip = [0u8; 256];
+        let pad = h.data_at - head_len;
+        reader
+            .read_exact(&mut skip[..pad])
+            .map_err(|_| End::Closed)?;
+        let data = &mut pending.data[offset..end];
+        reader.read_exact(data).map_err(|_| End::Closed)?;
+        if h.data_digest {
+            let mut digest = [0u8; pdu::DIGEST_LEN];
+            reader.read_exact(&mut digest).map_err(|_| End::Closed)?;
+            if !pdu::digest::digest_matches(data, &digest) {
+                return data_digest_mismatch(h.cccid);
+            }
+        }
+        pending.received = end;
         if complete {
-            let pending = self.pending.remove(&pdu.cccid).expect("present");
+            let pending = self.pending.remove(&h.cccid).expect("present");
+            let more_waiting = !reader.buffer().is_empty();
             return self.execute(pending.sqe, pending.data, more_waiting);
         }
         Ok(())
