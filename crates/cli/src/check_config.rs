@@ -8,7 +8,9 @@ use blockwire_blockdev::size::{format_size, parse_size};
 use clap::Args;
 
 use blockwire_server::config::{Config, ExportSection};
-use blockwire_server::config_validate::{export_iqn, ISCSI_LISTEN, NBD_LISTEN};
+use blockwire_server::config_validate::{
+    export_iqn, export_nqn, nvme_discovery_listen, nvme_listen, ISCSI_LISTEN, NBD_LISTEN,
+};
 
 #[derive(Args, Debug)]
 pub struct CheckConfigArgs {
@@ -30,6 +32,12 @@ pub fn describe(config: &Config) -> String {
     let mut report = String::new();
     for export in &config.exports {
         describe_export(config, export, &mut report);
+    }
+    let nvme = config.exports.iter().any(|e| e.nvme_settings().is_some());
+    if nvme {
+        for addr in nvme_discovery_listen(&config.nvme) {
+            report.push_str(&format!("nvme discovery: nvme+tcp://{addr}\n"));
+        }
     }
     if let Some(listen) = &config.metrics.listen {
         report.push_str(&format!("metrics: http://{listen}/metrics\n"));
@@ -117,6 +125,15 @@ fn describe_export(config: &Config, export: &ExportSection, out: &mut String) {
             out.push_str(&format!("  iscsi://{addr}/{iqn}/0\n"));
         }
     }
+    if let Some(nqn) = export_nqn(export) {
+        for addr in nvme_listen(&config.nvme) {
+            out.push_str(&format!("  nvme+tcp://{addr}/{nqn}\n"));
+        }
+        let hosts = export.nvme_settings().map(|s| s.hosts).unwrap_or_default();
+        if !hosts.is_empty() {
+            out.push_str(&format!("    hosts: {}\n", hosts.join(", ")));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -147,6 +164,47 @@ mod tests {
              iscsi://127.0.0.1:3260/iqn.2026-11.dev.blockwire:a/0\n\
              metrics: http://127.0.0.1:9723/metrics\n"
         );
+    }
+
+    #[test]
+    fn reports_nvme_subsystems_and_the_discovery_port() {
+        let text = "[nvme]\nlisten = \"0.0.0.0\"\n\
+                    [[export]]\nname = \"a\"\nmemory = \"1G\"\nnbd = false\nnvme = true\n\
+                    [[export]]\nname = \"b\"\nmemory = \"1G\"\nnbd = false\n\
+                    nvme = { nqn = \"nqn.2026-11.com.example:b\", hosts = [\"nqn.2026-11.com.example:h\"] }\n";
+        let report = check(text).unwrap();
+        assert_eq!(
+            report,
+            "export 'a': memory, 1G, read-write\n  \
+             nvme+tcp://0.0.0.0:4420/nqn.2026-11.dev.blockwire:a\n\
+             export 'b': memory, 1G, read-write\n  \
+             nvme+tcp://0.0.0.0:4420/nqn.2026-11.com.example:b\n    \
+             hosts: nqn.2026-11.com.example:h\n\
+             nvme discovery: nvme+tcp://0.0.0.0:8009\n"
+        );
+    }
+
+    #[test]
+    fn a_bad_or_shared_nqn_is_one_line_with_its_line() {
+        let error =
+            check("[[export]]\nname = \"a\"\nmemory = \"1G\"\nnvme = { nqn = \"nqn.x\" }\n")
+                .unwrap_err();
+        assert!(
+            error.starts_with("c.toml:4: export 'a': nvme.nqn: 'nqn.x' is not an NQN"),
+            "{error}"
+        );
+        let error = check(
+            "[[export]]\nname = \"a\"\nmemory = \"1G\"\nnvme = { nqn = \"nqn.2026-11.x:t\" }\n\
+             [[export]]\nname = \"b\"\nmemory = \"1G\"\nnvme = { nqn = \"nqn.2026-11.x:t\" }\n",
+        )
+        .unwrap_err();
+        assert!(
+            error.starts_with(
+                "c.toml:8: export 'b': nvme: NVMe subsystem nqn.2026-11.x:t is already export 'a'"
+            ),
+            "{error}"
+        );
+        assert!(!error.contains('\n'), "{error}");
     }
 
     #[test]

@@ -17,6 +17,8 @@ pub struct InfoArgs {
     /// The export: nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH or
     /// aoe://IFACE[,IFACE]/eSHELF.SLOT (with --list, aoe://IFACE is enough) or
     /// iscsi://[USER@]HOST[:PORT]/IQN/LUN (iscsi://HOST[:PORT] lists the targets)
+    /// or nvme+tcp://HOST[:PORT]/NQN[/NSID] (nvme+tcp://HOST[:PORT] lists the
+    /// subsystems of the discovery controller, port 8009 by default)
     /// or a striped volume, stripe:CHUNK:MEMBER,MEMBER,... (its members and layout)
     /// or a Ceph RBD image, rbd:POOL/IMAGE[@SNAP][:conf=PATH] (size, object size,
     /// features, snapshots).
@@ -43,6 +45,9 @@ pub fn run(args: InfoArgs) -> Result<()> {
         }
         return crate::info_iscsi::run(&args.uri, args.json);
     }
+    if args.uri.to_ascii_lowercase().starts_with("nvme+tcp://") {
+        return crate::info_nvme::run(&args.uri, args.map, args.json);
+    }
     if args.uri.starts_with(blockwire_rbd::PREFIX) {
         return crate::info_rbd::run(&args.uri, args.list, args.map, args.json);
     }
@@ -64,7 +69,8 @@ pub fn run(args: InfoArgs) -> Result<()> {
     {
         bail!(
             "'{}': not a URI blockwire info reads (expected nbd://, nbd+unix://, nbds://, \
-             nbds+unix://, aoe://, iscsi://, rbd:POOL/IMAGE or stripe:CHUNK:MEMBER,...)",
+             nbds+unix://, aoe://, iscsi://, nvme+tcp://, rbd:POOL/IMAGE or \
+             stripe:CHUNK:MEMBER,...)",
             args.uri
         );
     }

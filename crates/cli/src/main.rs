@@ -10,6 +10,7 @@ mod info;
 mod info_aoe;
 mod info_format;
 mod info_iscsi;
+mod info_nvme;
 mod info_rbd;
 mod info_stripe;
 mod lab;

@@ -7,11 +7,12 @@ use blockwire_blockdev::{FileOptions, ThrottleConfig};
 use blockwire_nbd::{Export, ExportSet};
 use blockwire_server::config::XdpChoice;
 use blockwire_server::created_files::CreatedFiles;
-use blockwire_server::defaults::{default_iqn, DEFAULT_IQN_PREFIX};
+use blockwire_server::defaults::{default_iqn, default_nqn, DEFAULT_IQN_PREFIX};
 use blockwire_server::device_spec::{remote_target, Target};
 use blockwire_server::factory::{open_source, reconnect_setting, Remote, Source};
 use blockwire_server::serve_export::throttled;
 use blockwire_server::serve_iscsi::{self, ChapSources, IscsiExport, IscsiPlan};
+use blockwire_server::serve_nvme::{self, NvmeExport, NvmePlan};
 use blockwire_server::serve_plan::{plan_from_file, Plan};
 use blockwire_server::serve_start::{start, Started};
 use blockwire_server::{serve_nbd, serve_run, serve_tls};
@@ -142,6 +143,27 @@ fn plan_from_args(args: &ServeArgs, created: &CreatedFiles) -> Result<Plan> {
             sessions: None,
         })
     };
+    let nvme = if args.nvme.is_empty() {
+        None
+    } else {
+        let (listen, discovery_listen) =
+            serve_nvme::listen_addrs(&crate::serve_args_check::nvme_section(args))?;
+        Some(NvmePlan {
+            listen,
+            discovery_listen,
+            exports: vec![NvmeExport {
+                name: export.name.clone(),
+                device: export.device.clone(),
+                nqn: args
+                    .nqn
+                    .clone()
+                    .unwrap_or_else(|| default_nqn(&export.name)),
+                hosts: args.nvme_host.clone(),
+            }],
+            workers: args.workers,
+            sessions: None,
+        })
+    };
     let nbd = if crate::serve_args_check::serves_nbd(args) {
         let mut config = serve_nbd::listen_config(&args.listen, &args.socket, args.workers)?;
         config.tls = serve_tls::target_tls(args.tls.settings(), None)?;
@@ -155,6 +177,7 @@ fn plan_from_args(args: &ServeArgs, created: &CreatedFiles) -> Result<Plan> {
         nbd,
         aoe,
         iscsi,
+        nvme,
         metrics: None,
         file: None,
     })

@@ -15,10 +15,11 @@ use crate::tls_args::TlsArgs;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// File or block device to export, or a remote device (nbd://, aoe://, iscsi://)
-    /// or a striped volume (stripe:CHUNK:MEMBER,MEMBER,...) to serve again as a
-    /// gateway. Without it (and without --config), serves a 1 GiB in-memory demo
-    /// export. Served over NBD unless --aoe or --iscsi alone is given.
+    /// File or block device to export, or a remote device (nbd://, aoe://, iscsi://,
+    /// nvme+tcp://) or a striped volume (stripe:CHUNK:MEMBER,MEMBER,...) to serve
+    /// again as a gateway. Without it (and without --config), serves a 1 GiB
+    /// in-memory demo export. Served over NBD unless --aoe, --iscsi or --nvme alone
+    /// is given.
     pub path: Option<PathBuf>,
 
     /// Create PATH as a sparse file of this size if it does not exist (e.g. 4G).
@@ -152,6 +153,37 @@ pub struct ServeArgs {
     )]
     pub mutual_chap_secret_file: Option<PathBuf>,
 
+    /// NVMe/TCP: serve on this TCP address (repeatable; port 4420 when none is
+    /// given, 127.0.0.1:4420 without a value); port 0 takes a free port. The export
+    /// is namespace 1 of one subsystem. Without --listen or --socket, NBD is then
+    /// not served.
+    #[arg(
+        help_heading = "NVMe/TCP",
+        long,
+        value_name = "HOST[:PORT]",
+        num_args = 0..=1,
+        default_missing_value = blockwire_server::defaults::NVME_LISTEN
+    )]
+    pub nvme: Vec<String>,
+
+    /// NVMe/TCP: the discovery controller's address (repeatable; port 8009 when none
+    /// is given). Default: port 8009 on each --nvme host.
+    #[arg(
+        help_heading = "NVMe/TCP",
+        long,
+        value_name = "HOST[:PORT]",
+        requires = "nvme"
+    )]
+    pub nvme_discovery: Vec<String>,
+
+    /// NVMe/TCP: the subsystem NQN (default nqn.2026-11.dev.blockwire:NAME).
+    #[arg(help_heading = "NVMe/TCP", long, value_name = "NQN", requires = "nvme")]
+    pub nqn: Option<String>,
+
+    /// NVMe/TCP: a host NQN allowed to connect (repeatable; default: every host).
+    #[arg(help_heading = "NVMe/TCP", long, value_name = "NQN", requires = "nvme")]
+    pub nvme_host: Vec<String>,
+
     /// Also answer the bench's network test (`blockwire bench --netserve-port`) on
     /// this TCP address, e.g. 0.0.0.0:10810; see `blockwire netserve`.
     #[arg(help_heading = "Service", long, value_name = "HOST:PORT")]
@@ -172,7 +204,7 @@ pub struct ServeArgs {
     pub metrics: Option<String>,
 
     /// Serve the exports of this TOML file instead of PATH.
-    #[arg(help_heading = "Service", long, value_name = "FILE", conflicts_with_all = ["path", "size", "name", "read_only", "direct", "aoe", "iscsi"])]
+    #[arg(help_heading = "Service", long, value_name = "FILE", conflicts_with_all = ["path", "size", "name", "read_only", "direct", "aoe", "iscsi", "nvme"])]
     pub config: Option<PathBuf>,
 
     #[command(flatten)]

@@ -7,7 +7,7 @@ use anyhow::{anyhow, Result};
 use crate::serve_args::ServeArgs;
 use blockwire_server::config::{
     AoeSection, Config, ExportSection, IscsiExport, IscsiExportSettings, IscsiSection,
-    MetricsSection, ServerSection,
+    MetricsSection, NvmeExport, NvmeExportSettings, NvmeSection, ServerSection,
 };
 use blockwire_server::config_error::{ConfigError, Table};
 use blockwire_server::config_validate::{check_environment, validate};
@@ -36,6 +36,8 @@ fn flag_of(table: Option<Table>, key: &str) -> Option<&'static str> {
         (Some(Table::Export(_)), "aoe.buffer_count") => "--buffer-count",
         (Some(Table::Export(_)), "iscsi" | "iscsi.iqn") => "--iqn",
         (Some(Table::Export(_)), "iscsi.block_size") => "--block-size",
+        (Some(Table::Export(_)), "nvme" | "nvme.nqn") => "--nqn",
+        (Some(Table::Export(_)), "nvme.hosts") => "--nvme-host",
         (Some(Table::Export(_)), "disk_rate") => "--disk-rate",
         (Some(Table::Export(_)), "disk_latency") => "--disk-latency",
         (Some(Table::Server), "listen") => "--listen",
@@ -50,15 +52,17 @@ fn flag_of(table: Option<Table>, key: &str) -> Option<&'static str> {
         (Some(Table::Iscsi), "chap_secret_file") => "--chap-secret-file",
         (Some(Table::Iscsi), "mutual_chap_user") => "--mutual-chap-user",
         (Some(Table::Iscsi), "mutual_chap_secret_file") => "--mutual-chap-secret-file",
+        (Some(Table::Nvme), "listen") => "--nvme",
+        (Some(Table::Nvme), "discovery_listen") => "--nvme-discovery",
         (Some(Table::Metrics), "listen") => "--metrics",
         _ => return None,
     })
 }
 
-/// Whether `serve` with these flags serves NBD: unless only AoE or iSCSI is asked
-/// for without an NBD listener.
+/// Whether `serve` with these flags serves NBD: unless only AoE, iSCSI or NVMe/TCP
+/// is asked for without an NBD listener.
 pub fn serves_nbd(args: &ServeArgs) -> bool {
-    let other_protocols = !args.aoe.is_empty() || !args.iscsi.is_empty();
+    let other_protocols = !args.aoe.is_empty() || !args.iscsi.is_empty() || !args.nvme.is_empty();
     !other_protocols || !args.listen.is_empty() || !args.socket.is_empty()
 }
 
@@ -92,6 +96,12 @@ fn as_config(args: &ServeArgs) -> Result<Config, ConfigError> {
             alias: None,
         })
     });
+    let nvme = (!args.nvme.is_empty()).then(|| {
+        NvmeExport::Settings(NvmeExportSettings {
+            nqn: args.nqn.clone(),
+            hosts: args.nvme_host.clone(),
+        })
+    });
     let remote = args
         .path
         .as_deref()
@@ -118,6 +128,7 @@ fn as_config(args: &ServeArgs) -> Result<Config, ConfigError> {
         nbd: serves_nbd(args),
         aoe,
         iscsi,
+        nvme,
         rbd: None,
         disk_rate: args.disk_rate.map(|bytes| bytes as f64 / 1e6),
         disk_latency: args.disk_latency.map(|d| d.as_secs_f64() * 1000.0),
@@ -145,5 +156,15 @@ fn as_config(args: &ServeArgs) -> Result<Config, ConfigError> {
         metrics: MetricsSection {
             listen: args.metrics.clone(),
         },
+        nvme: nvme_section(args),
     })
+}
+
+/// The `[nvme]` section the flags describe.
+pub fn nvme_section(args: &ServeArgs) -> NvmeSection {
+    NvmeSection {
+        listen: args.nvme.clone(),
+        discovery_listen: args.nvme_discovery.clone(),
+        discovery: None,
+    }
 }

@@ -26,6 +26,65 @@ pub struct Config {
     /// `[metrics]`: the Prometheus endpoint.
     #[serde(default)]
     pub metrics: MetricsSection,
+    /// `[nvme]`: the NVMe/TCP target's listeners.
+    #[serde(default)]
+    pub nvme: NvmeSection,
+}
+
+/// `[nvme]`: settings shared by every export served over NVMe/TCP.
+#[derive(Debug, Default, Deserialize, JsonSchema, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NvmeSection {
+    /// I/O controller addresses ("HOST[:PORT]" or a list of them; port 4420 when
+    /// none is given); default 127.0.0.1:4420.
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub listen: Vec<String>,
+    /// Discovery controller addresses ("HOST[:PORT]", port 8009 when none is
+    /// given); default port 8009 on each listen address's host.
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub discovery_listen: Vec<String>,
+    /// Answer discovery on its own port (default true; the I/O port answers it
+    /// too).
+    pub discovery: Option<bool>,
+}
+
+impl NvmeSection {
+    /// Whether a discovery controller listens on a port of its own.
+    pub fn discovery_on(&self) -> bool {
+        self.discovery.unwrap_or(true)
+    }
+}
+
+/// `nvme = true`, or `nvme = { nqn = "...", hosts = ["nqn...."] }`.
+#[derive(Debug, Deserialize, JsonSchema, Clone, PartialEq)]
+#[serde(untagged)]
+pub enum NvmeExport {
+    /// `true`: serve with the default settings.
+    Enabled(bool),
+    /// The settings, in an inline table.
+    Settings(NvmeExportSettings),
+}
+
+/// The per-export NVMe/TCP settings.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NvmeExportSettings {
+    /// The subsystem NQN (default nqn.2026-11.dev.blockwire:NAME).
+    pub nqn: Option<String>,
+    /// Host NQNs allowed to connect (default: all).
+    #[serde(default)]
+    pub hosts: Vec<String>,
+}
+
+impl NvmeExport {
+    /// The settings, if the export is served over NVMe/TCP at all.
+    pub fn settings(&self) -> Option<NvmeExportSettings> {
+        match self {
+            NvmeExport::Enabled(false) => None,
+            NvmeExport::Enabled(true) => Some(NvmeExportSettings::default()),
+            NvmeExport::Settings(settings) => Some(settings.clone()),
+        }
+    }
 }
 
 /// `[metrics]`: where Prometheus scrapes `serve`.
@@ -173,6 +232,8 @@ pub struct ExportSection {
     pub aoe: Option<AoeSection>,
     /// Also serve this export over iSCSI, as LUN 0 of its own target.
     pub iscsi: Option<IscsiExport>,
+    /// Also serve this export over NVMe/TCP, as namespace 1 of its own subsystem.
+    pub nvme: Option<NvmeExport>,
     /// For a `path` of `rbd:POOL/IMAGE`: how to reach the cluster, as the spec's
     /// `:KEY=VALUE` options (each key in one place only).
     pub rbd: Option<RbdSection>,
@@ -183,6 +244,11 @@ pub struct ExportSection {
 }
 
 impl ExportSection {
+    /// The NVMe/TCP settings, if the export is served over NVMe/TCP.
+    pub fn nvme_settings(&self) -> Option<NvmeExportSettings> {
+        self.nvme.as_ref().and_then(NvmeExport::settings)
+    }
+
     /// The Ceph image of an export whose `path` is `rbd:...`, with the options of
     /// its `rbd` table; `None` for any other export.
     pub fn rbd_spec(&self) -> Option<Result<blockwire_rbd::RbdSpec, String>> {

@@ -11,6 +11,7 @@ pub enum Table {
     Server,
     Iscsi,
     Metrics,
+    Nvme,
     /// The `index`-th `[[export]]`.
     Export(usize),
     /// The `index`-th `[[volume]]`.
@@ -79,6 +80,7 @@ impl ConfigError {
             Some(Table::Server) => out.push_str("[server] "),
             Some(Table::Iscsi) => out.push_str("[iscsi] "),
             Some(Table::Metrics) => out.push_str("[metrics] "),
+            Some(Table::Nvme) => out.push_str("[nvme] "),
             None => {}
         }
         if let Some(key) = self.key {
@@ -124,6 +126,7 @@ impl ConfigError {
             Table::Server => table_span(text, "server", 0)?,
             Table::Iscsi => table_span(text, "iscsi", 0)?,
             Table::Metrics => table_span(text, "metrics", 0)?,
+            Table::Nvme => table_span(text, "nvme", 0)?,
             Table::Export(index) => table_span(text, "export", index)?,
             Table::Volume(index) => table_span(text, "volume", index)?,
         };
@@ -218,6 +221,8 @@ fn table_at(text: &str, line: usize) -> Option<Table> {
             Some(Table::Iscsi)
         } else if trimmed.starts_with("[metrics]") {
             Some(Table::Metrics)
+        } else if trimmed.starts_with("[nvme]") {
+            Some(Table::Nvme)
         } else {
             None
         };
@@ -250,6 +255,7 @@ pub fn parse_error(file: &Path, text: &str, error: &toml::de::Error) -> String {
         Some(Table::Server) => out.push_str("[server] "),
         Some(Table::Iscsi) => out.push_str("[iscsi] "),
         Some(Table::Metrics) => out.push_str("[metrics] "),
+        Some(Table::Nvme) => out.push_str("[nvme] "),
         None => {}
     }
     let key = text

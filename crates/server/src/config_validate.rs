@@ -12,10 +12,11 @@ use blockwire_blockdev::size::{format_size, parse_size};
 
 use anyhow::anyhow;
 
-use crate::config::{Config, ExportSection, IscsiExport};
+use crate::config::{Config, ExportSection, IscsiExport, NvmeSection};
 use crate::config_error::{ConfigError, Table};
 use crate::defaults::{default_iqn, DEFAULT_IQN_PREFIX};
-pub use crate::defaults::{ISCSI_LISTEN, NBD_LISTEN};
+pub use crate::defaults::{ISCSI_LISTEN, NBD_LISTEN, NVME_LISTEN};
+use crate::defaults::{NVME_DISCOVERY_PORT, NVME_PORT};
 /// AoE's broadcast addresses: a target may not take them.
 const AOE_BROADCAST_SHELF: u16 = 0xffff;
 const AOE_BROADCAST_SLOT: u8 = 0xff;
@@ -71,6 +72,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     }
     validate_aoe_addresses(config)?;
     validate_iqns(config)?;
+    validate_nqns(config)?;
     for (index, volume) in config.volumes.iter().enumerate() {
         let table = Table::Volume(index);
         if config.volumes[..index]
@@ -107,6 +109,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     }
     validate_server(config)?;
     validate_iscsi_section(config)?;
+    validate_nvme_section(config)?;
     validate_listeners(config)?;
     Ok(())
 }
@@ -138,11 +141,14 @@ fn validate_export(
         ));
     }
     let iscsi = export.iscsi.as_ref().and_then(IscsiExport::settings);
-    if !export.nbd && export.aoe.is_none() && iscsi.is_none() {
+    let nvme = export.nvme_settings();
+    if !export.nbd && export.aoe.is_none() && iscsi.is_none() && nvme.is_none() {
         return Err(error(
             table,
             "nbd",
-            "the export is served by no protocol (nbd = true, an aoe table or iscsi = true)".into(),
+            "the export is served by no protocol (nbd = true, an aoe table, iscsi = true or \
+             nvme = true)"
+                .into(),
         ));
     }
     let sources = [
@@ -257,7 +263,170 @@ fn validate_export(
             check_iqn(iqn).map_err(|m| error(table, "iscsi.iqn", m))?;
         }
     }
+    if let Some(settings) = &nvme {
+        if let Some(nqn) = &settings.nqn {
+            check_nqn(nqn).map_err(|m| error(table, "nvme.nqn", m))?;
+        }
+        for host in &settings.hosts {
+            check_nqn(host).map_err(|m| error(table, "nvme.hosts", m))?;
+        }
+    }
     Ok(())
+}
+
+/// The NQN of the NVMe-oF discovery controller, which no subsystem may take.
+const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+/// The NQN form built from a UUID (NVMe base spec, 4.5).
+const UUID_NQN_PREFIX: &str = "nqn.2014-08.org.nvmexpress:uuid:";
+
+/// An NVMe Qualified Name as the NVMe base specification (4.5) spells it: at most
+/// 223 bytes, either `nqn.2014-08.org.nvmexpress:uuid:` and a UUID, or
+/// `nqn.YYYY-MM.` a reverse domain name, `:` and a name of the owner's choosing.
+pub fn check_nqn(nqn: &str) -> Result<(), String> {
+    let form = "nqn.YYYY-MM.reverse.domain:name, or nqn.2014-08.org.nvmexpress:uuid:UUID";
+    if nqn.len() > 223 {
+        return Err(format!(
+            "'{nqn}' is {} bytes (an NQN has at most 223)",
+            nqn.len()
+        ));
+    }
+    if nqn.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("'{nqn}' holds spaces ({form})"));
+    }
+    if nqn == DISCOVERY_NQN {
+        return Err(format!(
+            "'{nqn}' is the discovery controller's name ({form})"
+        ));
+    }
+    if let Some(uuid) = nqn.strip_prefix(UUID_NQN_PREFIX) {
+        let groups: Vec<&str> = uuid.split('-').collect();
+        let lengths: Vec<usize> = groups.iter().map(|g| g.len()).collect();
+        let hex = groups
+            .iter()
+            .all(|g| g.chars().all(|c| c.is_ascii_hexdigit()));
+        if lengths != [8, 4, 4, 4, 12] || !hex {
+            return Err(format!("'{nqn}' does not end in a UUID ({form})"));
+        }
+        return Ok(());
+    }
+    let bad = || Err(format!("'{nqn}' is not an NQN ({form})"));
+    let Some(rest) = nqn.strip_prefix("nqn.") else {
+        return bad();
+    };
+    let date = rest.get(..7).unwrap_or("");
+    let year_month = date.as_bytes();
+    let dated = year_month.len() == 7
+        && year_month[..4].iter().all(u8::is_ascii_digit)
+        && year_month[4] == b'-'
+        && year_month[5..].iter().all(u8::is_ascii_digit)
+        && matches!(date[5..].parse::<u8>(), Ok(1..=12));
+    if !dated || rest.as_bytes().get(7) != Some(&b'.') {
+        return bad();
+    }
+    match rest[8..].split_once(':') {
+        Some((domain, name)) if !domain.is_empty() && !name.is_empty() => Ok(()),
+        _ => bad(),
+    }
+}
+
+/// The NQN each export's subsystem is served as, default or given.
+pub fn export_nqn(export: &ExportSection) -> Option<String> {
+    let settings = export.nvme_settings()?;
+    Some(
+        settings
+            .nqn
+            .unwrap_or_else(|| crate::defaults::default_nqn(&export.name)),
+    )
+}
+
+fn validate_nqns(config: &Config) -> Result<(), ConfigError> {
+    let mut taken: HashMap<String, &str> = HashMap::new();
+    for (index, export) in config.exports.iter().enumerate() {
+        let Some(nqn) = export_nqn(export) else {
+            continue;
+        };
+        if export.nvme_settings().is_some_and(|s| s.nqn.is_none()) {
+            // A default NQN is built from the name: check what it became.
+            check_nqn(&nqn).map_err(|m| error(Table::Export(index), "name", m))?;
+        }
+        if let Some(other) = taken.insert(nqn.clone(), &export.name) {
+            return Err(error(
+                Table::Export(index),
+                "nvme",
+                format!(
+                    "NVMe subsystem {nqn} is already export '{other}' (give nvme = {{ nqn = \"...\" }} a name of its own)"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn validate_nvme_section(config: &Config) -> Result<(), ConfigError> {
+    let nvme = &config.nvme;
+    if !nvme.discovery_on() && !nvme.discovery_listen.is_empty() {
+        return Err(error(
+            Table::Nvme,
+            "discovery_listen",
+            "is given with discovery = false (drop one of them)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// `text` with `port` added when it names none: `host`, `[v6]` or a bare IPv6
+/// address.
+pub fn with_default_port(text: &str, port: u16) -> String {
+    if text.parse::<SocketAddr>().is_ok() {
+        return text.to_string();
+    }
+    if text.ends_with(']') {
+        return format!("{text}:{port}");
+    }
+    match text.matches(':').count() {
+        0 => format!("{text}:{port}"),
+        1 => text.to_string(),
+        _ => format!("[{text}]:{port}"),
+    }
+}
+
+/// The NVMe/TCP I/O listeners `[nvme]` asks for, each with its port.
+pub fn nvme_listen(section: &NvmeSection) -> Vec<String> {
+    if section.listen.is_empty() {
+        return vec![NVME_LISTEN.to_string()];
+    }
+    section
+        .listen
+        .iter()
+        .map(|text| with_default_port(text, NVME_PORT))
+        .collect()
+}
+
+/// The NVMe/TCP discovery listeners `[nvme]` asks for: `discovery_listen`, else
+/// port 8009 on the host of each I/O listener; none with `discovery = false`.
+pub fn nvme_discovery_listen(section: &NvmeSection) -> Vec<String> {
+    if !section.discovery_on() {
+        return Vec::new();
+    }
+    if !section.discovery_listen.is_empty() {
+        return section
+            .discovery_listen
+            .iter()
+            .map(|text| with_default_port(text, NVME_DISCOVERY_PORT))
+            .collect();
+    }
+    let mut out: Vec<String> = Vec::new();
+    for text in nvme_listen(section) {
+        let host = match text.rsplit_once(':') {
+            Some((host, _)) => host.to_string(),
+            None => text.clone(),
+        };
+        let discovery = format!("{host}:{NVME_DISCOVERY_PORT}");
+        if !out.contains(&discovery) {
+            out.push(discovery);
+        }
+    }
+    out
 }
 
 fn positive_size(table: Table, key: &'static str, text: &str) -> Result<u64, ConfigError> {
@@ -430,7 +599,7 @@ struct Listener<'a> {
     table: Table,
     key: &'static str,
     what: &'static str,
-    text: &'a str,
+    text: std::borrow::Cow<'a, str>,
 }
 
 /// Every TCP listener the configuration asks for, defaults included where they
@@ -444,7 +613,7 @@ fn listeners(config: &Config) -> Vec<Listener<'_>> {
                 table: Table::Server,
                 key: "listen",
                 what: "NBD's default",
-                text: NBD_LISTEN,
+                text: NBD_LISTEN.into(),
             });
         }
         for text in &config.server.listen {
@@ -452,7 +621,7 @@ fn listeners(config: &Config) -> Vec<Listener<'_>> {
                 table: Table::Server,
                 key: "listen",
                 what: "[server] listen",
-                text,
+                text: text.into(),
             });
         }
     }
@@ -466,7 +635,7 @@ fn listeners(config: &Config) -> Vec<Listener<'_>> {
                 table: Table::Iscsi,
                 key: "listen",
                 what: "iSCSI's default",
-                text: ISCSI_LISTEN,
+                text: ISCSI_LISTEN.into(),
             });
         }
         for text in &config.iscsi.listen {
@@ -474,7 +643,36 @@ fn listeners(config: &Config) -> Vec<Listener<'_>> {
                 table: Table::Iscsi,
                 key: "listen",
                 what: "[iscsi] listen",
-                text,
+                text: text.into(),
+            });
+        }
+    }
+    if config.exports.iter().any(|e| e.nvme_settings().is_some()) {
+        let nvme = &config.nvme;
+        let defaulted = nvme.listen.is_empty();
+        for text in nvme_listen(nvme) {
+            out.push(Listener {
+                table: Table::Nvme,
+                key: "listen",
+                what: if defaulted {
+                    "NVMe/TCP's default"
+                } else {
+                    "[nvme] listen"
+                },
+                text: text.into(),
+            });
+        }
+        let given = !nvme.discovery_listen.is_empty();
+        for text in nvme_discovery_listen(nvme) {
+            out.push(Listener {
+                table: Table::Nvme,
+                key: if given { "discovery_listen" } else { "listen" },
+                what: if given {
+                    "[nvme] discovery_listen"
+                } else {
+                    "NVMe/TCP's default discovery port"
+                },
+                text: text.into(),
             });
         }
     }
@@ -483,7 +681,7 @@ fn listeners(config: &Config) -> Vec<Listener<'_>> {
             table: Table::Metrics,
             key: "listen",
             what: "[metrics] listen",
-            text,
+            text: text.into(),
         });
     }
     out
@@ -498,9 +696,10 @@ fn collide(a: &SocketAddr, b: &SocketAddr) -> bool {
 }
 
 fn validate_listeners(config: &Config) -> Result<(), ConfigError> {
+    let listeners = listeners(config);
     let mut seen: Vec<(SocketAddr, &str, &str)> = Vec::new();
-    for listener in listeners(config) {
-        let addrs = resolve(listener.text).map_err(|m| error(listener.table, listener.key, m))?;
+    for listener in &listeners {
+        let addrs = resolve(&listener.text).map_err(|m| error(listener.table, listener.key, m))?;
         for addr in addrs {
             if let Some((_, what, text)) = seen.iter().find(|(other, _, _)| collide(&addr, other)) {
                 let also = if *text == listener.text {
@@ -517,7 +716,7 @@ fn validate_listeners(config: &Config) -> Result<(), ConfigError> {
                     ),
                 ));
             }
-            seen.push((addr, listener.what, listener.text));
+            seen.push((addr, listener.what, &listener.text));
         }
     }
     let mut sockets: Vec<&Path> = Vec::new();
@@ -772,6 +971,86 @@ mod tests {
         let text = "[[export]]\nname = \"a b\"\nmemory = \"1G\"\niscsi = true\n\
                     [[export]]\nname = \"a-b\"\nmemory = \"1G\"\niscsi = true\n";
         assert!(check(text).is_err());
+    }
+
+    #[test]
+    fn nqns_follow_the_nvme_base_specification() {
+        for good in [
+            "nqn.2026-11.dev.blockwire:disk0",
+            "nqn.2014-08.com.example:a:b",
+            "nqn.2014-08.org.nvmexpress:uuid:0f8fad5b-d9cb-469f-a165-70867728950e",
+        ] {
+            check_nqn(good).unwrap();
+        }
+        for bad in [
+            "iqn.2026-11.dev.blockwire:disk0",
+            "nqn.2026-13.dev.blockwire:disk0",
+            "nqn.26-11.dev.blockwire:disk0",
+            "nqn.2026-11.dev.blockwire",
+            "nqn.2026-11.:disk",
+            "nqn.2026-11.x:",
+            "nqn.2026-11.x:a b",
+            "nqn.2014-08.org.nvmexpress:uuid:not-a-uuid",
+            "nqn.2014-08.org.nvmexpress.discovery",
+        ] {
+            assert!(check_nqn(bad).is_err(), "{bad}");
+        }
+        let long = format!("nqn.2026-11.x:{}", "a".repeat(210));
+        assert!(check_nqn(&long).unwrap_err().contains("at most 223"));
+        let e = check(&export("nvme = { nqn = \"nqn.bad\" }")).unwrap_err();
+        assert_eq!((e.table, e.key), (Some(Table::Export(0)), Some("nvme.nqn")));
+        let e = check(&export("nvme = { hosts = [\"host\"] }")).unwrap_err();
+        assert_eq!(e.key, Some("nvme.hosts"));
+    }
+
+    #[test]
+    fn two_exports_cannot_share_an_nvme_subsystem() {
+        let text = format!(
+            "{}{}",
+            export("nvme = { nqn = \"nqn.2026-11.x:t\" }"),
+            "[[export]]\nname = \"b\"\nmemory = \"1G\"\nnvme = { nqn = \"nqn.2026-11.x:t\" }\n"
+        );
+        let e = check(&text).unwrap_err();
+        assert_eq!((e.table, e.key), (Some(Table::Export(1)), Some("nvme")));
+        assert!(e.message.contains("already export 'a'"), "{e}");
+        // An export served only over NVMe/TCP is served.
+        check(&export("nbd = false\nnvme = true")).unwrap();
+    }
+
+    #[test]
+    fn nvme_listeners_take_default_ports_and_clash_like_the_others() {
+        let section = |text: &str| -> NvmeSection { toml::from_str(text).unwrap() };
+        let given = section("listen = [\"0.0.0.0\", \"[::1]\", \"10.0.0.1:4421\"]");
+        assert_eq!(
+            nvme_listen(&given),
+            ["0.0.0.0:4420", "[::1]:4420", "10.0.0.1:4421"]
+        );
+        assert_eq!(
+            nvme_discovery_listen(&given),
+            ["0.0.0.0:8009", "[::1]:8009", "10.0.0.1:8009"]
+        );
+        assert!(nvme_discovery_listen(&section("discovery = false")).is_empty());
+        assert_eq!(nvme_listen(&section("")), ["127.0.0.1:4420"]);
+        let e = check(&format!(
+            "[metrics]\nlisten = \"127.0.0.1:8009\"\n{}",
+            export("nvme = true")
+        ))
+        .unwrap_err();
+        assert_eq!((e.table, e.key), (Some(Table::Metrics), Some("listen")));
+        assert!(e.message.contains("discovery port"), "{e}");
+        let e = check(&format!(
+            "[nvme]\nlisten = \"127.0.0.1:3260\"\n{}",
+            export("nvme = true\niscsi = true")
+        ))
+        .unwrap_err();
+        assert_eq!((e.table, e.key), (Some(Table::Nvme), Some("listen")));
+        assert!(e.message.contains("iSCSI's default"), "{e}");
+        let e = check(&format!(
+            "[nvme]\ndiscovery = false\ndiscovery_listen = \"127.0.0.1:1\"\n{}",
+            export("nvme = true")
+        ))
+        .unwrap_err();
+        assert_eq!(e.key, Some("discovery_listen"));
     }
 
     #[test]

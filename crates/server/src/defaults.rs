@@ -6,6 +6,12 @@
 pub const NBD_LISTEN: &str = "127.0.0.1:10809";
 /// iSCSI's port registered with IANA, on loopback only.
 pub const ISCSI_LISTEN: &str = "127.0.0.1:3260";
+/// NVMe/TCP's I/O port registered with IANA, on loopback only.
+pub const NVME_LISTEN: &str = "127.0.0.1:4420";
+/// The port of an NVMe/TCP address given without one.
+pub const NVME_PORT: u16 = 4420;
+/// The port of NVMe/TCP's discovery controller (IANA), beside each I/O address.
+pub const NVME_DISCOVERY_PORT: u16 = 8009;
 /// Target names are this prefix, ':' and the export name unless told otherwise.
 pub const DEFAULT_IQN_PREFIX: &str = "iqn.2026-11.dev.blockwire";
 /// Environment variable that may hold the CHAP secret instead of a file.
@@ -25,6 +31,11 @@ pub fn default_iqn(prefix: &str, export: &str) -> String {
         })
         .collect();
     format!("{prefix}:{name}")
+}
+
+/// The default subsystem NQN of an export (`nqn.2026-11.dev.blockwire:NAME`).
+pub fn default_nqn(export: &str) -> String {
+    blockwire_nvme::default_nqn(export)
 }
 
 #[cfg(test)]

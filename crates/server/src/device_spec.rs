@@ -1,7 +1,8 @@
 //! What a device description names, parsed but not opened: a path
 //! (`/srv/disk.img`, `file:///srv/disk.img`), an NBD URI (`nbd://host[:port]/export`,
 //! `nbd+unix:///export?socket=PATH`), an AoE URI (`aoe://eth0/e1.2`,
-//! `aoe://eth0,eth1/e1.2`), an iSCSI URI (`iscsi://[user@]host[:port]/IQN/LUN`), a Ceph
+//! `aoe://eth0,eth1/e1.2`), an iSCSI URI (`iscsi://[user@]host[:port]/IQN/LUN`), an
+//! NVMe/TCP URI (`nvme+tcp://host[:port]/NQN[/NSID]`), a Ceph
 //! RBD image (`rbd:POOL[/NAMESPACE]/IMAGE[@SNAP][:id=NAME][:conf=PATH][:keyring=PATH]`)
 //! or a striped volume of any of them (`stripe:CHUNK:MEMBER,MEMBER,...`).
 //!
@@ -24,11 +25,13 @@ use blockwire_aoe::initiator::AoeUri;
 use blockwire_blockdev::size::{format_size, parse_size};
 use blockwire_iscsi::initiator::IscsiUri;
 use blockwire_nbd::initiator::NbdUri;
+use blockwire_nvme::initiator::NvmeOptions;
 use blockwire_rbd::RbdSpec;
 
 /// Every form a device may be named in, for errors.
 pub const SCHEMES: &str = "a path, file://, nbd://, nbd+unix://, nbds://, nbds+unix://, \
-                           aoe://, iscsi://, rbd:POOL/IMAGE or stripe:CHUNK:MEMBER,...";
+                           aoe://, iscsi://, nvme+tcp://, rbd:POOL/IMAGE or \
+                           stripe:CHUNK:MEMBER,...";
 
 /// What a command line names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +40,8 @@ pub enum Target {
     Nbd(NbdUri),
     Aoe(AoeUri),
     Iscsi(IscsiUri),
+    /// One namespace of an NVMe/TCP subsystem: `nvme+tcp://HOST[:PORT]/NQN[/NSID]`.
+    Nvme(NvmeOptions),
     /// A Ceph RBD image: `rbd:POOL[/NAMESPACE]/IMAGE[@SNAP][:KEY=VALUE]...`.
     Rbd(RbdSpec),
     /// A striped volume: `stripe:CHUNK:MEMBER,MEMBER,...` (see stripe_spec.rs).
@@ -70,6 +75,13 @@ impl Target {
                 bail!("'{spec}' names no target: expected iscsi://HOST[:PORT]/IQN/LUN (`blockwire info {spec}` lists the targets)");
             }
             return Ok(Target::Iscsi(uri));
+        }
+        if scheme == "nvme+tcp" {
+            let options = NvmeOptions::parse(spec).map_err(|e| anyhow!("{e}"))?;
+            if options.is_discovery() {
+                bail!("'{spec}' names no subsystem: expected nvme+tcp://HOST[:PORT]/NQN[/NSID] (`blockwire info {spec}` lists the subsystems)");
+            }
+            return Ok(Target::Nvme(options));
         }
         if let Some(path) = spec.strip_prefix("file://") {
             return Ok(Target::Path(PathBuf::from(path)));
@@ -228,6 +240,17 @@ mod tests {
         ));
         assert!(Target::parse("iscsi://host").is_err());
         assert!(Target::parse("iscsi://host/iqn.x").is_err());
+        assert!(matches!(
+            Target::parse("nvme+tcp://host/nqn.2026-11.dev.blockwire:a").unwrap(),
+            Target::Nvme(o) if o.port == 4420 && o.nsid == 1
+        ));
+        assert!(matches!(
+            Target::parse("nvme+tcp://[::1]:4421/nqn.2026-11.x:a/2").unwrap(),
+            Target::Nvme(o) if o.port == 4421 && o.nsid == 2 && o.host == "::1"
+        ));
+        let discovery = Target::parse("nvme+tcp://host").unwrap_err();
+        assert!(format!("{discovery}").contains("names no subsystem"));
+        assert!(Target::parse("nvme+tcp://host/nqn.x/0").is_err());
         assert!(matches!(
             Target::parse("rbd:pool/image@snap:id=gw").unwrap(),
             Target::Rbd(_)

@@ -16,6 +16,7 @@ use blockwire_blockdev::size::format_size;
 use blockwire_blockdev::{Device, FileDevice, FileOptions, MemoryDevice, Stripe};
 use blockwire_iscsi::initiator::{IscsiClient, IscsiOptions};
 use blockwire_nbd::initiator::{ClientOptions, NbdClient};
+use blockwire_nvme::initiator::NvmeClient;
 use blockwire_rbd::{RbdDevice, RbdSpec};
 
 use crate::created_files::CreatedFiles;
@@ -30,7 +31,7 @@ pub struct Remote {
     /// How long a request may wait for an answer (NBD and iSCSI default: forever;
     /// AoE: 10 s).
     pub timeout: Option<Duration>,
-    /// How long NBD and iSCSI initiators keep reconnecting after a connection
+    /// How long NBD, iSCSI and NVMe/TCP initiators keep reconnecting after a connection
     /// drops, then replaying what had no answer; `None`: fail at once. (AoE
     /// retransmits instead, for as long as `timeout`.)
     pub reconnect: Option<Duration>,
@@ -112,6 +113,17 @@ pub fn open(target: &Target, read_only: bool, remote: Remote) -> Result<Device> 
             let device = Device::new(Arc::new(client));
             if !read_only && device.info().read_only {
                 bail!("{uri} is a read-only logical unit");
+            }
+            Ok(device)
+        }
+        Target::Nvme(options) => {
+            let mut options = options.clone();
+            options.reconnect = remote.reconnect;
+            let name = options.to_string();
+            let client = NvmeClient::open(options).map_err(|e| anyhow!("{name}: {e}"))?;
+            let device = Device::new(Arc::new(client));
+            if !read_only && device.info().read_only {
+                bail!("{name} is a read-only namespace");
             }
             Ok(device)
         }

@@ -69,6 +69,7 @@ pub mod serve_export;
 pub mod serve_iscsi;
 pub mod serve_metrics;
 pub mod serve_nbd;
+pub mod serve_nvme;
 pub mod serve_plan;
 pub mod serve_reload;
 pub mod serve_run;

@@ -25,6 +25,7 @@ use crate::serve_aoe::{aoe_config, ServedAoe};
 use crate::serve_export::export_from_section;
 use crate::serve_iscsi::{self, iscsi_export};
 use crate::serve_metrics::Meters;
+use crate::serve_nvme::{self, nvme_export};
 use crate::serve_plan::Loaded;
 use crate::volumes::Volumes;
 
@@ -35,6 +36,7 @@ pub struct Live {
     volumes: HashMap<String, (Device, bool)>,
     nbd: Option<blockwire_nbd::ReloadHandle>,
     iscsi: Option<blockwire_iscsi::ReloadHandle>,
+    nvme: Option<blockwire_nvme::ReloadHandle>,
     aoe: HashMap<String, ServedAoe>,
     meters: Option<Meters>,
     /// Shutting down: a late SIGHUP changes nothing.
@@ -55,6 +57,7 @@ struct Prepared {
     volumes: HashMap<String, (Device, bool)>,
     nbd: Option<ExportSet>,
     iscsi: Option<Vec<TargetDefinition>>,
+    nvme: Option<Vec<Arc<blockwire_nvme::Subsystem>>>,
 }
 
 impl Live {
@@ -71,10 +74,28 @@ impl Live {
             volumes: loaded.volumes,
             nbd,
             iscsi,
+            nvme: None,
             aoe: aoe.into_iter().collect(),
             meters,
             stopping: false,
         }
+    }
+
+    /// The same, with the NVMe/TCP target's reload handle (if it runs).
+    pub fn with_nvme(mut self, nvme: Option<blockwire_nvme::ReloadHandle>) -> Live {
+        self.nvme = nvme;
+        self
+    }
+
+    /// The devices served over NVMe/TCP now (flushed by the caller on the way
+    /// out).
+    pub fn nvme_devices(&self) -> Vec<Device> {
+        self.config
+            .exports
+            .iter()
+            .filter(|s| s.nvme_settings().is_some())
+            .filter_map(|s| self.devices.get(&s.name).cloned())
+            .collect()
     }
 
     /// Shutting down: returns the AoE targets to stop and the devices served over
@@ -149,6 +170,14 @@ impl Live {
         if let (Some(handle), Some(targets)) = (&self.iscsi, prepared.iscsi) {
             handle.replace(targets);
         }
+        if let (Some(handle), Some(subsystems)) = (&self.nvme, prepared.nvme) {
+            // Hosts of removed subsystems are let go after a grace period, on the
+            // drain thread; nothing here waits for them.
+            let (removed, _drain) = handle.replace(subsystems);
+            for nqn in removed {
+                tracing::info!("reload: NVMe subsystem {nqn} removed");
+            }
+        }
         self.apply_aoe(&next, &changes, &prepared.devices);
         tracing::info!("reload: unchanged {}", applied.unchanged);
         self.config = next;
@@ -161,6 +190,7 @@ impl Live {
         match protocol {
             Protocol::Nbd => self.nbd.is_some(),
             Protocol::Iscsi => self.iscsi.is_some(),
+            Protocol::Nvme => self.nvme.is_some(),
             Protocol::Aoe => true,
         }
     }
@@ -224,6 +254,10 @@ impl Live {
             Some(handle) => Some(self.iscsi_targets(handle, next, &devices, &unchanged)?),
             None => None,
         };
+        let nvme = match &self.nvme {
+            Some(handle) => Some(self.nvme_subsystems(handle, next, &devices, &unchanged)?),
+            None => None,
+        };
         // Volumes no export names any more are let go.
         let volumes = volumes
             .opened()
@@ -235,7 +269,40 @@ impl Live {
             volumes,
             nbd,
             iscsi,
+            nvme,
         })
+    }
+
+    /// The subsystems `next` serves: unchanged ones kept as they are (their
+    /// controllers see nothing), the others built anew.
+    fn nvme_subsystems(
+        &self,
+        handle: &blockwire_nvme::ReloadHandle,
+        next: &Config,
+        devices: &HashMap<String, Device>,
+        unchanged: &dyn Fn(&str, Protocol) -> bool,
+    ) -> Result<Vec<Arc<blockwire_nvme::Subsystem>>> {
+        let current = handle.subsystems();
+        let mut subsystems = Vec::new();
+        for section in &next.exports {
+            let name = &section.name;
+            let Some(mut export) = nvme_export(section, &devices[name]) else {
+                continue;
+            };
+            let kept = current.iter().find(|s| s.nqn == export.nqn);
+            match kept.filter(|_| unchanged(name, Protocol::Nvme)) {
+                Some(subsystem) => subsystems.push(subsystem.clone()),
+                None => {
+                    export.device = self.metered(&export.device, name, Protocol::Nvme);
+                    if let Some(sessions) = self.meters.as_ref().and_then(|m| m.nvme.as_ref()) {
+                        sessions.serve_export(name);
+                    }
+                    subsystems.push(serve_nvme::subsystem(export));
+                }
+            }
+        }
+        serve_nvme::check_unique(&subsystems)?;
+        Ok(subsystems)
     }
 
     fn iscsi_targets(

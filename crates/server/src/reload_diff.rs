@@ -40,6 +40,7 @@ fn device_definition(config: &Config, section: &ExportSection) -> DeviceDefiniti
     plain.nbd = true;
     plain.aoe = None;
     plain.iscsi = None;
+    plain.nvme = None;
     let volume = section
         .volume
         .as_ref()
@@ -60,6 +61,7 @@ enum Definition {
         IscsiSection,
     ),
     Aoe(DeviceDefinition, crate::config::AoeSection),
+    Nvme(DeviceDefinition, crate::config::NvmeExportSettings),
 }
 
 /// The definition of `section` over `protocol`, if it is served over it.
@@ -82,10 +84,19 @@ fn definition(config: &Config, section: &ExportSection, protocol: Protocol) -> O
             .aoe
             .clone()
             .map(|aoe| Definition::Aoe(device(), aoe)),
+        // The listeners need a restart; the NQN and hosts apply per subsystem.
+        Protocol::Nvme => section
+            .nvme_settings()
+            .map(|nvme| Definition::Nvme(device(), nvme)),
     }
 }
 
-const PROTOCOLS: [Protocol; 3] = [Protocol::Nbd, Protocol::Iscsi, Protocol::Aoe];
+const PROTOCOLS: [Protocol; 4] = [
+    Protocol::Nbd,
+    Protocol::Iscsi,
+    Protocol::Aoe,
+    Protocol::Nvme,
+];
 
 /// Every export of either configuration, over every protocol either serves it
 /// with, in name order.
@@ -146,6 +157,9 @@ pub fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
     }
     if old.iscsi.listen != new.iscsi.listen {
         needed.push("[iscsi] listen");
+    }
+    if old.nvme != new.nvme {
+        needed.push("[nvme]");
     }
     if old.metrics != new.metrics {
         needed.push("[metrics]");
@@ -264,5 +278,32 @@ mod tests {
         assert!(restart_needed(&old, &defaulted).is_empty());
         let iscsi = config(&format!("{BASE}\n[iscsi]\nlisten = [\"0.0.0.0:3260\"]\n"));
         assert_eq!(restart_needed(&old, &iscsi), vec!["[iscsi] listen"]);
+        let nvme = config(&format!("{BASE}\n[nvme]\nlisten = \"0.0.0.0\"\n"));
+        assert_eq!(restart_needed(&old, &nvme), vec!["[nvme]"]);
+    }
+
+    #[test]
+    fn an_nvme_subsystem_is_added_changed_and_removed_on_its_own() {
+        let with = |nvme: &str| format!("{BASE}{nvme}");
+        let added = config(&with("nvme = true\n"));
+        let named = config(&with("nvme = { nqn = \"nqn.2026-11.com.example:b\" }\n"));
+        let nvme_of = |old: &Config, new: &Config| {
+            diff(old, new)
+                .into_iter()
+                .filter(|c| c.protocol == Protocol::Nvme)
+                .map(|c| (c.name, c.change))
+                .collect::<Vec<_>>()
+        };
+        let base = config(BASE);
+        assert_eq!(nvme_of(&base, &added), [("b".to_string(), Change::Added)]);
+        assert_eq!(
+            nvme_of(&added, &named),
+            [("b".to_string(), Change::Changed)]
+        );
+        assert_eq!(nvme_of(&named, &base), [("b".to_string(), Change::Removed)]);
+        assert_eq!(
+            nvme_of(&added, &added),
+            [("b".to_string(), Change::Unchanged)]
+        );
     }
 }

@@ -1,5 +1,5 @@
 //! Reload end to end inside one process: a configuration planned and started
-//! (NBD and iSCSI targets bound on loopback, not run; memory devices), then a new
+//! (NBD, iSCSI and NVMe/TCP targets bound on loopback, not run; memory devices), then a new
 //! configuration diffed and applied to the running targets.
 
 use std::sync::Arc;
@@ -33,11 +33,13 @@ fn serve(text: &str, metrics: bool) -> (Live, Started) {
         started.iscsi.as_ref().map(|iscsi| iscsi.reload_handle()),
         std::mem::take(&mut started.targets),
         started.meters.clone(),
-    );
+    )
+    .with_nvme(started.nvme.as_ref().map(|nvme| nvme.reload_handle()));
     (live, started)
 }
 
-const LISTEN: &str = "[server]\nlisten = \"127.0.0.1:0\"\n[iscsi]\nlisten = \"127.0.0.1:0\"\n";
+const LISTEN: &str = "[server]\nlisten = \"127.0.0.1:0\"\n[iscsi]\nlisten = \"127.0.0.1:0\"\n\
+                      [nvme]\nlisten = \"127.0.0.1:0\"\ndiscovery = false\n";
 
 fn nbd_names(started: &Started) -> Vec<String> {
     let (nbd, _, _): &(NbdTarget, _, _) = started.server.as_ref().unwrap();
@@ -141,4 +143,67 @@ fn metered_exports_added_by_a_reload_are_counted() {
             .any(|l| l.contains("export=\"c\"") && l.contains("protocol=\"nbd\"")),
         "{text}"
     );
+}
+
+fn nvme_nqns(started: &Started) -> Vec<String> {
+    let mut nqns = started.nvme.as_ref().unwrap().subsystem_nqns();
+    nqns.sort();
+    nqns
+}
+
+#[test]
+fn nvme_subsystems_are_added_and_removed_live() {
+    let old = format!("{LISTEN}[[export]]\nname = \"a\"\nmemory = \"1M\"\nnvme = true\n");
+    let (mut live, started) = serve(&old, true);
+    assert_eq!(nvme_nqns(&started), ["nqn.2026-11.dev.blockwire:a"]);
+    let handle = started.nvme.as_ref().unwrap().reload_handle();
+    let a_before = handle.subsystems()[0].clone();
+
+    // b joins over NVMe/TCP under a name of its own; a stays as it is.
+    let new = format!(
+        "{old}[[export]]\nname = \"b\"\nmemory = \"2M\"\nnbd = false\n\
+         nvme = {{ nqn = \"nqn.2026-11.com.example:b\" }}\n"
+    );
+    let applied = live.apply(config(&new)).unwrap();
+    assert_eq!(
+        nvme_nqns(&started),
+        ["nqn.2026-11.com.example:b", "nqn.2026-11.dev.blockwire:a"]
+    );
+    let a_after = handle
+        .subsystems()
+        .into_iter()
+        .find(|s| s.name == "a")
+        .unwrap();
+    assert!(
+        Arc::ptr_eq(&a_before, &a_after),
+        "a's subsystem was rebuilt"
+    );
+    // b: NVMe added; a: NBD and NVMe unchanged.
+    assert_eq!((applied.changed, applied.unchanged), (1, 2));
+    let b = handle
+        .subsystems()
+        .into_iter()
+        .find(|s| s.name == "b")
+        .unwrap();
+    assert_eq!(b.device.size(), 2 << 20);
+    // Added subsystems are counted with protocol="nvme".
+    b.device
+        .write(&[7u8; 512], 0, blockwire_blockdev::WriteFlags::default())
+        .unwrap();
+    let text = started.meters.as_ref().unwrap().metrics.encode().unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("export=\"b\"") && l.contains("protocol=\"nvme\"")),
+        "{text}"
+    );
+
+    // a leaves NVMe/TCP (and stays on NBD).
+    let last = format!(
+        "{LISTEN}[[export]]\nname = \"a\"\nmemory = \"1M\"\n\
+         [[export]]\nname = \"b\"\nmemory = \"2M\"\nnbd = false\n\
+         nvme = {{ nqn = \"nqn.2026-11.com.example:b\" }}\n"
+    );
+    live.apply(config(&last)).unwrap();
+    assert_eq!(nvme_nqns(&started), ["nqn.2026-11.com.example:b"]);
+    assert_eq!(nbd_names(&started), ["a"]);
 }

@@ -21,6 +21,8 @@ pub struct Meters {
     pub nbd: Option<Arc<ProtocolSessions>>,
     /// The iSCSI target's session meter, if iSCSI is served.
     pub iscsi: Option<Arc<ProtocolSessions>>,
+    /// The NVMe/TCP target's connection meter, if NVMe/TCP is served.
+    pub nvme: Option<Arc<ProtocolSessions>>,
 }
 
 /// `plan` with every request and connection counted, the endpoint serving the
@@ -31,6 +33,7 @@ pub fn instrument(mut plan: Plan, addr: SocketAddr) -> Result<(Plan, MetricsEndp
         metrics: metrics.clone(),
         nbd: None,
         iscsi: None,
+        nvme: None,
     };
     if let Some((exports, config, _)) = &mut plan.nbd {
         let sessions = metrics.sessions(Protocol::Nbd, HashMap::new());
@@ -54,6 +57,16 @@ pub fn instrument(mut plan: Plan, addr: SocketAddr) -> Result<(Plan, MetricsEndp
         }
         meters.iscsi = Some(sessions.clone());
         iscsi.sessions = Some(sessions as Arc<dyn SessionMeter>);
+    }
+    if let Some(nvme) = &mut plan.nvme {
+        // The target reports connections by export name.
+        let sessions = metrics.sessions(Protocol::Nvme, HashMap::new());
+        for export in &mut nvme.exports {
+            export.device = metrics.metered(&export.device, &export.name, Protocol::Nvme);
+            sessions.serve_export(&export.name);
+        }
+        meters.nvme = Some(sessions.clone());
+        nvme.sessions = Some(sessions as Arc<dyn SessionMeter>);
     }
     let endpoint = MetricsEndpoint::start(addr, metrics)?;
     Ok((plan, endpoint, meters))

@@ -18,6 +18,7 @@ use crate::serve_aoe::aoe_config;
 use crate::serve_export::export_from_section;
 use crate::serve_iscsi::{self, IscsiPlan};
 use crate::serve_nbd;
+use crate::serve_nvme::{self, NvmePlan};
 use crate::volumes::Volumes;
 
 /// A configuration and the devices opened for it.
@@ -35,6 +36,7 @@ pub struct Plan {
     pub nbd: Option<(ExportSet, NbdConfig, Vec<PathBuf>)>,
     pub aoe: Vec<(String, Device, TargetConfig)>,
     pub iscsi: Option<IscsiPlan>,
+    pub nvme: Option<NvmePlan>,
     /// Where to answer Prometheus (`[metrics] listen`).
     pub metrics: Option<String>,
     /// With `--config`: the file as loaded and the devices opened for it, which a
@@ -79,6 +81,7 @@ pub fn plan_from_config(
         }
     }
     let iscsi = serve_iscsi::plan_from_file(&file, &opened, workers)?;
+    let nvme = serve_nvme::plan_from_file(&file, &opened, workers)?;
     let nbd = if exports.iter().next().is_none() {
         None
     } else {
@@ -90,6 +93,7 @@ pub fn plan_from_config(
         nbd,
         aoe,
         iscsi,
+        nvme,
         metrics: file.metrics.listen.clone(),
         file: Some(Loaded {
             volumes,
@@ -132,6 +136,27 @@ mod tests {
         assert_eq!(plan.metrics.as_deref(), Some("127.0.0.1:0"));
         let loaded = plan.file.unwrap();
         assert_eq!(loaded.devices.len(), 2);
+    }
+
+    #[test]
+    fn an_nvme_export_is_a_subsystem_with_its_default_ports() {
+        let plan = plan(
+            "[[export]]\nname = \"a\"\nmemory = \"1M\"\nnbd = false\nnvme = true\n\
+             [[export]]\nname = \"b\"\nmemory = \"1M\"\n\
+             nvme = { nqn = \"nqn.2026-11.com.example:b\", hosts = [\"nqn.2026-11.com.example:h\"] }\n",
+        )
+        .unwrap();
+        let nvme = plan.nvme.unwrap();
+        let nqns: Vec<&str> = nvme.exports.iter().map(|e| e.nqn.as_str()).collect();
+        assert_eq!(
+            nqns,
+            ["nqn.2026-11.dev.blockwire:a", "nqn.2026-11.com.example:b"]
+        );
+        assert_eq!(nvme.exports[1].hosts, ["nqn.2026-11.com.example:h"]);
+        assert_eq!(nvme.listen, ["127.0.0.1:4420".parse().unwrap()]);
+        assert_eq!(nvme.discovery_listen, ["127.0.0.1:8009".parse().unwrap()]);
+        let (exports, _, _) = plan.nbd.unwrap();
+        assert_eq!(exports.iter().count(), 1);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::reload_apply::Live;
 use crate::serve_aoe::ServedAoe;
 use crate::serve_iscsi;
 use crate::serve_nbd;
+use crate::serve_nvme;
 use crate::serve_reload;
 use crate::serve_start::Started;
 use crate::serve_status;
@@ -29,6 +30,8 @@ pub fn run(started: Started, config: Option<PathBuf>) -> Result<()> {
         mut targets,
         iscsi,
         mut iscsi_devices,
+        nvme,
+        mut nvme_devices,
         metrics,
         meters,
         netserve,
@@ -59,6 +62,17 @@ pub fn run(started: Started, config: Option<PathBuf>) -> Result<()> {
         }
         None => None,
     };
+    let nvme = match nvme {
+        Some(target) => {
+            serve_nvme::announce(&target);
+            let handles = (target.shutdown_handle(), target.reload_handle());
+            let thread = std::thread::Builder::new()
+                .name("nvme".into())
+                .spawn(move || target.run())?;
+            Some((handles, thread))
+        }
+        None => None,
+    };
     if let Some(metrics) = &metrics {
         println!("metrics: http://{}/metrics", metrics.addr());
     }
@@ -66,14 +80,17 @@ pub fn run(started: Started, config: Option<PathBuf>) -> Result<()> {
         netserve::announce(netserve)?;
     }
     let iscsi_stop = iscsi.as_ref().map(|((handle, _), _)| handle.clone());
+    let nvme_stop = nvme.as_ref().map(|((handle, _), _)| handle.clone());
     let live = file.map(|loaded| {
-        Arc::new(Mutex::new(Live::new(
+        let live = Live::new(
             loaded,
             server.as_ref().map(NbdTarget::reload_handle),
             iscsi.as_ref().map(|((_, reload), _)| reload.clone()),
             std::mem::take(&mut targets),
             meters,
-        )))
+        )
+        .with_nvme(nvme.as_ref().map(|((_, reload), _)| reload.clone()));
+        Arc::new(Mutex::new(live))
     });
     reloader.start(live.clone())?;
     let netserve = match netserve {
@@ -98,6 +115,7 @@ pub fn run(started: Started, config: Option<PathBuf>) -> Result<()> {
     serve_status::watch(serve_status::Served {
         nbd: server.as_ref().map(NbdTarget::shutdown_handle),
         iscsi: iscsi_stop.clone(),
+        nvme: nvme_stop.clone(),
         aoe: aoe_count,
     })?;
     println!("press Ctrl-C to stop");
@@ -110,6 +128,9 @@ pub fn run(started: Started, config: Option<PathBuf>) -> Result<()> {
                 if let Some(iscsi) = iscsi_stop {
                     iscsi.shutdown();
                 }
+                if let Some(nvme) = nvme_stop {
+                    nvme.shutdown();
+                }
                 handle.shutdown()
             })?;
             server.run().context("server failed")
@@ -119,6 +140,9 @@ pub fn run(started: Started, config: Option<PathBuf>) -> Result<()> {
             if let Some(iscsi) = iscsi_stop {
                 iscsi.shutdown();
             }
+            if let Some(nvme) = nvme_stop {
+                nvme.shutdown();
+            }
             Ok(())
         }
     };
@@ -126,8 +150,10 @@ pub fn run(started: Started, config: Option<PathBuf>) -> Result<()> {
     let targets: Vec<ServedAoe> = match &live {
         // What is served now, after any reload; none is applied from here on.
         Some(live) => {
-            let (aoe, iscsi) = live.lock().unwrap_or_else(|e| e.into_inner()).shut_down();
+            let mut live = live.lock().unwrap_or_else(|e| e.into_inner());
+            let (aoe, iscsi) = live.shut_down();
             iscsi_devices = iscsi;
+            nvme_devices = live.nvme_devices();
             aoe
         }
         None => targets.into_iter().map(|(_, target)| target).collect(),
@@ -143,6 +169,20 @@ pub fn run(started: Started, config: Option<PathBuf>) -> Result<()> {
                 device
                     .flush()
                     .map_err(|e| anyhow!("iSCSI export: final flush failed: {e}"))?;
+            }
+        }
+    }
+    if let Some((_, thread)) = nvme {
+        match thread.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!("NVMe/TCP target failed: {e}"),
+            Err(_) => tracing::error!("NVMe/TCP target panicked"),
+        }
+        for device in &nvme_devices {
+            if !device.info().read_only && device.info().capabilities.flush.available() {
+                device
+                    .flush()
+                    .map_err(|e| anyhow!("NVMe/TCP export: final flush failed: {e}"))?;
             }
         }
     }

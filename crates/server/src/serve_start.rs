@@ -9,6 +9,7 @@ use blockwire_bench::netperf::NetServer;
 use blockwire_blockdev::Device;
 use blockwire_iscsi::IscsiTarget;
 use blockwire_nbd::NbdTarget;
+use blockwire_nvme::NvmeTarget;
 
 use crate::metrics::MetricsEndpoint;
 use crate::netserve;
@@ -16,6 +17,7 @@ use crate::serve_aoe::ServedAoe;
 use crate::serve_iscsi;
 use crate::serve_metrics::{self, Meters};
 use crate::serve_nbd::resolve;
+use crate::serve_nvme;
 use crate::serve_plan::{Loaded, Plan};
 use crate::serve_tls;
 
@@ -30,6 +32,9 @@ pub struct Started {
     pub iscsi: Option<IscsiTarget>,
     /// The devices served over iSCSI (flushed once the target has stopped).
     pub iscsi_devices: Vec<Device>,
+    pub nvme: Option<NvmeTarget>,
+    /// The devices served over NVMe/TCP (flushed once the target has stopped).
+    pub nvme_devices: Vec<Device>,
     pub metrics: Option<MetricsEndpoint>,
     pub meters: Option<Meters>,
     pub netserve: Option<NetServer>,
@@ -75,6 +80,17 @@ pub fn start(plan: Plan, metrics: Option<&str>, netserve: Option<&str>) -> Resul
             serve_iscsi::bind(plan).map_err(|e| busy_hint(e, "iSCSI", "--iscsi", "[iscsi] listen"))
         })
         .transpose()?;
+    let nvme_devices = plan
+        .nvme
+        .iter()
+        .flat_map(|p| p.exports.iter().map(|e| e.device.clone()))
+        .collect();
+    let nvme = plan
+        .nvme
+        .map(|plan| {
+            serve_nvme::bind(plan).map_err(|e| busy_hint(e, "NVMe/TCP", "--nvme", "[nvme] listen"))
+        })
+        .transpose()?;
     let mut targets = Vec::new();
     for (name, device, config) in plan.aoe {
         let target = ServedAoe::start(&name, device, config)?;
@@ -86,6 +102,8 @@ pub fn start(plan: Plan, metrics: Option<&str>, netserve: Option<&str>) -> Resul
         targets,
         iscsi,
         iscsi_devices,
+        nvme,
+        nvme_devices,
         metrics,
         meters,
         netserve,

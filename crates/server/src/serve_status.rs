@@ -14,6 +14,7 @@ use crate::metrics::process::{open_fds, resident_bytes, threads};
 pub struct Served {
     pub nbd: Option<ShutdownHandle>,
     pub iscsi: Option<blockwire_iscsi::ShutdownHandle>,
+    pub nvme: Option<blockwire_nvme::ShutdownHandle>,
     /// AoE targets serving now (reload adds and removes them).
     pub aoe: Option<Box<dyn Fn() -> usize + Send>>,
 }
@@ -34,6 +35,12 @@ pub fn line(served: &Served) -> String {
     }
     if let Some(iscsi) = &served.iscsi {
         line.push_str(&format!(", {} iSCSI connections", iscsi.open_connections()));
+    }
+    if let Some(nvme) = &served.nvme {
+        line.push_str(&format!(
+            ", {} NVMe/TCP connections",
+            nvme.open_connections()
+        ));
     }
     if let Some(aoe) = &served.aoe {
         line.push_str(&format!(", {} AoE targets", aoe()));

@@ -9,6 +9,7 @@ pub enum Protocol {
     Nbd,
     Aoe,
     Iscsi,
+    Nvme,
 }
 
 impl Protocol {
@@ -17,6 +18,7 @@ impl Protocol {
             Protocol::Nbd => "nbd",
             Protocol::Aoe => "aoe",
             Protocol::Iscsi => "iscsi",
+            Protocol::Nvme => "nvme",
         }
     }
 }
