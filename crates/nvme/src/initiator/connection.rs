@@ -15,7 +15,9 @@ use std::time::Duration;
 use blockwire_blockdev::IoBuf;
 
 use super::error::InitiatorError;
-use super::frame::{parse_c2h_header, put_capsule, put_h2c_data, C2HHeader, DATA_HEADER_LEN};
+use super::frame::{
+    h2c_data_len, parse_c2h_header, put_capsule, write_h2c_data, C2HHeader, DATA_HEADER_LEN,
+};
 use crate::cqe::{Cqe, Status};
 use crate::pdu::digest::digest_matches;
 use crate::pdu::{
@@ -105,7 +107,7 @@ pub(crate) struct Connection {
     table: Mutex<Table>,
     freed: Condvar,
     /// PDUs the reader thread sends (H2CData), for the writer thread.
-    out: Sender<Vec<u8>>,
+    out: Sender<Outgoing>,
     /// The socket's sending side: submitters write capsules to it directly,
     /// the writer thread its queue.
     sending: Arc<Mutex<TcpStream>>,
@@ -319,7 +321,7 @@ impl Connection {
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().write_all(&bytes),
             Err(std::sync::TryLockError::WouldBlock) => self
                 .out
-                .send(bytes)
+                .send(Outgoing::Bytes(bytes))
                 .map_err(|_| std::io::Error::other("the sending thread is gone")),
         };
         if written.is_err() {
@@ -491,25 +493,34 @@ impl Connection {
                         r2t.cccid
                     ));
                 }
+                // Every H2CData of this R2T in one pooled buffer: a fresh
+                // allocation of this size per write costs more than the copy.
+                let framing = &self.negotiated.framing;
                 let chunk = self.negotiated.maxh2cdata as usize;
-                let mut bytes = Vec::with_capacity(end - start + 64);
-                let mut at = start;
-                while at < end {
-                    let stop = (at + chunk).min(end);
-                    put_h2c_data(
-                        &mut bytes,
-                        &self.negotiated.framing,
+                let pieces: Vec<(usize, usize)> = (start..end)
+                    .step_by(chunk)
+                    .map(|at| (at, (at + chunk).min(end)))
+                    .collect();
+                let total = pieces
+                    .iter()
+                    .map(|&(at, stop)| h2c_data_len(framing, stop - at))
+                    .sum();
+                let mut bytes = IoBuf::new(total);
+                let mut used = 0;
+                for &(at, stop) in &pieces {
+                    used += write_h2c_data(
+                        &mut bytes[used..],
+                        framing,
                         r2t.cccid,
                         r2t.ttag,
                         at as u32,
                         stop == end,
                         &data[at..stop],
                     );
-                    at = stop;
                 }
                 drop(table);
                 self.out
-                    .send(bytes)
+                    .send(Outgoing::Pooled(bytes))
                     .map_err(|_| "the sending thread is gone".to_string())
             }
             Pdu::C2HTermReq(t) => Err(format!(
@@ -548,7 +559,23 @@ const BATCH: usize = 256 * 1024;
 
 /// Writes whatever is queued: small PDUs that pile up gathered into one write,
 /// large ones as they are.
-fn write_loop(sending: Arc<Mutex<TcpStream>>, queued: Receiver<Vec<u8>>) {
+/// Bytes for the writer thread.
+enum Outgoing {
+    Bytes(Vec<u8>),
+    Pooled(IoBuf),
+}
+
+impl std::ops::Deref for Outgoing {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Outgoing::Bytes(b) => b,
+            Outgoing::Pooled(b) => b,
+        }
+    }
+}
+
+fn write_loop(sending: Arc<Mutex<TcpStream>>, queued: Receiver<Outgoing>) {
     let write = |bytes: &[u8]| {
         sending
             .lock()

@@ -11,7 +11,81 @@ use crate::sqe::Sqe;
 /// Header length of H2CData and C2HData.
 pub(crate) const DATA_HEADER_LEN: usize = 24;
 
+/// Where an H2CData PDU's data starts (PDO) and its whole length (PLEN).
+fn h2c_layout(framing: &Framing, data_len: usize) -> (usize, usize) {
+    let hdgst = if framing.digests.header {
+        DIGEST_LEN
+    } else {
+        0
+    };
+    let after_header = DATA_HEADER_LEN + hdgst;
+    if data_len == 0 {
+        return (0, after_header);
+    }
+    let align = (usize::from(framing.send_pda) + 1) * 4;
+    let pdo = after_header.div_ceil(align) * align;
+    let ddgst = if framing.digests.data { DIGEST_LEN } else { 0 };
+    (pdo, pdo + data_len + ddgst)
+}
+
+/// The bytes an H2CData PDU carrying `data_len` bytes takes.
+pub(crate) fn h2c_data_len(framing: &Framing, data_len: usize) -> usize {
+    h2c_layout(framing, data_len).1
+}
+
+/// Writes one H2CData PDU carrying `data` at the start of `out` (at least
+/// [`h2c_data_len`] bytes, any content); returns its length.
+pub(crate) fn write_h2c_data(
+    out: &mut [u8],
+    framing: &Framing,
+    cccid: u16,
+    ttag: u16,
+    offset: u32,
+    last: bool,
+    data: &[u8],
+) -> usize {
+    let (pdo, plen) = h2c_layout(framing, data.len());
+    let hdgst = framing.digests.header;
+    let ddgst = framing.digests.data && !data.is_empty();
+    let mut pdu_flags = if last { flags::DATA_LAST } else { 0 };
+    if hdgst {
+        pdu_flags |= flags::HDGSTF;
+    }
+    if ddgst {
+        pdu_flags |= flags::DDGSTF;
+    }
+    let out = &mut out[..plen];
+    CommonHeader {
+        pdu_type: PduType::H2CData as u8,
+        flags: pdu_flags,
+        hlen: DATA_HEADER_LEN as u8,
+        pdo: pdo as u8,
+        plen: plen as u32,
+    }
+    .write(out);
+    out[8..10].copy_from_slice(&cccid.to_le_bytes());
+    out[10..12].copy_from_slice(&ttag.to_le_bytes());
+    out[12..16].copy_from_slice(&offset.to_le_bytes());
+    out[16..20].copy_from_slice(&(data.len() as u32).to_le_bytes());
+    out[20..DATA_HEADER_LEN].fill(0);
+    let mut at = DATA_HEADER_LEN;
+    if hdgst {
+        let digest = crc32c(&out[..DATA_HEADER_LEN]);
+        out[at..at + DIGEST_LEN].copy_from_slice(&digest.to_le_bytes());
+        at += DIGEST_LEN;
+    }
+    if !data.is_empty() {
+        out[at..pdo].fill(0);
+        out[pdo..pdo + data.len()].copy_from_slice(data);
+        if ddgst {
+            out[pdo + data.len()..].copy_from_slice(&crc32c(data).to_le_bytes());
+        }
+    }
+    plen
+}
+
 /// Appends one H2CData PDU carrying `data` to `out`.
+#[cfg(test)]
 pub(crate) fn put_h2c_data(
     out: &mut Vec<u8>,
     framing: &Framing,
@@ -22,54 +96,8 @@ pub(crate) fn put_h2c_data(
     data: &[u8],
 ) {
     let start = out.len();
-    let hdgst = framing.digests.header;
-    let ddgst = framing.digests.data && !data.is_empty();
-    let after_header = DATA_HEADER_LEN + if hdgst { DIGEST_LEN } else { 0 };
-    let align = (usize::from(framing.send_pda) + 1) * 4;
-    let pdo = if data.is_empty() {
-        0
-    } else {
-        after_header.div_ceil(align) * align
-    };
-    let plen = if data.is_empty() {
-        after_header
-    } else {
-        pdo + data.len() + if ddgst { DIGEST_LEN } else { 0 }
-    };
-    let mut pdu_flags = if last { flags::DATA_LAST } else { 0 };
-    if hdgst {
-        pdu_flags |= flags::HDGSTF;
-    }
-    if ddgst {
-        pdu_flags |= flags::DDGSTF;
-    }
-    out.reserve(plen);
-    out.resize(start + DATA_HEADER_LEN, 0);
-    CommonHeader {
-        pdu_type: PduType::H2CData as u8,
-        flags: pdu_flags,
-        hlen: DATA_HEADER_LEN as u8,
-        pdo: pdo as u8,
-        plen: plen as u32,
-    }
-    .write(&mut out[start..]);
-    let h = &mut out[start..];
-    h[8..10].copy_from_slice(&cccid.to_le_bytes());
-    h[10..12].copy_from_slice(&ttag.to_le_bytes());
-    h[12..16].copy_from_slice(&offset.to_le_bytes());
-    h[16..20].copy_from_slice(&(data.len() as u32).to_le_bytes());
-    if hdgst {
-        let digest = crc32c(&out[start..start + DATA_HEADER_LEN]);
-        out.extend_from_slice(&digest.to_le_bytes());
-    }
-    if !data.is_empty() {
-        out.resize(start + pdo, 0);
-        out.extend_from_slice(data);
-        if ddgst {
-            out.extend_from_slice(&crc32c(data).to_le_bytes());
-        }
-    }
-    debug_assert_eq!(out.len() - start, plen);
+    out.resize(start + h2c_data_len(framing, data.len()), 0xaa);
+    write_h2c_data(&mut out[start..], framing, cccid, ttag, offset, last, data);
 }
 
 /// Header length of a command capsule (common header and SQE).
