@@ -6,7 +6,7 @@
 //! while the target blocks on ours.
 
 use std::collections::HashMap;
-use std::io::{BufReader, Read, Write};
+use std::io::{BufReader, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -16,7 +16,8 @@ use blockwire_blockdev::IoBuf;
 
 use super::error::InitiatorError;
 use super::frame::{
-    h2c_data_len, parse_c2h_header, put_capsule, write_h2c_data, C2HHeader, DATA_HEADER_LEN,
+    h2c_data_len, h2c_head, parse_c2h_header, put_capsule, write_h2c_data, C2HHeader,
+    DATA_HEADER_LEN,
 };
 use crate::cqe::{Cqe, Status};
 use crate::pdu::digest::digest_matches;
@@ -31,6 +32,9 @@ pub(crate) enum Payload {
     None,
     Owned(Vec<u8>),
     Io(IoBuf),
+    /// A write's data while R2Ts are answered from it: the writer thread sends
+    /// H2CData straight from the buffer, holding it meanwhile.
+    Shared(Arc<IoBuf>),
 }
 
 impl Payload {
@@ -43,14 +47,17 @@ impl Payload {
             Payload::None => &[],
             Payload::Owned(v) => v,
             Payload::Io(b) => b,
+            Payload::Shared(b) => b,
         }
     }
 
+    /// Reads fill this; a shared buffer (a write's) is never filled.
     fn as_mut_slice(&mut self) -> &mut [u8] {
         match self {
             Payload::None => &mut [],
             Payload::Owned(v) => v,
             Payload::Io(b) => b,
+            Payload::Shared(b) => Arc::get_mut(b).map_or(&mut [][..], |b| &mut b[..]),
         }
     }
 
@@ -58,6 +65,9 @@ impl Payload {
     pub fn into_iobuf(self) -> IoBuf {
         match self {
             Payload::Io(b) => b,
+            // The writer thread has let go of it unless the connection failed
+            // in the middle of a send; then the data is copied.
+            Payload::Shared(b) => Arc::try_unwrap(b).unwrap_or_else(|b| IoBuf::from_slice(&b)),
             _ => IoBuf::new(0),
         }
     }
@@ -267,7 +277,7 @@ impl Connection {
     /// Sends `sqe` (its command ID and data pointer are filled here) with
     /// `payload`; waits while every command ID is in use. The answer, or
     /// [`Lost`], goes to `sink` with `tag`.
-    pub fn submit(&self, mut sqe: Sqe, payload: Payload, tag: u64, sink: Sink) {
+    pub fn submit(&self, mut sqe: Sqe, mut payload: Payload, tag: u64, sink: Sink) {
         let direction = sqe.direction();
         let mut table = self.lock();
         let cid = loop {
@@ -301,6 +311,11 @@ impl Connection {
         } else {
             sqe.set_sgl(SglDescriptor::transport(len as u32));
             put_capsule(&mut bytes, &self.negotiated.framing, &sqe, &[]);
+            if direction == Direction::ToController {
+                if let Payload::Io(buf) = payload {
+                    payload = Payload::Shared(Arc::new(buf));
+                }
+            }
         }
         table.pending.insert(
             cid,
@@ -493,34 +508,61 @@ impl Connection {
                         r2t.cccid
                     ));
                 }
-                // Every H2CData of this R2T in one pooled buffer: a fresh
-                // allocation of this size per write costs more than the copy.
                 let framing = &self.negotiated.framing;
                 let chunk = self.negotiated.maxh2cdata as usize;
                 let pieces: Vec<(usize, usize)> = (start..end)
                     .step_by(chunk)
                     .map(|at| (at, (at + chunk).min(end)))
                     .collect();
-                let total = pieces
-                    .iter()
-                    .map(|&(at, stop)| h2c_data_len(framing, stop - at))
-                    .sum();
-                let mut bytes = IoBuf::new(total);
-                let mut used = 0;
-                for &(at, stop) in &pieces {
-                    used += write_h2c_data(
-                        &mut bytes[used..],
-                        framing,
-                        r2t.cccid,
-                        r2t.ttag,
-                        at as u32,
-                        stop == end,
-                        &data[at..stop],
-                    );
-                }
+                let outgoing = if let Payload::Shared(shared) = &pending.payload {
+                    // Headers here, data straight from the command's buffer.
+                    let frames = pieces
+                        .iter()
+                        .map(|&(at, stop)| {
+                            let (head, digest) = h2c_head(
+                                framing,
+                                r2t.cccid,
+                                r2t.ttag,
+                                at as u32,
+                                stop == end,
+                                &data[at..stop],
+                            );
+                            SharedFrame {
+                                head,
+                                data: at..stop,
+                                digest,
+                            }
+                        })
+                        .collect();
+                    Outgoing::Shared {
+                        buf: shared.clone(),
+                        frames,
+                    }
+                } else {
+                    // Every H2CData of this R2T in one pooled buffer: a fresh
+                    // allocation of this size costs more than the copy.
+                    let total = pieces
+                        .iter()
+                        .map(|&(at, stop)| h2c_data_len(framing, stop - at))
+                        .sum();
+                    let mut bytes = IoBuf::new(total);
+                    let mut used = 0;
+                    for &(at, stop) in &pieces {
+                        used += write_h2c_data(
+                            &mut bytes[used..],
+                            framing,
+                            r2t.cccid,
+                            r2t.ttag,
+                            at as u32,
+                            stop == end,
+                            &data[at..stop],
+                        );
+                    }
+                    Outgoing::Pooled(bytes)
+                };
                 drop(table);
                 self.out
-                    .send(Outgoing::Pooled(bytes))
+                    .send(outgoing)
                     .map_err(|_| "the sending thread is gone".to_string())
             }
             Pdu::C2HTermReq(t) => Err(format!(
@@ -559,49 +601,104 @@ const BATCH: usize = 256 * 1024;
 
 /// Writes whatever is queued: small PDUs that pile up gathered into one write,
 /// large ones as they are.
+/// One H2CData sent from a shared buffer: its header (with digest and
+/// padding), the range of the buffer it carries, and its data digest.
+struct SharedFrame {
+    head: Vec<u8>,
+    data: std::ops::Range<usize>,
+    digest: Option<[u8; DIGEST_LEN]>,
+}
+
 /// Bytes for the writer thread.
 enum Outgoing {
     Bytes(Vec<u8>),
     Pooled(IoBuf),
+    /// H2CData PDUs whose data is in a write's buffer.
+    Shared {
+        buf: Arc<IoBuf>,
+        frames: Vec<SharedFrame>,
+    },
 }
 
-impl std::ops::Deref for Outgoing {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
+impl Outgoing {
+    /// The bytes when they are in one piece.
+    fn contiguous(&self) -> Option<&[u8]> {
         match self {
-            Outgoing::Bytes(b) => b,
-            Outgoing::Pooled(b) => b,
+            Outgoing::Bytes(b) => Some(b),
+            Outgoing::Pooled(b) => Some(b),
+            Outgoing::Shared { .. } => None,
         }
     }
 }
 
+/// Writes every part, in order, with as few system calls as the socket takes.
+fn write_all_parts(stream: &mut TcpStream, parts: &[&[u8]]) -> std::io::Result<()> {
+    let mut parts: Vec<&[u8]> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
+    let mut first = 0;
+    while first < parts.len() {
+        let slices: Vec<IoSlice<'_>> = parts[first..].iter().map(|p| IoSlice::new(p)).collect();
+        let mut written = match stream.write_vectored(&slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        while first < parts.len() && written >= parts[first].len() {
+            written -= parts[first].len();
+            first += 1;
+        }
+        if written > 0 {
+            parts[first] = &parts[first][written..];
+        }
+    }
+    Ok(())
+}
+
 fn write_loop(sending: Arc<Mutex<TcpStream>>, queued: Receiver<Outgoing>) {
-    let write = |bytes: &[u8]| {
-        sending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .write_all(bytes)
+    let write = |parts: &[&[u8]]| {
+        write_all_parts(
+            &mut sending.lock().unwrap_or_else(|e| e.into_inner()),
+            parts,
+        )
     };
     let mut batch = Vec::with_capacity(BATCH);
     while let Ok(first) = queued.recv() {
         let mut next = Some(first);
         let mut written = Ok(());
-        while let Some(bytes) = next.take() {
-            if bytes.len() >= WRITE_ALONE {
-                if !batch.is_empty() {
-                    written = written.and_then(|()| write(&batch));
-                    batch.clear();
+        while let Some(outgoing) = next.take() {
+            match outgoing.contiguous() {
+                Some(bytes) if bytes.len() < WRITE_ALONE => batch.extend_from_slice(bytes),
+                contiguous => {
+                    if !batch.is_empty() {
+                        written = written.and_then(|()| write(&[&batch]));
+                        batch.clear();
+                    }
+                    written = written.and_then(|()| match (contiguous, &outgoing) {
+                        (Some(bytes), _) => write(&[bytes]),
+                        (None, Outgoing::Shared { buf, frames }) => {
+                            let mut parts = Vec::with_capacity(frames.len() * 3);
+                            for f in frames {
+                                parts.push(&f.head[..]);
+                                parts.push(&buf[f.data.clone()]);
+                                if let Some(d) = &f.digest {
+                                    parts.push(&d[..]);
+                                }
+                            }
+                            write(&parts)
+                        }
+                        (None, _) => Ok(()),
+                    });
                 }
-                written = written.and_then(|()| write(&bytes));
-            } else {
-                batch.extend_from_slice(&bytes);
             }
+            // The shared buffer goes back to its command before the answer
+            // can arrive (almost always).
+            drop(outgoing);
             if batch.len() < BATCH {
                 next = queued.try_recv().ok();
             }
         }
         if !batch.is_empty() {
-            written = written.and_then(|()| write(&batch));
+            written = written.and_then(|()| write(&[&batch]));
             batch.clear();
         }
         if written.is_err() {

@@ -33,20 +33,21 @@ pub(crate) fn h2c_data_len(framing: &Framing, data_len: usize) -> usize {
     h2c_layout(framing, data_len).1
 }
 
-/// Writes one H2CData PDU carrying `data` at the start of `out` (at least
-/// [`h2c_data_len`] bytes, any content); returns its length.
-pub(crate) fn write_h2c_data(
+/// Writes an H2CData PDU's header, header digest and padding for `data_len`
+/// bytes of data at the start of `out`; returns (PDO, PLEN). `out` holds at
+/// least PDO bytes (PLEN when there is no data).
+fn write_h2c_head(
     out: &mut [u8],
     framing: &Framing,
     cccid: u16,
     ttag: u16,
     offset: u32,
     last: bool,
-    data: &[u8],
-) -> usize {
-    let (pdo, plen) = h2c_layout(framing, data.len());
+    data_len: usize,
+) -> (usize, usize) {
+    let (pdo, plen) = h2c_layout(framing, data_len);
     let hdgst = framing.digests.header;
-    let ddgst = framing.digests.data && !data.is_empty();
+    let ddgst = framing.digests.data && data_len > 0;
     let mut pdu_flags = if last { flags::DATA_LAST } else { 0 };
     if hdgst {
         pdu_flags |= flags::HDGSTF;
@@ -54,7 +55,6 @@ pub(crate) fn write_h2c_data(
     if ddgst {
         pdu_flags |= flags::DDGSTF;
     }
-    let out = &mut out[..plen];
     CommonHeader {
         pdu_type: PduType::H2CData as u8,
         flags: pdu_flags,
@@ -66,7 +66,7 @@ pub(crate) fn write_h2c_data(
     out[8..10].copy_from_slice(&cccid.to_le_bytes());
     out[10..12].copy_from_slice(&ttag.to_le_bytes());
     out[12..16].copy_from_slice(&offset.to_le_bytes());
-    out[16..20].copy_from_slice(&(data.len() as u32).to_le_bytes());
+    out[16..20].copy_from_slice(&(data_len as u32).to_le_bytes());
     out[20..DATA_HEADER_LEN].fill(0);
     let mut at = DATA_HEADER_LEN;
     if hdgst {
@@ -74,14 +74,48 @@ pub(crate) fn write_h2c_data(
         out[at..at + DIGEST_LEN].copy_from_slice(&digest.to_le_bytes());
         at += DIGEST_LEN;
     }
-    if !data.is_empty() {
+    if data_len > 0 {
         out[at..pdo].fill(0);
+    }
+    (pdo, plen)
+}
+
+/// Writes one H2CData PDU carrying `data` at the start of `out` (at least
+/// [`h2c_data_len`] bytes, any content); returns its length.
+pub(crate) fn write_h2c_data(
+    out: &mut [u8],
+    framing: &Framing,
+    cccid: u16,
+    ttag: u16,
+    offset: u32,
+    last: bool,
+    data: &[u8],
+) -> usize {
+    let (pdo, plen) = write_h2c_head(out, framing, cccid, ttag, offset, last, data.len());
+    if !data.is_empty() {
         out[pdo..pdo + data.len()].copy_from_slice(data);
-        if ddgst {
-            out[pdo + data.len()..].copy_from_slice(&crc32c(data).to_le_bytes());
+        if framing.digests.data {
+            out[pdo + data.len()..plen].copy_from_slice(&crc32c(data).to_le_bytes());
         }
     }
     plen
+}
+
+/// An H2CData PDU carrying `data`, without the data: everything before PDO
+/// (header, digest, padding), and the data digest if any.
+pub(crate) fn h2c_head(
+    framing: &Framing,
+    cccid: u16,
+    ttag: u16,
+    offset: u32,
+    last: bool,
+    data: &[u8],
+) -> (Vec<u8>, Option<[u8; DIGEST_LEN]>) {
+    let (pdo, plen) = h2c_layout(framing, data.len());
+    let mut head = vec![0u8; if data.is_empty() { plen } else { pdo }];
+    write_h2c_head(&mut head, framing, cccid, ttag, offset, last, data.len());
+    let digest = (framing.digests.data && !data.is_empty()).then(|| crc32c(data).to_le_bytes());
+    (head, digest)
 }
 
 /// Appends one H2CData PDU carrying `data` to `out`.
@@ -257,6 +291,10 @@ mod tests {
                 })
                 .to_bytes(&framing);
                 assert_eq!(ours, codec, "{framing:?} {len}");
+                let (mut head, digest) = h2c_head(&framing, 7, 9, 4096, true, &data);
+                head.extend_from_slice(&data);
+                head.extend_from_slice(digest.as_ref().map_or(&[][..], |d| &d[..]));
+                assert_eq!(head, codec, "head {framing:?} {len}");
             }
         }
     }
