@@ -1,9 +1,10 @@
 //! One NVMe/TCP connection of the initiator: one queue (admin or I/O). Commands
 //! go out with a command ID from the queue's free list; a reader thread matches
 //! what comes back (CapsuleResp, C2HData, R2T) to them, answers R2Ts with
-//! H2CData, and hands each finished command to its sink. All bytes leave
-//! through one writer thread, so the reader never blocks on a full socket
-//! while the target blocks on ours.
+//! H2CData, and hands each finished command to its sink. A submitter writes
+//! its capsule itself when the socket is free; everything else (H2CData, and
+//! capsules that find the socket busy) goes through a writer thread, so the
+//! reader never blocks on a full socket while the target blocks on ours.
 
 use std::collections::HashMap;
 use std::io::{BufReader, IoSlice, Read, Write};
