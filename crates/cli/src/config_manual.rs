@@ -38,8 +38,8 @@ pub fn render() -> String {
     page.text([bold("blockwire serve --config"), roman(" "), italic("FILE")]);
     page.control("SH", ["DESCRIPTION"]);
     page.text([roman(
-        "A TOML file. Each [[export]] table is one export, served over NBD, AoE and \
-         iSCSI in any combination; the other tables set what the exports share. \
+        "A TOML file. Each [[export]] table is one export, served over NBD, AoE, \
+         iSCSI and NVMe/TCP in any combination; the other tables set what the exports share. \
          Unknown keys are errors. blockwire check-config FILE shows what a file would \
          serve, or its first error and the line it is on.",
     )]);
@@ -224,6 +224,10 @@ mod tests {
             "[[volume]]",
             "[iscsi]",
             "[metrics]",
+            "[nvme]",
+            "discovery_listen",
+            "nqn",
+            "hosts",
             "max_handshakes_per_address",
             "max_connections_per_address",
             "send_timeout",

@@ -16,8 +16,8 @@ use blockwire_server::factory::{
 
 #[derive(Args, Debug)]
 pub struct CopyArgs {
-    /// What to copy: a file, a block device, a URI (nbd://, aoe://, iscsi://) or a
-    /// striped volume (stripe:CHUNK:MEMBER,...).
+    /// What to copy: a file, a block device, a URI (nbd://, aoe://, iscsi://,
+    /// nvme+tcp://) or a striped volume (stripe:CHUNK:MEMBER,...).
     pub source: String,
     /// Where to: a file (created sparse if missing), a block device, a URI or a
     /// striped volume.
@@ -29,7 +29,7 @@ pub struct CopyArgs {
     /// (default: NBD and iSCSI wait, AoE gives up after 10; rbd: 30).
     #[arg(long, value_name = "SECS", value_parser = parse_timeout)]
     pub timeout: Option<Duration>,
-    /// Keep reconnecting this many seconds when an NBD or iSCSI connection drops
+    /// Keep reconnecting this many seconds when an NBD, iSCSI or NVMe/TCP connection drops
     /// (a target restart), then send again what had no answer; 0 fails at once.
     /// Default 30.
     #[arg(long, value_name = "SECS", value_parser = parse_reconnect)]

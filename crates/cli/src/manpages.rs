@@ -110,7 +110,7 @@ const SIGNALS: [(&str, &str); 3] = [
     (
         "SIGUSR1",
         "Log one status line: resident memory, threads, open files, NBD connections, \
-         iSCSI connections and AoE targets.",
+         iSCSI connections, NVMe/TCP connections and AoE targets.",
     ),
 ];
 
@@ -151,6 +151,10 @@ fn examples(subcommand: Option<&str>) -> Vec<(&'static str, &'static str)> {
                 "blockwire serve /srv/new.img --size 10G --iscsi 0.0.0.0:3260",
             ),
             (
+                "A file over NVMe/TCP (port 4420, discovery on 8009):",
+                "blockwire serve /srv/disk.img --nvme 0.0.0.0:4420",
+            ),
+            (
                 "A disk over AoE as e1.2 on eth0:",
                 "blockwire serve /dev/sdb --aoe eth0 --shelf 1 --slot 2",
             ),
@@ -176,6 +180,10 @@ fn examples(subcommand: Option<&str>) -> Vec<(&'static str, &'static str)> {
                 "blockwire info iscsi://host",
             ),
             (
+                "The subsystems an NVMe/TCP discovery controller lists:",
+                "blockwire info nvme+tcp://host",
+            ),
+            (
                 "The AoE targets on an interface:",
                 "blockwire info --list aoe://eth0",
             ),
@@ -184,6 +192,10 @@ fn examples(subcommand: Option<&str>) -> Vec<(&'static str, &'static str)> {
             (
                 "An image onto an export, checked after:",
                 "blockwire copy disk.img nbd://host/disk --verify",
+            ),
+            (
+                "An NVMe/TCP namespace into a sparse file:",
+                "blockwire copy nvme+tcp://host/nqn.2026-11.dev.blockwire:disk disk.img",
             ),
             (
                 "An iSCSI LUN into a sparse file:",

@@ -66,7 +66,7 @@ pub struct ServeArgs {
     pub write_behind: u64,
 
     /// For a remote PATH (a gateway): keep reconnecting this many seconds when an
-    /// NBD or iSCSI connection drops, then send again what had no answer; 0 fails
+    /// NBD, iSCSI or NVMe/TCP connection drops, then send again what had no answer; 0 fails
     /// at once. Default 30.
     #[arg(long, value_name = "SECS", value_parser = parse_reconnect)]
     pub reconnect: Option<Duration>,
