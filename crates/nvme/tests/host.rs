@@ -170,13 +170,25 @@ impl Host {
 
     /// Connect on this queue; returns the completion (dword 0: controller ID).
     pub fn fabrics_connect(&mut self, subnqn: &str, qid: u16, cntlid: u16, kato: u32) -> Cqe {
+        self.fabrics_connect_with(subnqn, qid, cntlid, kato, 0)
+    }
+
+    /// Connect with connect attributes (bit 2: SQ flow control disabled).
+    pub fn fabrics_connect_with(
+        &mut self,
+        subnqn: &str,
+        qid: u16,
+        cntlid: u16,
+        kato: u32,
+        cattr: u8,
+    ) -> Cqe {
         let cid = self.cid();
         let sqe = Connect {
             cid,
             recfmt: 0,
             qid,
             sqsize: if qid == 0 { 31 } else { 127 },
-            cattr: 0,
+            cattr,
             kato,
         }
         .to_sqe();

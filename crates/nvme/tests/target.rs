@@ -420,3 +420,26 @@ fn h2c_data_digest_mismatch_closes_the_connection() {
     let mut other = Host::io_queue(target.addr, &nqn, cntlid, 2, ALL_DIGESTS);
     assert!(other.read(0, 64).data.iter().all(|&b| b == 0));
 }
+
+#[test]
+fn reads_complete_in_their_data_when_sq_flow_control_is_off() {
+    let target = start(vec![subsystem("disk")]);
+    let nqn = default_nqn("disk");
+    let (_admin, cntlid) = Host::admin(target.addr, &nqn, Digests::default());
+    let mut q = Host::connect(target.addr, Digests::default());
+    let cqe = q.fabrics_connect_with(&nqn, 1, cntlid, 0, 1 << 2);
+    assert!(cqe.status.is_success());
+    let data = pattern(8, 4096);
+    assert!(q.write(0, &data, false).status.is_success());
+    let sqe = q.rw_sqe(io::READ, 0, 8, false);
+    q.submit(sqe, &[], 4096);
+    match q.recv() {
+        Some(Pdu::C2HData(d)) => {
+            assert!(d.last && d.success, "SUCCESS stands for the completion");
+            assert_eq!(d.data, data);
+        }
+        other => panic!("expected C2HData, got {other:?}"),
+    }
+    // No CapsuleResp follows: the next PDU answers the next command.
+    assert!(q.flush().status.is_success());
+}
