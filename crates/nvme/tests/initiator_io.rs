@@ -399,10 +399,8 @@ fn discovery_reads_the_log() {
 }
 
 /// NVMe-oF puts SUBNQN at byte 256 of an entry and TRADDR at 512 (Linux's
-/// struct nvmf_disc_rsp_page_entry agrees); the target's log_page.rs writes
-/// them the other way round. Run with --ignored once that is fixed.
+/// struct nvmf_disc_rsp_page_entry agrees).
 #[test]
-#[ignore = "the target's discovery entry swaps SUBNQN and TRADDR"]
 fn discovery_entry_names_the_subsystem_and_opens_it() {
     let (_, device) = counting();
     let (_target, disc) = start_with_discovery(device);
