@@ -12,7 +12,8 @@
 //!   the request timeout;
 //! - `recovery`: riding out a dropped connection (reinstatement, identity check,
 //!   replay);
-//! - [`scsi`]: the CDBs we send and the answers we parse;
+//! - [`scsi`]: the CDBs we send and the answers we parse (from
+//!   [`blockwire_scsi::initiator`]), and what iSCSI adds to a command's outcome;
 //! - [`IscsiClient`]: the device, and its request queue.
 //!
 //! ```no_run
