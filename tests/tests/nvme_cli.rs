@@ -21,6 +21,8 @@ struct NvmeServed {
     discovery: Option<String>,
     /// `nbd://127.0.0.1:PORT/NAME` lines.
     nbd: Vec<String>,
+    /// `HOST:PORT` of the metrics endpoint.
+    metrics: Option<String>,
 }
 
 impl NvmeServed {
@@ -68,6 +70,11 @@ impl NvmeServed {
                 .filter(|l| l.starts_with("nbd://"))
                 .cloned()
                 .collect(),
+            metrics: lines.iter().find_map(|l| {
+                l.strip_prefix("metrics: http://")
+                    .and_then(|rest| rest.strip_suffix("/metrics"))
+                    .map(str::to_string)
+            }),
         }
     }
 
@@ -289,4 +296,69 @@ fn a_reload_adds_a_second_exports_subsystem() {
     let info = blockwire_ok(&["info", &b]);
     assert!(info.contains(&format!("size: {}", 2 * MIB)), "{info}");
     served.stop();
+}
+
+/// `serve FILE --nvme` on free ports, discovery included.
+fn serve_nvme_file(disk: &Path, name: &str, extra: &[&str]) -> NvmeServed {
+    let mut args = vec![
+        path_str(disk),
+        "--name",
+        name,
+        "--nvme",
+        "127.0.0.1:0",
+        "--nvme-discovery",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    NvmeServed::start(&args)
+}
+
+#[test]
+fn nvme_namespaces_serve_again_as_a_gateway_and_stripe_with_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a_disk, b_disk) = (
+        sparse_file(dir.path(), "a.img", 4 * MIB),
+        sparse_file(dir.path(), "b.img", 4 * MIB),
+    );
+    let a = serve_nvme_file(&a_disk, "a", &["--metrics", "127.0.0.1:0"]);
+    let b = serve_nvme_file(&b_disk, "b", &[]);
+    let (a_uri, b_uri) = (a.subsystems[0].clone(), b.subsystems[0].clone());
+
+    // A gateway: a's namespace served again over NBD.
+    let gateway = NvmeServed::start(&[&a_uri, "--name", "gw", "--listen", "127.0.0.1:0"]);
+    let source = patterned_file(dir.path(), "source.img", (4 * MIB) as usize, 3);
+    blockwire_ok(&["copy", "--quiet", path_str(&source), &gateway.nbd[0]]);
+    gateway.stop();
+    let back = dir.path().join("back.img");
+    blockwire_ok(&["copy", "--quiet", &a_uri, path_str(&back)]);
+    assert_same_bytes(&source, &back, (4 * MIB) as usize);
+
+    // Counted with protocol="nvme".
+    let (status, body) =
+        blockwire_tests::http::get(a.metrics.as_deref().expect("metrics announced"), "/metrics")
+            .unwrap();
+    assert_eq!(status, 200);
+    let written = body.lines().find(|l| {
+        l.starts_with("blockwire_written_bytes_total")
+            && l.contains("export=\"a\"")
+            && l.contains("protocol=\"nvme\"")
+    });
+    let written: f64 = written
+        .unwrap_or_else(|| panic!("no nvme written bytes for a:\n{body}"))
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(written >= (4 * MIB) as f64, "{written}");
+
+    // A stripe over both namespaces.
+    let stripe = format!("stripe:64K:{a_uri},{b_uri}");
+    let double = patterned_file(dir.path(), "double.img", (8 * MIB) as usize, 4);
+    blockwire_ok(&["copy", "--quiet", path_str(&double), &stripe, "--verify"]);
+    let striped_back = dir.path().join("striped.img");
+    blockwire_ok(&["copy", "--quiet", &stripe, path_str(&striped_back)]);
+    assert_same_bytes(&double, &striped_back, (8 * MIB) as usize);
+    a.stop();
+    b.stop();
 }
