@@ -198,7 +198,7 @@ struct Connection {
     shared: Arc<Shared>,
     id: u64,
     writer: Arc<Writer>,
-    engine: Engine,
+    engine: io::NvmeEngine,
     framing: Framing,
     /// Writes waiting for H2CData, by command ID (also their R2T's transfer tag).
     pending: HashMap<u16, PendingWrite>,
@@ -411,10 +411,14 @@ impl Connection {
         if self.queue.qid() == Some(0) {
             let writer = self.writer.clone();
             controller.set_notifier(Box::new(move |cqe| writer.complete(cqe)));
-        } else if let (Some(meter), Some(subsystem)) =
-            (&self.shared.config.sessions, controller.subsystem())
-        {
-            self.session = Some(SessionGuard::open(meter.clone(), subsystem.name.clone()));
+        } else if let Some(subsystem) = controller.subsystem() {
+            // Nothing is in flight yet: the engine may change now.
+            if let Some(queue) = io::start_queue(&subsystem.device, &self.writer) {
+                self.engine = Engine::new(EngineConfig::default()).with_queue(Some(queue));
+            }
+            if let Some(meter) = &self.shared.config.sessions {
+                self.session = Some(SessionGuard::open(meter.clone(), subsystem.name.clone()));
+            }
         }
     }
 }

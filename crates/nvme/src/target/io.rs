@@ -1,22 +1,40 @@
 //! Device work through the one request engine: on the connection thread when it
-//! cannot block, on a worker when it would (or when its measured cost says so).
+//! cannot block, on a worker when it would (or when its measured cost says so), or
+//! in the device's own request queue (an RBD image, an initiator) when it has one
+//! that wakes its owner: then one queue thread per connection keeps many commands
+//! in flight without a blocked thread each.
 
 use std::sync::Arc;
 
-use blockwire_engine::{Engine, Request, Route, WorkerPool};
+use blockwire_blockdev::{Device, IoBuf, QueuedCommand, QueuedOp, WriteFlags, ZeroFlags};
+use blockwire_engine::{
+    Done, Engine, Outcome, QueueDriver, QueueLimits, QueueWork, Release, Request, Route, WorkerPool,
+};
 
 use super::writer::Writer;
-use crate::controller::{IoCommand, IoOp};
+use crate::controller::{status_for, IoCommand, IoOp, Reply};
+use crate::cqe::{Cqe, Status};
 
-/// What the engine needs to know of a command.
+/// What a command in the device's queue keeps for its answer.
+pub(crate) struct Pending {
+    cqe: Cqe,
+    answer: Answer,
+    read: bool,
+}
+
+/// The engine of one connection.
+pub(crate) type NvmeEngine = Engine<Pending>;
+
+/// What the engine needs to know of a command. A deallocation of several ranges
+/// is not one queue command: it takes the other routes.
 fn request(cmd: &IoCommand) -> Request {
     match &cmd.op {
         IoOp::Read { len, .. } => Request::read(*len as usize),
         IoOp::Write { data, .. } => Request::write(data.len()),
         IoOp::Flush => Request::flush(),
         IoOp::WriteZeroes { .. } => Request::write_zeroes(),
-        IoOp::Deallocate { .. } => Request::trim(),
-        IoOp::Compare { .. } | IoOp::Nothing => Request::other(),
+        IoOp::Deallocate { ranges } if ranges.len() == 1 => Request::trim(),
+        IoOp::Deallocate { .. } | IoOp::Compare { .. } | IoOp::Nothing => Request::other(),
     }
 }
 
@@ -27,10 +45,111 @@ pub(crate) struct Answer {
     pub sq_flow_control_disabled: bool,
 }
 
+/// Starts the queue thread of an I/O queue whose namespace's device has a request
+/// queue that wakes its owner; its answers go to `writer`. None otherwise.
+pub(crate) fn start_queue(device: &Device, writer: &Arc<Writer>) -> Option<QueueDriver<Pending>> {
+    let writer = writer.clone();
+    let sync_device = device.clone();
+    let sink = move |done: &mut Vec<Done<Pending>>, release: Release| {
+        for Done {
+            pending, outcome, ..
+        } in done.drain(..)
+        {
+            let mut cqe = pending.cqe;
+            let result = match outcome {
+                Outcome::Completed { buf, result } => result.map(|()| buf),
+                // The queue does not take it natively: the device handle runs (and
+                // may emulate) it here, behind the requests queued before it.
+                Outcome::Refused(command) => {
+                    run_command(&sync_device, command).map(|()| IoBuf::new(0))
+                }
+            };
+            let data = match result {
+                Ok(buf) if pending.read => buf.to_vec(),
+                Ok(_) => Vec::new(),
+                Err(e) => {
+                    tracing::debug!("NVMe I/O failed: {e}");
+                    cqe.status = status_for(&e);
+                    Vec::new()
+                }
+            };
+            writer.reply(
+                Reply { cqe, data },
+                pending.answer.transfer_len,
+                pending.answer.sq_flow_control_disabled,
+            );
+        }
+        // The budget comes back once the answers have left.
+        drop(release);
+    };
+    QueueDriver::start(
+        "nvme-queue",
+        vec![(0, device.clone())],
+        QueueLimits::default(),
+        sink,
+    )
+}
+
+fn run_command(device: &Device, command: QueuedCommand) -> blockwire_blockdev::Result<()> {
+    match command {
+        QueuedCommand::Flush => match device.flush() {
+            Err(e) if e.kind() == blockwire_blockdev::ErrorKind::Unsupported => Ok(()),
+            other => other,
+        },
+        QueuedCommand::Trim { offset, len, flags } => device.trim(offset, len, flags),
+        QueuedCommand::WriteZeroes { offset, len, flags } => {
+            device.write_zeroes(offset, len, flags)
+        }
+    }
+}
+
+/// The command as queue work, or back when it is none.
+fn queue_work(cmd: IoCommand, answer: Answer) -> Result<(QueueWork, Pending), Box<IoCommand>> {
+    let pending = |read| Pending {
+        cqe: cmd.cqe,
+        answer,
+        read,
+    };
+    let work = match &cmd.op {
+        IoOp::Read { offset, len } => {
+            return Ok((QueueWork::read(*offset, *len as usize), pending(true)))
+        }
+        IoOp::Write { offset, data, fua } => QueueWork::Data {
+            op: QueuedOp::Write(WriteFlags { fua: *fua }),
+            buf: IoBuf::from_slice(data),
+            offset: *offset,
+        },
+        IoOp::Flush => QueueWork::Command(QueuedCommand::Flush),
+        IoOp::WriteZeroes {
+            offset,
+            len,
+            fua,
+            deallocate,
+        } => QueueWork::Command(QueuedCommand::WriteZeroes {
+            offset: *offset,
+            len: *len,
+            flags: ZeroFlags {
+                fua: *fua,
+                no_hole: !*deallocate,
+                fast: false,
+            },
+        }),
+        IoOp::Deallocate { ranges } if ranges.len() == 1 => {
+            QueueWork::Command(QueuedCommand::Trim {
+                offset: ranges[0].0,
+                len: ranges[0].1,
+                flags: WriteFlags::NONE,
+            })
+        }
+        _ => return Err(Box::new(cmd)),
+    };
+    Ok((work, pending(false)))
+}
+
 /// Runs `cmd` and sends its answer. `more_waiting`: the host has sent more
 /// commands behind this one (so offloading a large one overlaps work).
 pub(crate) fn run(
-    engine: &Engine,
+    engine: &NvmeEngine,
     pool: &WorkerPool,
     writer: &Arc<Writer>,
     cmd: IoCommand,
@@ -46,8 +165,19 @@ pub(crate) fn run(
             }
             Err(cmd) => *cmd,
         },
-        // No queue thread is started for NVMe/TCP yet: a queue route cannot come.
-        Route::Worker | Route::Queue => cmd,
+        Route::Queue => match queue_work(cmd, answer) {
+            Ok((work, pending)) => {
+                if let Err((_, pending)) = engine.submit(request, work, pending) {
+                    // The queue thread has gone: the host retries elsewhere.
+                    let mut cqe = pending.cqe;
+                    cqe.status = Status::NAMESPACE_NOT_READY;
+                    writer.complete(cqe);
+                }
+                return;
+            }
+            Err(cmd) => *cmd,
+        },
+        Route::Worker => cmd,
     };
     let writer = writer.clone();
     engine.offload(pool, request, move |slot| {
