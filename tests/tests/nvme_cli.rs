@@ -362,3 +362,36 @@ fn nvme_namespaces_serve_again_as_a_gateway_and_stripe_with_metrics() {
     a.stop();
     b.stop();
 }
+
+#[test]
+fn a_busy_nvme_port_names_its_flag_and_starts_nothing() {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = format!("127.0.0.1:{}", holder.local_addr().unwrap().port());
+    let dir = tempfile::tempdir().unwrap();
+    let disk = sparse_file(dir.path(), "disk.img", MIB);
+    let output = Command::new(blockwire_bin())
+        .args([
+            "serve",
+            path_str(&disk),
+            "--listen",
+            "127.0.0.1:0",
+            "--nvme",
+            &busy,
+            "--nvme-discovery",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .expect("run blockwire serve");
+    assert_eq!(output.status.code(), Some(1));
+    // Nothing was announced: the NBD listener bound first was closed again.
+    assert!(output.stdout.is_empty(), "{}", text(&output.stdout));
+    let error = text(&output.stderr);
+    assert!(
+        error.contains(&format!("cannot listen on {busy}")),
+        "{error}"
+    );
+    assert!(
+        error.contains("give NVMe/TCP another address with --nvme HOST:PORT, or [nvme] listen"),
+        "{error}"
+    );
+}

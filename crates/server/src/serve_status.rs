@@ -1,5 +1,5 @@
 //! SIGUSR1 for `serve`: one log line with the process's resident memory, threads,
-//! open files, NBD and iSCSI connections and AoE targets, so an operator can look at
+//! open files, NBD, iSCSI and NVMe/TCP connections and AoE targets, so an operator can look at
 //! a server under load without a metrics endpoint (`kill -USR1 PID`, or `systemctl
 //! kill -s USR1`).
 
@@ -77,5 +77,20 @@ mod tests {
         let said = line(&served);
         assert!(said.starts_with("status: resident memory "), "{said}");
         assert!(said.ends_with(", 2 AoE targets"), "{said}");
+    }
+
+    #[test]
+    fn the_line_counts_nvme_connections() {
+        let device =
+            blockwire_blockdev::Device::from_device(blockwire_blockdev::MemoryDevice::new(1 << 20));
+        let subsystem = std::sync::Arc::new(blockwire_nvme::Subsystem::new("a", device));
+        let config = blockwire_nvme::NvmeConfig::new(vec!["127.0.0.1:0".parse().unwrap()]);
+        let target = blockwire_nvme::NvmeTarget::bind(config, vec![subsystem]).unwrap();
+        let served = Served {
+            nvme: Some(target.shutdown_handle()),
+            ..Served::default()
+        };
+        let said = line(&served);
+        assert!(said.ends_with(", 0 NVMe/TCP connections"), "{said}");
     }
 }
