@@ -20,9 +20,9 @@
 //!    it, and the `[[volume]]` tables, opened once each and shared;
 //! 6. [`metrics`]: the Prometheus registry, its counters and the HTTP endpoint;
 //! 7. orchestration: [`serve_export`] builds an export's device from its table; one
-//!    module per protocol ([`serve_nbd`], [`serve_iscsi`], [`serve_aoe`], with
-//!    [`serve_tls`] for NBD's TLS) plans, binds and announces that protocol's
-//!    target; [`serve_plan`] gathers them into a [`serve_plan::Plan`],
+//!    module per protocol ([`serve_nbd`], [`serve_iscsi`], [`serve_aoe`],
+//!    [`serve_nvme`], with [`serve_tls`] for NBD's TLS) plans, binds and announces
+//!    that protocol's target; [`serve_plan`] gathers them into a [`serve_plan::Plan`],
 //!    [`serve_metrics`] counts what a plan serves, [`netserve`] adds the bench's
 //!    network test, [`serve_start`] binds it all or nothing;
 //! 8. reload: [`reload_diff`] compares two configurations into a list of changes per
@@ -33,9 +33,9 @@
 //!    [`serve_status`] (SIGUSR1) and [`serve_run`], which announces and serves a
 //!    start until it is told to stop.
 //!
-//! A new protocol (NVMe/TCP, say) is one more `serve_*` module beside
-//! [`serve_nbd`], [`serve_iscsi`] and [`serve_aoe`], holding everything about that
-//! protocol's target: its plan from a [`config::Config`] (`plan_from_file`, as
+//! A new protocol is one more `serve_*` module beside [`serve_nbd`],
+//! [`serve_iscsi`], [`serve_aoe`] and [`serve_nvme`] (NVMe/TCP, wired in this way),
+//! holding everything about that protocol's target: its plan from a [`config::Config`] (`plan_from_file`, as
 //! [`serve_iscsi::plan_from_file`]), its bind and its announcement. The rest only
 //! wires it in: a field in [`serve_plan::Plan`] filled by
 //! [`serve_plan::plan_from_config`], its bind in [`serve_start::start`] (with
