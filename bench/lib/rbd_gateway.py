@@ -15,7 +15,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 
 from procs import CLOCK_TICKS, cpu_seconds, free_port, log, parse_size, stop, write_json  # noqa: F401
 
@@ -39,86 +38,26 @@ def run(*cmd, **kw):
                           **kw).stdout
 
 
+CLUSTER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                              "scripts", "ceph-cluster.sh")
+
+
 class Cluster:
     """One mon, one BlueStore OSD on a sparse file, no mgr, cephx on, all in a temp
-    dir on loopback; the same layout as tests/src/ceph.rs."""
+    dir on loopback: scripts/ceph-cluster.sh, the bring-up tests/src/ceph.rs uses too.
+    A 20 GiB OSD with BlueStore's own cache sizing, so the bench's image fits and is
+    cached as a real OSD would cache it."""
 
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="bw-rbd-bench-")
-        d = self.dir
-        for sub in ("mon/ceph-a", "osd/ceph-0", "run", "log"):
-            os.makedirs(os.path.join(d, sub))
-        self.conf = os.path.join(d, "ceph.conf")
-        port = free_port()
-        fsid = str(uuid.uuid4())
-        with open(self.conf, "w") as f:
-            f.write(f"""[global]
-fsid = {fsid}
-mon host = v2:127.0.0.1:{port}
-public addr = 127.0.0.1
-ms bind msgr1 = false
-auth cluster required = cephx
-auth service required = cephx
-auth client required = cephx
-keyring = {d}/keyring
-run dir = {d}/run
-admin socket = {d}/run/$name.asok
-log file = {d}/log/$name.log
-mon data = {d}/mon/$cluster-$id
-osd data = {d}/osd/$cluster-$id
-osd pool default size = 1
-osd pool default min size = 1
-osd pool default pg autoscale mode = off
-mon allow pool size one = true
-mon warn on pool no redundancy = false
-osd crush chooseleaf type = 0
-osd objectstore = bluestore
-bluestore block path = {d}/osd/block
-bluestore block create = true
-bluestore block size = 21474836480
-bluestore block db create = false
-bluestore block wal create = false
-[osd]
-keyring = {d}/osd/$cluster-$id/keyring
-""")
-        self.procs = []
-        run("ceph-authtool", "--create-keyring", f"{d}/mon.keyring", "--gen-key", "-n",
-            "mon.", "--cap", "mon", "allow *")
-        run("ceph-authtool", "--create-keyring", f"{d}/keyring", "--gen-key", "-n",
-            "client.admin", "--cap", "mon", "allow *", "--cap", "osd", "allow *",
-            "--cap", "mgr", "allow *")
-        run("ceph-authtool", f"{d}/mon.keyring", "--import-keyring", f"{d}/keyring")
-        run("monmaptool", "--create", "--addv", "a", f"[v2:127.0.0.1:{port}]", "--fsid",
-            fsid, f"{d}/monmap")
-        run("ceph-mon", "-c", self.conf, "--mkfs", "-i", "a", "--monmap", f"{d}/monmap",
-            "--keyring", f"{d}/mon.keyring")
-        self.daemon("ceph-mon", "-i", "a")
-        self.wait(lambda: self.ceph("mon", "stat", check=False) is not None)
-        osd_uuid = str(uuid.uuid4())
-        secret = run("ceph-authtool", "--gen-print-key").strip()
-        with open(f"{d}/osd-secret.json", "w") as f:
-            json.dump({"cephx_secret": secret}, f)
-        self.ceph("osd", "new", osd_uuid, "-i", f"{d}/osd-secret.json")
-        run("ceph-authtool", "--create-keyring", f"{d}/osd/ceph-0/keyring", "--name", "osd.0",
-            "--add-key", secret)
-        run("ceph-osd", "-c", self.conf, "-i", "0", "--mkfs", "--osd-uuid", osd_uuid)
-        self.daemon("ceph-osd", "-i", "0")
-        self.wait(lambda: '"num_up_osds":1' in (self.ceph("osd", "stat", "--format", "json",
-                                                         check=False) or ""))
-        self.ceph("osd", "pool", "create", "rbd", "32", "32")
-        self.ceph("osd", "pool", "application", "enable", "rbd", "rbd")
-
-    def daemon(self, program, *args):
-        out = open(os.path.join(self.dir, "log", f"{program}.out"), "w")
-        self.procs.append(subprocess.Popen([program, "-c", self.conf, *args, "-f"],
-                                           stdout=out, stderr=out))
-
-    def wait(self, ready):
-        deadline = time.time() + LIMIT
-        while not ready():
-            if time.time() > deadline:
-                raise SystemExit(f"the cluster did not come up; logs in {self.dir}/log")
-            time.sleep(0.25)
+        proc = subprocess.run(["bash", CLUSTER_SCRIPT, "start", self.dir,
+                               "--block-size", str(20 << 30), "--pgs", "32",
+                               "--cache-size", "auto"],
+                              capture_output=True, text=True, timeout=5 * LIMIT)
+        if proc.returncode != 0:
+            raise SystemExit(f"the cluster did not come up: {proc.stderr.strip()}; "
+                             f"logs in {self.dir}/log")
+        self.conf = proc.stdout.strip()
 
     def ceph(self, *args, check=True):
         try:
@@ -132,9 +71,8 @@ keyring = {d}/osd/$cluster-$id/keyring
         return run("rbd", "-c", self.conf, *args)
 
     def close(self):
-        # Clients are gone by now; the OSD first, then the monitor.
-        for proc in reversed(self.procs):
-            stop(proc, grace=10)
+        # Clients are gone by now; the script stops the OSD first, then the monitor.
+        subprocess.run(["bash", CLUSTER_SCRIPT, "stop", self.dir], timeout=LIMIT)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
