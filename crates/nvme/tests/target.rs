@@ -443,3 +443,49 @@ fn reads_complete_in_their_data_when_sq_flow_control_is_off() {
     // No CapsuleResp follows: the next PDU answers the next command.
     assert!(q.flush().status.is_success());
 }
+
+/// Counts sessions by export, as the metrics do.
+#[derive(Debug, Default)]
+struct Sessions {
+    open: std::sync::Mutex<std::collections::HashMap<String, i64>>,
+}
+
+impl blockwire_blockdev::SessionMeter for Sessions {
+    fn opened(&self, export: &str) {
+        *self.open.lock().unwrap().entry(export.into()).or_default() += 1;
+    }
+    fn closed(&self, export: &str) {
+        *self.open.lock().unwrap().entry(export.into()).or_default() -= 1;
+    }
+    fn refused(&self, _limit: &str) {}
+}
+
+#[test]
+fn each_io_queue_is_a_session_of_its_export() {
+    let sessions = Arc::new(Sessions::default());
+    let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mut config = NvmeConfig::new(vec![loopback]);
+    config.sessions = Some(sessions.clone());
+    let target = NvmeTarget::bind(config, vec![subsystem("disk")]).unwrap();
+    let addr = target.local_addrs()[0];
+    let stop = target.shutdown_handle();
+    let running = thread::spawn(move || target.run().unwrap());
+    let nqn = default_nqn("disk");
+    let (_admin, cntlid) = Host::admin(addr, &nqn, Digests::default());
+    let q1 = Host::io_queue(addr, &nqn, cntlid, 1, Digests::default());
+    let mut q2 = Host::io_queue(addr, &nqn, cntlid, 2, Digests::default());
+    assert!(q2.flush().status.is_success());
+    assert_eq!(sessions.open.lock().unwrap()["disk"], 2);
+    drop(q1);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sessions.open.lock().unwrap()["disk"] != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the closed queue's session ended"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    stop.shutdown();
+    running.join().unwrap();
+    assert_eq!(sessions.open.lock().unwrap()["disk"], 0);
+}
