@@ -395,3 +395,42 @@ fn a_busy_nvme_port_names_its_flag_and_starts_nothing() {
         "{error}"
     );
 }
+
+#[test]
+fn bench_measures_an_nvme_namespace_like_any_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = sparse_file(dir.path(), "bench.img", 32 * MIB);
+    let served = serve_nvme_file(&disk, "bench", &[]);
+    let uri = served.subsystems[0].clone();
+    let json = dir.path().join("bench.json");
+    blockwire_ok(&[
+        "bench",
+        &uri,
+        "--workload",
+        "sequential,random",
+        "--size",
+        "16M",
+        "--time",
+        "0.2",
+        "--random-depths",
+        "1,4",
+        "--json",
+        path_str(&json),
+    ]);
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = report["results"].as_array().expect("results");
+    for (workload, op) in [
+        ("sequential", "write"),
+        ("sequential", "read"),
+        ("random", "read"),
+    ] {
+        assert!(
+            rows.iter().any(|r| r["workload"] == workload
+                && r["op"] == op
+                && r["bytes"].as_u64().is_some_and(|b| b > 0)),
+            "no {workload} {op} that moved data in {report}"
+        );
+    }
+    served.stop();
+}

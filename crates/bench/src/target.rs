@@ -92,6 +92,7 @@ impl RemoteTarget {
         self.port.or(match self.scheme.as_str() {
             "nbd" | "nbds" => Some(NBD_PORT),
             "iscsi" => Some(ISCSI_PORT),
+            "nvme+tcp" => Some(NVME_TCP_PORT),
             _ => None,
         })
     }
@@ -101,10 +102,12 @@ impl RemoteTarget {
 pub const NBD_PORT: u16 = 10809;
 /// iSCSI's registered port, the one `iscsi://host/IQN/LUN` means (RFC 7143 §13.1).
 pub const ISCSI_PORT: u16 = 3260;
+/// NVMe/TCP's I/O port, the one `nvme+tcp://host/NQN` means (IANA, NVMe/TCP transport 1.0).
+pub const NVME_TCP_PORT: u16 = 4420;
 
 /// The `scheme://` forms the bench measures; `stripe:`, `rbd:` and a bare `host:port`
 /// besides.
-pub const URI_SCHEMES: [&str; 7] = [
+pub const URI_SCHEMES: [&str; 8] = [
     "file",
     "nbd",
     "nbd+unix",
@@ -112,11 +115,12 @@ pub const URI_SCHEMES: [&str; 7] = [
     "nbds+unix",
     "aoe",
     "iscsi",
+    "nvme+tcp",
 ];
 
 /// What the bench takes, in the words of the line that refuses anything else.
 pub const ACCEPTED: &str = "a path, file://, nbd://, nbd+unix://, nbds://, nbds+unix://, \
-aoe://, iscsi://, stripe:CHUNK:URI,... or rbd:POOL/IMAGE to measure, or HOST:PORT for the \
+aoe://, iscsi://, nvme+tcp://, stripe:CHUNK:URI,... or rbd:POOL/IMAGE to measure, or HOST:PORT for the \
 network alone";
 
 impl TargetSpec {

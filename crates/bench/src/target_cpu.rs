@@ -297,6 +297,10 @@ mod tests {
         // of the host is not part of it.
         assert_eq!(remote("iscsi://h/iqn.2026-11.x:y/0").tcp_port(), Some(3260));
         assert_eq!(remote("nbd://h/e").tcp_port(), Some(10809));
+        assert_eq!(
+            remote("nvme+tcp://h/nqn.2026-11.dev.blockwire:d").tcp_port(),
+            Some(4420)
+        );
         assert_eq!(remote("nbds://alice@h/e").tcp_port(), Some(10809));
         assert_eq!(remote("nbds://alice@h/e").host, "h");
         assert_eq!(remote("aoe://eth0/e1.1").tcp_port(), None);
