@@ -423,7 +423,8 @@ fn bench_measures_an_nvme_namespace_like_any_target() {
     for (workload, op) in [
         ("sequential", "write"),
         ("sequential", "read"),
-        ("random", "read"),
+        ("random", "randread"),
+        ("random", "randwrite"),
     ] {
         assert!(
             rows.iter().any(|r| r["workload"] == workload
