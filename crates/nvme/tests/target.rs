@@ -49,6 +49,7 @@ fn subsystem(name: &str) -> Arc<Subsystem> {
 fn start(subsystems: Vec<Arc<Subsystem>>) -> Running {
     let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let mut config = NvmeConfig::new(vec![loopback]);
+    config.connect_timeout = Duration::from_millis(500);
     config.discovery_listen = vec![loopback];
     config.workers = 4;
     config.removal_grace = Duration::from_millis(100);
@@ -488,4 +489,27 @@ fn each_io_queue_is_a_session_of_its_export() {
     stop.shutdown();
     running.join().unwrap();
     assert_eq!(sessions.open.lock().unwrap()["disk"], 0);
+}
+
+#[test]
+fn silent_connections_are_closed_but_connected_ones_may_idle() {
+    let target = start(vec![subsystem("disk")]);
+    let nqn = default_nqn("disk");
+    // Nothing sent: closed after the connect timeout (500 ms here).
+    let mut silent = std::net::TcpStream::connect(target.addr).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let started = Instant::now();
+    let mut byte = [0u8; 1];
+    use std::io::Read;
+    assert_eq!(silent.read(&mut byte).unwrap_or(0), 0);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // ICReq but no Connect: closed too.
+    let mut half = Host::connect(target.addr, Digests::default());
+    assert!(half.recv().is_none());
+    // A connected queue may stay quiet longer than that.
+    let (mut admin, _) = Host::admin(target.addr, &nqn, Digests::default());
+    thread::sleep(Duration::from_millis(1200));
+    assert_eq!(admin.identify_controller()[111], 1);
 }

@@ -49,6 +49,9 @@ struct PendingWrite {
 pub(crate) fn serve(stream: TcpStream, id: u64, shared: Arc<Shared>, discovery_port: bool) {
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(shared.config.send_timeout));
+    // Until the queue is connected; reads block without limit after that (the
+    // keep-alive watchdog watches connected controllers).
+    let _ = stream.set_read_timeout(Some(shared.config.connect_timeout));
     let local = stream.local_addr().ok();
     let peer = stream.peer_addr().ok();
     let write_half = match stream.try_clone() {
@@ -407,6 +410,9 @@ impl Connection {
         let Some(controller) = self.queue.controller().cloned() else {
             return;
         };
+        if let Err(e) = self.writer.clear_read_timeout() {
+            tracing::debug!("NVMe/TCP: cannot clear the connect timeout: {e}");
+        }
         self.shared.track_controller(self.id, controller.clone());
         if self.queue.qid() == Some(0) {
             let writer = self.writer.clone();

@@ -48,6 +48,9 @@ pub struct NvmeConfig {
     /// 127.0.0.1 as 10.0.2.2). None: the listeners' addresses, a wildcard one as
     /// the address the host reached.
     pub advertised: Option<std::net::IpAddr>,
+    /// A connection must have sent ICReq and connected its queue (Connect) within
+    /// this time, or it is closed: idle sockets cannot hold threads.
+    pub connect_timeout: Duration,
     /// A send blocked this long (a host that stopped reading) ends the connection.
     pub send_timeout: Duration,
     /// Threads that run device work that would block.
@@ -71,6 +74,7 @@ impl NvmeConfig {
             settings: Settings::default(),
             maxh2cdata: 1 << 20,
             advertised: None,
+            connect_timeout: Duration::from_secs(15),
             send_timeout: Duration::from_secs(60),
             workers: 16,
             max_connections: 1024,

@@ -23,6 +23,12 @@ impl Writer {
         }
     }
 
+    /// Lets reads on the socket (a clone shares its options) wait without limit.
+    pub fn clear_read_timeout(&self) -> std::io::Result<()> {
+        let stream = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+        stream.set_read_timeout(None)
+    }
+
     /// Sends `pdus` in one write.
     pub fn send(&self, pdus: &[Pdu]) -> std::io::Result<()> {
         let mut out = Vec::with_capacity(pdus.iter().map(|p| p.data().len() + 96).sum());
