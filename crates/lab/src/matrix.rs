@@ -14,22 +14,30 @@ pub enum Protocol {
     Nbd,
     Aoe,
     Iscsi,
+    /// NVMe over TCP (NVMe-oF's TCP transport).
+    Nvme,
 }
 
 impl Protocol {
-    pub const ALL: [Protocol; 3] = [Protocol::Nbd, Protocol::Aoe, Protocol::Iscsi];
+    pub const ALL: [Protocol; 4] = [
+        Protocol::Nbd,
+        Protocol::Aoe,
+        Protocol::Iscsi,
+        Protocol::Nvme,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Protocol::Nbd => "nbd",
             Protocol::Aoe => "aoe",
             Protocol::Iscsi => "iscsi",
+            Protocol::Nvme => "nvme",
         }
     }
 
     /// Whether one export can be reached over several channels at once without a
     /// stripe: AoE's initiator spreads one target over several interfaces (the AoE
-    /// spec's multipath); NBD and iSCSI connect to one address.
+    /// spec's multipath); NBD, iSCSI and NVMe/TCP connect to one address.
     pub fn multipath(self) -> bool {
         self == Protocol::Aoe
     }
@@ -43,8 +51,9 @@ impl FromStr for Protocol {
             "nbd" => Ok(Protocol::Nbd),
             "aoe" => Ok(Protocol::Aoe),
             "iscsi" => Ok(Protocol::Iscsi),
+            "nvme" | "nvme-tcp" | "nvme+tcp" => Ok(Protocol::Nvme),
             _ => Err(format!(
-                "unknown protocol '{text}' (choose from nbd, aoe, iscsi)"
+                "unknown protocol '{text}' (choose from nbd, aoe, iscsi, nvme)"
             )),
         }
     }
@@ -521,6 +530,44 @@ mod tests {
     }
 
     #[test]
+    fn nvme_is_planned_like_the_other_one_address_protocols() {
+        for name in ["nvme", "NVMe-TCP", "nvme+tcp"] {
+            assert_eq!(name.parse::<Protocol>(), Ok(Protocol::Nvme), "{name}");
+        }
+        assert_eq!(Protocol::Nvme.to_string(), "nvme");
+        assert!(Protocol::ALL.contains(&Protocol::Nvme));
+        assert!(Matrix::default().protocols.contains(&Protocol::Nvme));
+        let matrix = Matrix {
+            protocols: vec![Protocol::Nvme],
+            channels: vec![1, 2],
+            layouts: Layouts::Both,
+            workloads: vec![LabWorkload::Sequential, LabWorkload::Random],
+            mtus: vec![9000],
+            aoe_xdp: true,
+            ..Matrix::default()
+        };
+        let expansion = matrix.expand();
+        let cells: Vec<&CellSpec> = expansion.beds.iter().flat_map(|b| &b.cells).collect();
+        // One channel: both workloads; two: only striped (one address per export).
+        assert_eq!(cells.len(), 4, "{cells:?}");
+        assert!(cells
+            .iter()
+            .all(|c| c.protocol == Protocol::Nvme && !c.aoe_xdp));
+        assert!(cells
+            .iter()
+            .filter(|c| c.bed.channels == 2)
+            .all(|c| c.striped));
+        assert!(
+            expansion
+                .skipped
+                .iter()
+                .any(|n| n.starts_with("nvme over 2 channels without a stripe")),
+            "{:?}",
+            expansion.skipped
+        );
+    }
+
+    #[test]
     fn the_matrix_expands_into_beds_in_rate_mtu_channel_order() {
         let matrix = Matrix {
             protocols: vec![Protocol::Aoe, Protocol::Nbd],
@@ -580,9 +627,10 @@ mod tests {
                 (Protocol::Aoe, true),
                 (Protocol::Aoe, false),
                 (Protocol::Iscsi, true),
+                (Protocol::Nvme, true),
             ]
         );
-        assert_eq!(expansion.skipped.len(), 2, "{:?}", expansion.skipped);
+        assert_eq!(expansion.skipped.len(), 3, "{:?}", expansion.skipped);
         assert!(expansion.skipped[0].contains("nbd"));
         assert_eq!(cells[2].exports(), 1);
     }

@@ -7,7 +7,8 @@ use crate::published::{Seed, SEED_000_LOCAL_DISK, SEED_003_DISK_MB_PER_S};
 ///
 /// - Seed 003: four independent gigabit channels, one export per channel behind a
 ///   210 MB/s disk (§5.4: four 70 MB/s disks in RAID-5), striped on the initiator
-///   (§3.3), MTU 1500 and 9000 (§3.4), AoE vs iSCSI, and NBD beside them; block
+///   (§3.3), MTU 1500 and 9000 (§3.4), AoE vs iSCSI, and NBD and NVMe/TCP (which
+///   the paper predates: our figure only) beside them; block
 ///   throughput. One channel is measured too, so the report shows how striping
 ///   scales.
 /// - Seed 000: one link at 1 and 10 Gbit, MTU 1500 / 4132 / 4608 / 9000, AoE vs
@@ -17,7 +18,12 @@ use crate::published::{Seed, SEED_000_LOCAL_DISK, SEED_003_DISK_MB_PER_S};
 pub fn matrix(seed: Seed) -> Matrix {
     match seed {
         Seed::S003 => Matrix {
-            protocols: vec![Protocol::Aoe, Protocol::Iscsi, Protocol::Nbd],
+            protocols: vec![
+                Protocol::Aoe,
+                Protocol::Iscsi,
+                Protocol::Nbd,
+                Protocol::Nvme,
+            ],
             mtus: vec![1500, 9000],
             rates: vec![Rate(Some(1000))],
             channels: vec![1, 4],
@@ -68,13 +74,17 @@ mod tests {
         );
         for plan in four {
             assert_eq!(plan.bed.rate, Rate(Some(1000)));
-            assert_eq!(plan.cells.len(), 3);
+            assert_eq!(plan.cells.len(), 4);
             assert!(plan
                 .cells
                 .iter()
                 .all(|c| c.striped && c.exports() == 4 && c.disk.rate_mb_per_s == Some(210.0)));
         }
-        assert_eq!(expansion.cell_count(), 12);
+        assert_eq!(expansion.cell_count(), 16);
+        assert!(expansion
+            .beds
+            .iter()
+            .all(|b| b.cells.iter().any(|c| c.protocol == Protocol::Nvme)));
     }
 
     #[test]

@@ -12,6 +12,11 @@ use crate::netns::{interface, target_addr};
 pub const NBD_PORT: u16 = 10809;
 /// iSCSI's registered port.
 pub const ISCSI_PORT: u16 = 3260;
+/// NVMe/TCP's registered port.
+pub const NVME_PORT: u16 = 4420;
+/// NVMe subsystem names are this, ':' and the export name (what `nvme = true`
+/// gives an export).
+pub const NQN_PREFIX: &str = "nqn.2026-11.dev.blockwire";
 /// The netserve the network baseline measures against (the bench's default).
 pub const NETSERVE_PORT: u16 = 10810;
 /// AoE shelf of the lab's exports; export K is slot K.
@@ -76,6 +81,13 @@ pub fn serve_config(
                 "[iscsi]\nlisten = [\"0.0.0.0:{ISCSI_PORT}\"]\niqn_prefix = \"{IQN_PREFIX}\"\n"
             );
         }
+        Protocol::Nvme => {
+            // The bench names each subsystem itself: no discovery listener.
+            let _ = writeln!(
+                out,
+                "[nvme]\nlisten = [\"0.0.0.0:{NVME_PORT}\"]\ndiscovery = false\n"
+            );
+        }
         Protocol::Aoe => {}
     }
     for k in 0..spec.exports() {
@@ -117,6 +129,9 @@ pub fn serve_config(
             Protocol::Iscsi => {
                 let _ = writeln!(out, "iscsi = {{ iqn = \"{IQN_PREFIX}:{name}\" }}");
             }
+            Protocol::Nvme => {
+                let _ = writeln!(out, "nvme = true");
+            }
             Protocol::Nbd => {}
         }
         if let Some(rate) = spec.disk.rate_mb_per_s {
@@ -139,6 +154,10 @@ fn member_uri(spec: &CellSpec, k: u32) -> String {
         Protocol::Nbd => format!("nbd://{}:{NBD_PORT}/{name}", target_addr(k)),
         Protocol::Iscsi => format!(
             "iscsi://{}:{ISCSI_PORT}/{IQN_PREFIX}:{name}/0",
+            target_addr(k)
+        ),
+        Protocol::Nvme => format!(
+            "nvme+tcp://{}:{NVME_PORT}/{NQN_PREFIX}:{name}",
             target_addr(k)
         ),
         Protocol::Aoe if spec.striped || spec.bed.channels == 1 => {
@@ -249,6 +268,30 @@ mod tests {
         assert!(text.contains("memory = "), "{text}");
         assert!(!text.contains("disk_rate"));
         assert!(text.contains("nbd = true"));
+    }
+
+    #[test]
+    fn nvme_serves_a_subsystem_per_export_and_stripes_them() {
+        let striped = spec(Protocol::Nvme, 2, true);
+        assert_eq!(
+            initiator_uri(&striped, 256 << 10),
+            "stripe:256K:nvme+tcp://10.77.1.1:4420/nqn.2026-11.dev.blockwire:ch0,\
+             nvme+tcp://10.77.2.1:4420/nqn.2026-11.dev.blockwire:ch1"
+        );
+        let text = serve_config(
+            &striped,
+            64 << 20,
+            256 << 10,
+            Backing::Memory,
+            Path::new("/t"),
+        );
+        assert!(
+            text.starts_with("[nvme]\nlisten = [\"0.0.0.0:4420\"]\ndiscovery = false\n"),
+            "{text}"
+        );
+        assert_eq!(text.matches("nvme = true").count(), 2, "{text}");
+        assert_eq!(text.matches("nbd = false").count(), 2, "{text}");
+        assert!(!text.contains("iscsi") && !text.contains("aoe"), "{text}");
     }
 
     #[test]

@@ -165,7 +165,13 @@ fn seed_003(report: &LabReport) -> String {
             ],
             1,
         );
-        for protocol in [Protocol::Iscsi, Protocol::Aoe, Protocol::Nbd] {
+        // NVMe/TCP has no paper figure: its row is ours alone.
+        for protocol in [
+            Protocol::Iscsi,
+            Protocol::Aoe,
+            Protocol::Nbd,
+            Protocol::Nvme,
+        ] {
             let ours = seed_003_peak(report, protocol, mtu);
             let key_op = ours.map_or("read", |r| r.op.as_str());
             let paper = published::lookup(
@@ -262,7 +268,12 @@ fn seed_000(report: &LabReport) -> String {
         out,
         "paper's local disk (4-disk RAID0): read {read}, write {write}, rewrite {rewrite} MB/s"
     );
-    for protocol in [Protocol::Aoe, Protocol::Nbd, Protocol::Iscsi] {
+    for protocol in [
+        Protocol::Aoe,
+        Protocol::Nbd,
+        Protocol::Iscsi,
+        Protocol::Nvme,
+    ] {
         let rows: Vec<&CellResult> = report
             .cells
             .iter()
@@ -363,6 +374,40 @@ mod tests {
                 .any(|l| l.starts_with("aoe") && l.ends_with("3.90")),
             "{scaling}"
         );
+    }
+
+    #[test]
+    fn seed_003_tables_give_nvme_a_row_of_our_figures_alone() {
+        let mut report = report();
+        // NVMe/TCP 10 MB/s above iSCSI at MTU 9000 on four channels.
+        let nvme: Vec<CellResult> = report
+            .cells
+            .iter()
+            .filter(|r| r.protocol == Protocol::Iscsi && r.mtu == 9000)
+            .cloned()
+            .map(|mut r| {
+                r.protocol = Protocol::Nvme;
+                r.mb_per_s += 10.0;
+                r
+            })
+            .collect();
+        report.cells.extend(nvme);
+        let text = seed_tables(&report, Seed::S003);
+        let row = text
+            .lines()
+            .skip_while(|l| !l.starts_with("Table 2"))
+            .find(|l| l.starts_with("nvme"))
+            .unwrap_or_else(|| panic!("no nvme row in Table 2:\n{text}"));
+        assert!(row.contains("460 (write)"), "{row}");
+        // No paper figures: its last four columns are dashes.
+        let columns: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(columns[columns.len() - 4..], ["-", "-", "-", "-"], "{row}");
+        // MTU 1500 measured no NVMe/TCP and the paper has none: no row.
+        let mut table_1 = text
+            .lines()
+            .skip_while(|l| !l.starts_with("Table 1"))
+            .take_while(|l| !l.starts_with("Table 2"));
+        assert!(!table_1.any(|l| l.starts_with("nvme")), "{text}");
     }
 
     #[test]
