@@ -15,7 +15,7 @@ cd "$(dirname "$0")"
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(nbd_wire nbd_server aoe_wire aoe_target netperf_wire iscsi_pdu iscsi_login scsi_cdb)
+[ ${#targets[@]} -gt 0 ] || targets=(nbd_wire nbd_server aoe_wire aoe_target netperf_wire iscsi_pdu iscsi_login iscsi_session scsi_cdb nvme_pdu nvme_controller)
 artifacts=${FUZZ_ARTIFACTS:-/tmp/blockwire-fuzz-artifacts}
 if [ -n "${FUZZ_CORPUS:-}" ]; then
   corpus=$FUZZ_CORPUS
