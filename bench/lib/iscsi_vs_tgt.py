@@ -7,6 +7,7 @@ import argparse
 import os
 import platform
 import re
+import signal
 import socket
 import statistics
 import subprocess
@@ -127,24 +128,45 @@ def perf(url, pid, request, depth, rand, seconds):
            str(blocks), *(["-r"] if rand else []), url]
     cpu_before = cpu_seconds(pid)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # iscsi-perf ends only when its once-a-second check lands exactly on the last
+    # second: on a loaded machine it can miss it and run forever. SIGINT ends it
+    # the way Ctrl-C does (it drains, then prints the average over the whole run).
+    overran = threading.Event()
+
+    def interrupt():
+        overran.set()
+        proc.send_signal(signal.SIGINT)
+
+    watchdog = threading.Timer(seconds + 15, interrupt)
+    watchdog.start()
+    started = time.monotonic()
     out = b""
     # read() and wait4() rather than communicate(): the client's own CPU time too.
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
+    watchdog.cancel()
+    if overran.is_set():
+        log(f"iscsi-perf missed its {seconds} s deadline and was interrupted: "
+            "this run lasted longer (its figures are averages over all of it)")
     proc.returncode = os.waitstatus_to_exitcode(status)
     server_cpu = cpu_seconds(pid) - cpu_before
     text = out.decode(errors="replace").replace("\r", "\n")
-    m = re.findall(r"^iops average (\d+)", text, re.M)
+    # The last average printed covers the whole run (an interrupted run prints it
+    # inside a progress line).
+    m = re.findall(r"iops average (\d+)", text)
     if proc.returncode != 0 or not m:
         raise SystemExit(f"iscsi-perf failed ({proc.returncode}): {' '.join(cmd)}\n{text[-2000:]}")
     iops = int(m[-1])
     mbps = iops * request / 1e6
+    # The seconds the average covers: the runtime asked for, or all of an overrun.
+    ran = time.monotonic() - started if overran.is_set() else seconds
     return {
         "mb_per_s": round(mbps, 1),
         "iops": iops,
         "server_cpu_s": round(server_cpu, 3),
         "client_cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
-        "mb_per_server_cpu_s": round(mbps * seconds / server_cpu, 1) if server_cpu > 0 else None,
+        "mb_per_server_cpu_s": round(mbps * ran / server_cpu, 1) if server_cpu > 0 else None,
+        "overran": overran.is_set(),
     }
 
 
