@@ -10,7 +10,7 @@
 # binary the same way (serve and bench), for an A/B run. Server and client are
 # pinned to different CPUs when there are two or more.
 #
-# usage: bench/nvme-vs-iscsi.sh [--size 256M] [--time 3] [--rounds 3] [--dir /var/tmp]
+# usage: bench/nvme-vs-iscsi.sh [--size 1G] [--time 3] [--rounds 3] [--dir /var/tmp]
 #                               [--baseline BIN] [--json FILE]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

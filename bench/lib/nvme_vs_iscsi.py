@@ -99,7 +99,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--blockwire", required=True)
     parser.add_argument("--baseline", help="another blockwire binary, measured the same way")
-    parser.add_argument("--size", default="256M")
+    parser.add_argument("--size", default="1G")
     parser.add_argument("--time", type=float, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", default="/var/tmp")
