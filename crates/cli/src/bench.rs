@@ -19,7 +19,7 @@ use blockwire_server::factory::{open, parse_reconnect, parse_timeout, reconnect_
 pub struct BenchArgs {
     /// What to measure: a file or block device (overwritten!), a directory (a test
     /// file is created inside and removed afterwards), a remote device (nbd://,
-    /// nbd+unix://, nbds://, aoe://, iscsi://, stripe:..., rbd:...), or a host
+    /// nbd+unix://, nbds://, aoe://, iscsi://, nvme+tcp://, stripe:..., rbd:...), or a host
     /// (host:port) for the network test. Other URI schemes are refused.
     #[arg(required_unless_present = "compare")]
     pub target: Option<String>,
@@ -40,7 +40,7 @@ pub struct BenchArgs {
     pub block_size: u64,
 
     /// Requests in flight for the sequential workload (one thread each); default 1
-    /// on paths, 16 on URIs (nbd://, aoe://, iscsi://).
+    /// on paths, 16 on URIs (nbd://, aoe://, iscsi://, nvme+tcp://).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub queue_depth: Option<u32>,
 

@@ -18,13 +18,13 @@ use clap::Args;
 #[derive(Args, Debug)]
 pub struct LabArgs {
     /// Rebuild a seed's bed: 003 (four 1 Gbit channels striped, MTU 1500/9000, AoE
-    /// vs iSCSI and NBD, 210 MB/s disks) or 000 (one link at 1 and 10 Gbit, MTU
+    /// vs iSCSI, NBD and NVMe/TCP, 210 MB/s disks) or 000 (one link at 1 and 10 Gbit, MTU
     /// 1500/4132/4608/9000, AoE vs NBD, bonnie, a 256 MB/s disk). The flags below
     /// change the preset's matrix.
     #[arg(long, value_name = "SEED", value_parser = Seed::parse)]
     pub seed: Option<Seed>,
 
-    /// Protocols, comma-separated: nbd, aoe, iscsi [default: all].
+    /// Protocols, comma-separated: nbd, aoe, iscsi, nvme [default: all].
     #[arg(long, value_name = "LIST", value_parser = |t: &str| parse_list(t, str::parse::<Protocol>).map(List))]
     pub protocols: Option<List<Protocol>>,
 
