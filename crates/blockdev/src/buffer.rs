@@ -133,6 +133,14 @@ impl Drop for IoBuf {
     }
 }
 
+/// A copy of `data` in an aligned buffer, for callers holding a `Vec` (tests, fuzz
+/// targets, small protocol replies) that call an API taking an [`IoBuf`].
+impl From<Vec<u8>> for IoBuf {
+    fn from(data: Vec<u8>) -> IoBuf {
+        IoBuf::from_slice(&data)
+    }
+}
+
 impl std::fmt::Debug for IoBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "IoBuf({} of {} bytes)", self.len, self.capacity)
@@ -151,6 +159,15 @@ mod tests {
             assert!(buf.capacity() >= len);
             assert_eq!(buf.as_ptr() as usize % ALIGNMENT, 0);
         }
+    }
+
+    #[test]
+    fn vectors_and_slices_convert_to_aligned_copies() {
+        let data: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+        let from_vec = IoBuf::from(data.clone());
+        assert_eq!(&from_vec[..], &data[..]);
+        assert_eq!(from_vec.as_ptr() as usize % ALIGNMENT, 0);
+        assert!(IoBuf::from(Vec::new()).is_empty());
     }
 
     #[test]

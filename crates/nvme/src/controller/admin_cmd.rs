@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use blockwire_blockdev::IoBuf;
+
 use super::core::Core;
 use super::ctrl::{Controller, AEC_ANA_CHANGE, AEC_DISCOVERY_CHANGE, AEC_NS_ATTR};
 use super::queue::{Action, Reply};
@@ -19,7 +21,7 @@ pub(crate) fn execute(
     controller: &Arc<Controller>,
     local: Option<SocketAddr>,
     sqe: &Sqe,
-    _data: Vec<u8>,
+    _data: IoBuf,
     now: Instant,
 ) -> Action {
     let reply = match sqe.opcode() {

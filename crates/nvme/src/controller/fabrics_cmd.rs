@@ -32,7 +32,7 @@ fn refuse(status: Status, result: u64) -> Reply {
             status,
             ..Cqe::default()
         },
-        data: Vec::new(),
+        data: blockwire_blockdev::IoBuf::new(0),
     }
 }
 

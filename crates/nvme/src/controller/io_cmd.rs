@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use blockwire_blockdev::{Device, WriteFlags, ZeroFlags};
+use blockwire_blockdev::{Device, IoBuf, WriteFlags, ZeroFlags};
 
 use super::ctrl::Controller;
 use super::queue::Reply;
@@ -18,8 +18,9 @@ use crate::sqe::Sqe;
 /// Largest number of ranges one Dataset Management command carries.
 const DSM_MAX_RANGES: usize = 256;
 
-/// What an I/O command does to the device, in bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What an I/O command does to the device, in bytes. Data is the host's, in the
+/// buffer the transport received it into.
+#[derive(Debug)]
 pub enum IoOp {
     Read {
         offset: u64,
@@ -27,7 +28,7 @@ pub enum IoOp {
     },
     Write {
         offset: u64,
-        data: Vec<u8>,
+        data: IoBuf,
         fua: bool,
     },
     Flush,
@@ -45,7 +46,7 @@ pub enum IoOp {
     Nothing,
     Compare {
         offset: u64,
-        data: Vec<u8>,
+        data: IoBuf,
     },
 }
 
@@ -92,7 +93,8 @@ impl IoCommand {
         let info = self.device.info();
         match &self.op {
             IoOp::Read { offset, len } => {
-                let mut buf = vec![0; *len as usize];
+                // Not zeroed: the device fills all of it or the read fails.
+                let mut buf = IoBuf::new(*len as usize);
                 match self.device.try_read(&mut buf, *offset) {
                     Ok(true) => {
                         self.count_read(*len);
@@ -107,7 +109,7 @@ impl IoCommand {
                         cqe.status = status_for(&e);
                         Ok(Reply {
                             cqe,
-                            data: Vec::new(),
+                            data: IoBuf::new(0),
                         })
                     }
                 }
@@ -132,7 +134,7 @@ impl IoCommand {
         let mut cqe = self.cqe;
         let result = match self.op {
             IoOp::Read { offset, len } => {
-                let mut buf = vec![0; len as usize];
+                let mut buf = IoBuf::new(len as usize);
                 match self.device.read(&mut buf, offset) {
                     Ok(()) => {
                         self.controller.read_bytes.fetch_add(len, Ordering::Relaxed);
@@ -181,14 +183,14 @@ impl IoCommand {
                 .try_for_each(|&(offset, len)| self.device.trim(offset, len, WriteFlags::NONE)),
             IoOp::Nothing => Ok(()),
             IoOp::Compare { offset, data } => {
-                let mut buf = vec![0; data.len()];
+                let mut buf = IoBuf::new(data.len());
                 match self.device.read(&mut buf, offset) {
-                    Ok(()) if buf == data => Ok(()),
+                    Ok(()) if buf[..] == data[..] => Ok(()),
                     Ok(()) => {
                         cqe.status = Status::COMPARE_FAILURE;
                         return Reply {
                             cqe,
-                            data: Vec::new(),
+                            data: IoBuf::new(0),
                         };
                     }
                     Err(e) => Err(e),
@@ -201,7 +203,7 @@ impl IoCommand {
         }
         Reply {
             cqe,
-            data: Vec::new(),
+            data: IoBuf::new(0),
         }
     }
 }
@@ -212,7 +214,7 @@ impl IoCommand {
 pub(crate) fn parse(
     controller: &Arc<Controller>,
     sqe: &Sqe,
-    data: Vec<u8>,
+    data: IoBuf,
 ) -> Result<IoCommand, Status> {
     let nsid = sqe.nsid();
     let flush_all = sqe.opcode() == io::FLUSH && nsid == 0xffff_ffff;

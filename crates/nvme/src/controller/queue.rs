@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use blockwire_blockdev::IoBuf;
+
 use super::core::Core;
 use super::ctrl::Controller;
 use super::io_cmd::{self, IoCommand};
@@ -16,28 +18,30 @@ use crate::opcodes::{admin, fctype};
 use crate::sqe::Sqe;
 
 /// A completion and the data that goes to the host with it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Reply {
     pub cqe: Cqe,
-    /// Controller-to-host data (Identify, Get Log Page, Read, ...).
-    pub data: Vec<u8>,
+    /// Controller-to-host data (Identify, Get Log Page, Read, ...): a read's
+    /// buffer goes from the device to the socket uncopied.
+    pub data: IoBuf,
 }
 
 impl Reply {
     pub(crate) fn status(status: Status) -> Reply {
         Reply {
             cqe: Cqe::new(0, status),
-            data: Vec::new(),
+            data: IoBuf::new(0),
         }
     }
 
+    /// A success; `data` is a small admin answer (copied once into an [`IoBuf`]).
     pub(crate) fn ok(result: u64, data: Vec<u8>) -> Reply {
         Reply {
             cqe: Cqe {
                 result,
                 ..Cqe::default()
             },
-            data,
+            data: IoBuf::from(data),
         }
     }
 }
@@ -139,9 +143,10 @@ impl Queue {
         }
     }
 
-    /// Executes `sqe`, with the data the host sent for it.
-    pub fn submit(&mut self, sqe: &Sqe, data: Vec<u8>, now: Instant) -> Action {
-        let action = self.dispatch(sqe, data, now);
+    /// Executes `sqe`, with the data the host sent for it (a transport's
+    /// [`IoBuf`] goes on to the device uncopied; a `Vec` is copied into one).
+    pub fn submit(&mut self, sqe: &Sqe, data: impl Into<IoBuf>, now: Instant) -> Action {
+        let action = self.dispatch(sqe, data.into(), now);
         self.sq_head = (self.sq_head + 1) % self.sq_size.max(1);
         match action {
             Action::Complete(mut reply) => {
@@ -162,7 +167,7 @@ impl Queue {
         cqe.sq_id = self.qid().unwrap_or(0);
     }
 
-    fn dispatch(&mut self, sqe: &Sqe, data: Vec<u8>, now: Instant) -> Action {
+    fn dispatch(&mut self, sqe: &Sqe, data: IoBuf, now: Instant) -> Action {
         if sqe.fuse() != 0 {
             return Action::Complete(Reply::status(Status::INVALID_FIELD));
         }
@@ -183,7 +188,7 @@ impl Queue {
         }
     }
 
-    fn fabrics(&mut self, sqe: &Sqe, data: Vec<u8>, now: Instant) -> Reply {
+    fn fabrics(&mut self, sqe: &Sqe, data: IoBuf, now: Instant) -> Reply {
         match (sqe.fctype(), &self.role) {
             (fctype::CONNECT, Role::Unconnected) => {
                 match fabrics_cmd::connect(&self.core, sqe, &data, self.discovery_port, now) {

@@ -398,7 +398,7 @@ fn log_pages() {
     assert_eq!(u32::from_le_bytes(ana[48..52].try_into().unwrap()), NSID);
     // A window past the page's start.
     let window = log_page(&mut q, log::ANA, 4, 16, now).data;
-    assert_eq!(window, 1u32.to_le_bytes());
+    assert_eq!(window[..], 1u32.to_le_bytes());
     let effects = log_page(&mut q, log::COMMANDS_EFFECTS, 4096, 0, now).data;
     assert_eq!(effects[1024 + 4 * usize::from(io::WRITE)], 0b11);
     let unknown = log_page(&mut q, 0x7f, 512, 0, now);
@@ -562,7 +562,7 @@ fn io_commands() {
 
     let (sqe, _) = rw(io::READ, 4, 2, Vec::new(), false);
     let reply = run(q.submit(&sqe, Vec::new(), now));
-    assert_eq!(reply.data, pattern);
+    assert_eq!(&reply.data[..], &pattern[..]);
 
     let (sqe, data) = rw(io::COMPARE, 4, 2, pattern.clone(), false);
     assert!(run(q.submit(&sqe, data, now)).cqe.status.is_success());

@@ -9,6 +9,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Instant;
 
+use blockwire_blockdev::IoBuf;
 use blockwire_engine::{Engine, EngineConfig};
 
 use super::io::{self, Answer};
@@ -41,7 +42,8 @@ fn fatal(fes: u16, fei: u32, header: &[u8]) -> End {
 /// A write waiting for its data (sent for by one R2T covering all of it).
 struct PendingWrite {
     sqe: Sqe,
-    data: Vec<u8>,
+    /// Not zeroed: it goes to the device only once the host has filled all of it.
+    data: IoBuf,
     received: usize,
 }
 
@@ -212,8 +214,13 @@ impl Connection {
     fn read_loop(&mut self, reader: &mut BufReader<TcpStream>) -> End {
         let mut buf = Vec::new();
         loop {
+            // Answers held back for the burst leave before a read that may block.
+            self.flush_unless_buffered(reader, COMMON_HEADER_LEN);
             if let Err(end) = read_common_header(reader, &mut buf) {
                 return end;
+            }
+            if let Ok(plen) = pdu::pdu_len(&buf, &self.framing) {
+                self.flush_unless_buffered(reader, plen.saturating_sub(COMMON_HEADER_LEN));
             }
             if buf[0] == PduType::H2CData as u8 {
                 // Data goes straight from the socket into its command's buffer.
@@ -227,7 +234,8 @@ impl Connection {
                 Ok(None) => return End::Closed,
                 Err(end) => return end,
             };
-            let more_waiting = !reader.buffer().is_empty();
+            // Writes waiting for their data are more work coming too.
+            let more_waiting = !reader.buffer().is_empty() || !self.pending.is_empty();
             let result = match pdu {
                 Pdu::CapsuleCmd(capsule) => self.capsule(capsule, more_waiting),
                 Pdu::H2CTermReq(term) => {
@@ -244,6 +252,13 @@ impl Connection {
             if let Err(end) = result {
                 return end;
             }
+        }
+    }
+
+    /// Sends the answers held back unless `need` more bytes are already read.
+    fn flush_unless_buffered(&self, reader: &BufReader<TcpStream>, need: usize) {
+        if reader.buffer().len() < need {
+            self.writer.flush();
         }
     }
 
@@ -267,7 +282,7 @@ impl Connection {
             {
                 return refuse(Status::DATA_SGL_LENGTH_INVALID);
             }
-            return self.execute(sqe, data, more_waiting);
+            return self.execute(sqe, IoBuf::from(data), more_waiting);
         }
         if direction == Direction::ToController && sgl.length > 0 {
             if sgl.is_in_capsule() {
@@ -290,7 +305,7 @@ impl Connection {
                 sqe.cid(),
                 PendingWrite {
                     sqe,
-                    data: vec![0; sgl.length as usize],
+                    data: IoBuf::new(sgl.length as usize),
                     received: 0,
                 },
             );
@@ -305,7 +320,7 @@ impl Connection {
         if direction == Direction::ToHost && sgl.length > settings.max_transfer() {
             return refuse(Status::DATA_SGL_LENGTH_INVALID);
         }
-        self.execute(sqe, Vec::new(), more_waiting)
+        self.execute(sqe, IoBuf::new(0), more_waiting)
     }
 
     /// An H2CData PDU whose common header `buf` holds: its header is checked, then
@@ -362,13 +377,15 @@ impl Connection {
         pending.received = end;
         if complete {
             let pending = self.pending.remove(&h.cccid).expect("present");
-            let more_waiting = !reader.buffer().is_empty();
+            // A write read exactly to its end leaves the buffer empty while the
+            // host waits on the other R2Ts: those count as more work coming.
+            let more_waiting = !reader.buffer().is_empty() || !self.pending.is_empty();
             return self.execute(pending.sqe, pending.data, more_waiting);
         }
         Ok(())
     }
 
-    fn execute(&mut self, sqe: Sqe, data: Vec<u8>, more_waiting: bool) -> Result<(), End> {
+    fn execute(&mut self, sqe: Sqe, data: IoBuf, more_waiting: bool) -> Result<(), End> {
         let was_connected = self.queue.qid().is_some();
         let answer = Answer {
             transfer_len: if sqe.direction() == Direction::ToHost {
@@ -392,14 +409,22 @@ impl Connection {
                     .reply(reply, answer.transfer_len, answer.sq_flow_control_disabled)
             }
             Action::Deferred => {}
-            Action::Io(cmd) => io::run(
-                &self.engine,
-                &self.shared.pool,
-                &self.writer,
-                cmd,
-                answer,
-                || more_waiting,
-            ),
+            Action::Io(cmd) => {
+                let inline = if more_waiting {
+                    io::Inline::Batch
+                } else {
+                    io::Inline::Send
+                };
+                io::run(
+                    &self.engine,
+                    &self.shared.pool,
+                    &self.writer,
+                    cmd,
+                    answer,
+                    inline,
+                    || more_waiting,
+                )
+            }
         }
         Ok(())
     }

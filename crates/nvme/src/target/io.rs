@@ -64,13 +64,14 @@ pub(crate) fn start_queue(device: &Device, writer: &Arc<Writer>) -> Option<Queue
                     run_command(&sync_device, command).map(|()| IoBuf::new(0))
                 }
             };
+            // A read's buffer goes to the socket as the device filled it.
             let data = match result {
-                Ok(buf) if pending.read => buf.to_vec(),
-                Ok(_) => Vec::new(),
+                Ok(buf) if pending.read => buf,
+                Ok(_) => IoBuf::new(0),
                 Err(e) => {
                     tracing::debug!("NVMe I/O failed: {e}");
                     cqe.status = status_for(&e);
-                    Vec::new()
+                    IoBuf::new(0)
                 }
             };
             writer.reply(
@@ -104,20 +105,19 @@ fn run_command(device: &Device, command: QueuedCommand) -> blockwire_blockdev::R
 }
 
 /// The command as queue work, or back when it is none.
-fn queue_work(cmd: IoCommand, answer: Answer) -> Result<(QueueWork, Pending), Box<IoCommand>> {
-    let pending = |read| Pending {
-        cqe: cmd.cqe,
-        answer,
-        read,
-    };
-    let work = match &cmd.op {
+fn queue_work(mut cmd: IoCommand, answer: Answer) -> Result<(QueueWork, Pending), Box<IoCommand>> {
+    let cqe = cmd.cqe;
+    let pending = |read| Pending { cqe, answer, read };
+    // The op is taken out so that a write's buffer moves on uncopied; one the
+    // queue does not take goes back into the command.
+    let work = match std::mem::replace(&mut cmd.op, IoOp::Nothing) {
         IoOp::Read { offset, len } => {
-            return Ok((QueueWork::read(*offset, *len as usize), pending(true)))
+            return Ok((QueueWork::read(offset, len as usize), pending(true)))
         }
         IoOp::Write { offset, data, fua } => QueueWork::Data {
-            op: QueuedOp::Write(WriteFlags { fua: *fua }),
-            buf: IoBuf::from_slice(data),
-            offset: *offset,
+            op: QueuedOp::Write(WriteFlags { fua }),
+            buf: data,
+            offset,
         },
         IoOp::Flush => QueueWork::Command(QueuedCommand::Flush),
         IoOp::WriteZeroes {
@@ -126,11 +126,11 @@ fn queue_work(cmd: IoCommand, answer: Answer) -> Result<(QueueWork, Pending), Bo
             fua,
             deallocate,
         } => QueueWork::Command(QueuedCommand::WriteZeroes {
-            offset: *offset,
-            len: *len,
+            offset,
+            len,
             flags: ZeroFlags {
-                fua: *fua,
-                no_hole: !*deallocate,
+                fua,
+                no_hole: !deallocate,
                 fast: false,
             },
         }),
@@ -141,9 +141,21 @@ fn queue_work(cmd: IoCommand, answer: Answer) -> Result<(QueueWork, Pending), Bo
                 flags: WriteFlags::NONE,
             })
         }
-        _ => return Err(Box::new(cmd)),
+        op => {
+            cmd.op = op;
+            return Err(Box::new(cmd));
+        }
     };
     Ok((work, pending(false)))
+}
+
+/// What becomes of an answer made on the connection thread.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Inline {
+    /// Sent now.
+    Send,
+    /// Held back to leave with the rest of the burst the host has sent.
+    Batch,
 }
 
 /// Runs `cmd` and sends its answer. `more_waiting`: the host has sent more
@@ -154,13 +166,18 @@ pub(crate) fn run(
     writer: &Arc<Writer>,
     cmd: IoCommand,
     answer: Answer,
+    inline: Inline,
     more_waiting: impl FnOnce() -> bool,
 ) {
     let request = request(&cmd);
     let cmd = match engine.route(request, more_waiting) {
         Route::Inline => match engine.inline(request, || cmd.try_inline()) {
             Ok(reply) => {
-                writer.reply(reply, answer.transfer_len, answer.sq_flow_control_disabled);
+                let (len, no_flow) = (answer.transfer_len, answer.sq_flow_control_disabled);
+                match inline {
+                    Inline::Send => writer.reply(reply, len, no_flow),
+                    Inline::Batch => writer.reply_later(reply, len, no_flow),
+                }
                 return;
             }
             Err(cmd) => *cmd,
