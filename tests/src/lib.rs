@@ -3,6 +3,7 @@
 //! test (saying why) when a peer program is missing.
 
 pub mod aoe;
+pub mod bench;
 pub mod ceph;
 pub mod crash;
 pub mod http;
@@ -91,6 +92,11 @@ pub struct Served {
     /// The metrics endpoint it announced (`metrics: http://HOST:PORT/metrics`), as
     /// `HOST:PORT`; read by [`spawn_ready`](Self::spawn_ready) only.
     pub metrics: Option<String>,
+    /// The NVMe/TCP subsystems it announced (`nvme+tcp://HOST:PORT/NQN`), in order;
+    /// read by [`spawn_ready`](Self::spawn_ready) only.
+    pub nvme: Vec<String>,
+    /// Its NVMe/TCP discovery controller (`nvme+tcp://HOST:PORT`), if announced.
+    pub nvme_discovery: Option<String>,
 }
 
 impl Served {
@@ -125,6 +131,28 @@ impl Served {
             .arg("serve")
             .args(args)
             .args(["--iscsi", "127.0.0.1:0"]);
+        Served::spawn_ready(command, name)
+    }
+
+    /// Starts `blockwire serve ARGS... --nvme 127.0.0.1:0 --nvme-discovery
+    /// 127.0.0.1:0` and waits until all its targets are up; [`nvme`](Self::nvme)
+    /// and [`nvme_discovery`](Self::nvme_discovery) then hold what it announced.
+    pub fn start_nvme(args: &[&str], name: &str) -> Served {
+        let mut command = Command::new(blockwire_bin());
+        command.arg("serve").args(args).args([
+            "--nvme",
+            "127.0.0.1:0",
+            "--nvme-discovery",
+            "127.0.0.1:0",
+        ]);
+        Served::spawn_ready(command, name)
+    }
+
+    /// Starts `blockwire serve ARGS...` as given and waits until all its targets
+    /// are up ("press Ctrl-C to stop").
+    pub fn start_ready(args: &[&str], name: &str) -> Served {
+        let mut command = Command::new(blockwire_bin());
+        command.arg("serve").args(args);
         Served::spawn_ready(command, name)
     }
 
@@ -166,27 +194,16 @@ impl Served {
     }
 
     fn spawn_ready_to(command: Command, name: &str, stderr: Stdio) -> Served {
-        let mut port = 0;
-        let mut iscsi = Vec::new();
-        let mut metrics = None;
-        let (child, (port, iscsi, metrics)) = spawn_until(command, stderr, move |line| {
-            if let Some(p) = nbd_port(line) {
-                port = p;
-            }
-            if let Some(url) = line.trim().strip_prefix("iscsi://") {
-                iscsi.push(format!("iscsi://{url}"));
-            }
-            if let Some(addr) = line
-                .strip_prefix("metrics: http://")
-                .and_then(|rest| rest.strip_suffix("/metrics"))
-            {
-                metrics = Some(addr.to_string());
-            }
+        let mut announced = Announced::default();
+        let (child, announced) = spawn_until(command, stderr, move |line| {
+            announced.read(line);
             line.contains("press Ctrl-C to stop")
-                .then(|| (port, std::mem::take(&mut iscsi), metrics.take()))
+                .then(|| std::mem::take(&mut announced))
         });
-        let mut served = Served::new(child, port, name, iscsi);
-        served.metrics = metrics;
+        let mut served = Served::new(child, announced.port, name, announced.iscsi);
+        served.metrics = announced.metrics;
+        served.nvme = announced.nvme;
+        served.nvme_discovery = announced.nvme_discovery;
         served
     }
 
@@ -219,6 +236,8 @@ impl Served {
             name: name.to_string(),
             iscsi,
             metrics: None,
+            nvme: Vec::new(),
+            nvme_discovery: None,
         }
     }
 
@@ -281,6 +300,40 @@ impl Served {
                 panic!("blockwire did not exit within 20 s of SIGTERM");
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// What a starting `blockwire serve` announced on its standard output.
+#[derive(Default)]
+struct Announced {
+    port: u16,
+    iscsi: Vec<String>,
+    metrics: Option<String>,
+    nvme: Vec<String>,
+    nvme_discovery: Option<String>,
+}
+
+impl Announced {
+    fn read(&mut self, line: &str) {
+        if let Some(p) = nbd_port(line) {
+            self.port = p;
+        }
+        let line = line.trim();
+        if let Some(url) = line.strip_prefix("iscsi://") {
+            self.iscsi.push(format!("iscsi://{url}"));
+        }
+        if line.starts_with("nvme+tcp://") {
+            self.nvme.push(line.to_string());
+        }
+        if let Some(uri) = line.strip_prefix("nvme discovery: ") {
+            self.nvme_discovery = Some(uri.trim().to_string());
+        }
+        if let Some(addr) = line
+            .strip_prefix("metrics: http://")
+            .and_then(|rest| rest.strip_suffix("/metrics"))
+        {
+            self.metrics = Some(addr.to_string());
         }
     }
 }

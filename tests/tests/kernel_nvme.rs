@@ -10,94 +10,39 @@
 //!
 //! The judge's guest script is checked against the kernel's own nvmet-tcp by
 //! scripts/vm/nvmet-self-check.sh. Skipped, saying why, when qemu or the VM's Debian
-//! packages are unavailable, or while `blockwire serve` has no `--nvme`.
+//! packages are unavailable.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use blockwire_tests::vm::{self, Vm};
-use blockwire_tests::{blockwire_bin, free_port, path_str, sparse_file, text, MIB};
+use blockwire_tests::{blockwire_bin, free_port, path_str, sparse_file, Served, MIB};
 
 /// The export's name, and so its subsystem's NQN (`nqn.2026-11.dev.blockwire:NAME`).
 const NAME: &str = "kernel";
 
-/// `blockwire serve DISK --name kernel --nvme 127.0.0.1:PORT [--nvme-discovery
-/// 127.0.0.1:DPORT]`, stopped by its PID when dropped.
-struct NvmeServe {
-    child: Child,
-    /// The subsystem NQN of its `nvme+tcp://HOST:PORT/NQN` announcement.
-    nqn: Option<String>,
+/// `blockwire serve DISK --name kernel --nvme 127.0.0.1:PORT --nvme-discovery
+/// 127.0.0.1:DPORT`, up: fixed ports, so that a restarted target comes back where
+/// the host reconnects.
+fn serve(disk: &Path, port: u16, discovery: u16) -> Served {
+    let mut command = Command::new(blockwire_bin());
+    command
+        .args(["serve", path_str(disk), "--name", NAME])
+        .arg("--nvme")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--nvme-discovery")
+        .arg(format!("127.0.0.1:{discovery}"));
+    Served::spawn_ready(command, NAME)
 }
 
-impl NvmeServe {
-    /// Starts the server and waits until it says "press Ctrl-C to stop".
-    fn start(disk: &Path, port: u16, discovery: Option<u16>) -> NvmeServe {
-        let mut command = Command::new(blockwire_bin());
-        command
-            .args(["serve", path_str(disk), "--name", NAME, "--nvme"])
-            .arg(format!("127.0.0.1:{port}"));
-        if let Some(dport) = discovery {
-            command
-                .arg("--nvme-discovery")
-                .arg(format!("127.0.0.1:{dport}"));
-        }
-        let mut child = command
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start blockwire serve");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (send, announced) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut nqn = None;
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if nqn.is_none() {
-                    nqn = announced_nqn(&line);
-                }
-                if line.contains("press Ctrl-C to stop") {
-                    let _ = send.send(nqn.take());
-                }
-            }
-        });
-        match announced.recv_timeout(Duration::from_secs(20)) {
-            Ok(nqn) => NvmeServe { child, nqn },
-            Err(e) => {
-                let _ = child.kill();
-                let status = child.wait();
-                panic!("{command:?} did not come up ({e}); exit status {status:?}");
-            }
-        }
-    }
-
-    /// SIGTERM; the server must exit 0 within 20 s.
-    fn stop(mut self) {
-        // SAFETY: kill(2) on our own child's PID.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                break status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "blockwire serve did not exit within 20 s of SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert_eq!(status.code(), Some(0), "blockwire serve exited {status}");
-    }
-}
-
-impl Drop for NvmeServe {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// SIGTERM; the server must exit 0 (its final flush done).
+fn stop(served: Served) {
+    assert_eq!(
+        served.terminate(),
+        Some(0),
+        "blockwire serve did not exit 0"
+    );
 }
 
 /// The NQN of an announcement line `nvme+tcp://HOST:PORT/NQN[/NSID]`.
@@ -108,22 +53,8 @@ fn announced_nqn(line: &str) -> Option<String> {
     nqn.starts_with("nqn.").then(|| nqn.to_string())
 }
 
-/// `blockwire serve --help`, to learn whether the target is there yet.
-fn serve_help() -> String {
-    let output = Command::new(blockwire_bin())
-        .args(["serve", "--help"])
-        .output()
-        .expect("run blockwire serve --help");
-    text(&output.stdout) + &text(&output.stderr)
-}
-
 #[test]
 fn kernel_nvme_tcp_host_judges_the_target() {
-    let help = serve_help();
-    if !help.contains("--nvme") {
-        eprintln!("skipped: `blockwire serve --help` lists no --nvme (the NVMe/TCP target is not built yet)");
-        return;
-    }
     let images = match vm::images() {
         Ok(images) => images,
         Err(why) => {
@@ -134,15 +65,13 @@ fn kernel_nvme_tcp_host_judges_the_target() {
     let dir = tempfile::tempdir().unwrap();
     let size = 256 * MIB;
     let disk = sparse_file(dir.path(), "kernel.img", size);
-    // Fixed ports: the restarted target must come back where the host reconnects.
-    let port = free_port();
-    // Without a discovery flag the I/O port answers discovery too, as nvmet's do.
-    let discovery = help.contains("--nvme-discovery").then(free_port);
-    let served = NvmeServe::start(&disk, port, discovery);
+    let (port, discovery) = (free_port(), free_port());
+    let served = serve(&disk, port, discovery);
     let nqn = served
-        .nqn
-        .clone()
-        .unwrap_or_else(|| format!("nqn.2026-11.dev.blockwire:{NAME}"));
+        .nvme
+        .first()
+        .and_then(|line| announced_nqn(line))
+        .unwrap_or_else(|| panic!("no nvme+tcp:// announcement: {:?}", served.nvme));
 
     let script = vm::judge_script(
         "nvme",
@@ -150,7 +79,7 @@ fn kernel_nvme_tcp_host_judges_the_target() {
             ("NQN", nqn),
             ("ADDR", "10.0.2.2".into()),
             ("PORT", port.to_string()),
-            ("DPORT", discovery.unwrap_or(port).to_string()),
+            ("DPORT", discovery.to_string()),
             ("SIZE_BYTES", size.to_string()),
             ("MODEL", "blockwire".into()),
             ("DATA_OFFSET_MIB", "64".into()),
@@ -159,10 +88,10 @@ fn kernel_nvme_tcp_host_judges_the_target() {
     );
     let mut vm = Vm::boot(&images, &script);
     vm.wait_for_marker("restart-target");
-    served.stop();
+    stop(served);
     // Down long enough for the host to notice and retry a few times.
     std::thread::sleep(Duration::from_secs(3));
-    let served = NvmeServe::start(&disk, port, discovery);
+    let served = serve(&disk, port, discovery);
     let outcome = vm.finish();
     outcome.assert_pass();
     let data = outcome
@@ -170,7 +99,7 @@ fn kernel_nvme_tcp_host_judges_the_target() {
         .unwrap_or_else(|| panic!("the guest reported no DATA line:\n{}", outcome.console));
     assert_eq!((data.offset, data.len), (64 * MIB, 64 * MIB));
 
-    served.stop();
+    stop(served);
     data.assert_in_file(&disk);
 }
 

@@ -135,37 +135,7 @@ fn cli_checks(ports: &Ports, dir: &Path) {
         "16 MiB read back differ"
     );
 
-    let json = dir.join("bench.json");
-    blockwire_ok(&[
-        "bench",
-        &target,
-        "--workload",
-        "sequential,random",
-        "--size",
-        "16M",
-        "--time",
-        "0.5",
-        "--random-depths",
-        "1,8",
-        "--json",
-        path_str(&json),
-    ]);
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let rows = report["results"].as_array().expect("bench results");
-    for (workload, op) in [
-        ("sequential", "write"),
-        ("sequential", "read"),
-        ("random", "randread"),
-        ("random", "randwrite"),
-    ] {
-        assert!(
-            rows.iter().any(|r| r["workload"] == workload
-                && r["op"] == op
-                && r["bytes"].as_u64().is_some_and(|b| b > 0)),
-            "no {workload} {op} that moved data in {report}"
-        );
-    }
+    blockwire_tests::bench::quick_bench_moves_data(&target, dir, "0.5", "1,8");
 }
 
 /// Identify, writes, reads, flush, deallocate and Write Zeroes on two I/O queues.

@@ -4,107 +4,19 @@
 //! and NVMe/TCP at once, `check-config` refusals and a reload that adds a subsystem.
 //! Every listener takes port 0; the ports come from the announcement.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use blockwire_tests::{blockwire_bin, path_str, patterned_file, sparse_file, text, MIB};
+use blockwire_tests::{blockwire_bin, path_str, patterned_file, sparse_file, text, Served, MIB};
 
-/// A `blockwire serve` with what it announced, stopped (SIGTERM) when dropped.
-struct NvmeServed {
-    child: Child,
-    /// `nvme+tcp://127.0.0.1:PORT/NQN` lines, in order.
-    subsystems: Vec<String>,
-    /// `nvme+tcp://127.0.0.1:DPORT` of the discovery controller.
-    discovery: Option<String>,
-    /// `nbd://127.0.0.1:PORT/NAME` lines.
-    nbd: Vec<String>,
-    /// `HOST:PORT` of the metrics endpoint.
-    metrics: Option<String>,
-}
-
-impl NvmeServed {
-    /// Runs `blockwire serve ARGS...` until it says "press Ctrl-C to stop".
-    fn start(args: &[&str]) -> NvmeServed {
-        let mut child = Command::new(blockwire_bin())
-            .arg("serve")
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start blockwire serve");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (send, announced) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = Vec::new();
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line.contains("press Ctrl-C to stop") {
-                    let _ = send.send(std::mem::take(&mut lines));
-                }
-                lines.push(line.trim().to_string());
-            }
-        });
-        let lines: Vec<String> = match announced.recv_timeout(Duration::from_secs(20)) {
-            Ok(lines) => lines,
-            Err(e) => {
-                let _ = child.kill();
-                let status = child.wait();
-                panic!("blockwire serve {args:?} did not come up ({e}); exit status {status:?}");
-            }
-        };
-        NvmeServed {
-            child,
-            subsystems: lines
-                .iter()
-                .filter(|l| l.starts_with("nvme+tcp://"))
-                .cloned()
-                .collect(),
-            discovery: lines
-                .iter()
-                .find_map(|l| l.strip_prefix("nvme discovery: "))
-                .map(str::to_string),
-            nbd: lines
-                .iter()
-                .filter(|l| l.starts_with("nbd://"))
-                .cloned()
-                .collect(),
-            metrics: lines.iter().find_map(|l| {
-                l.strip_prefix("metrics: http://")
-                    .and_then(|rest| rest.strip_suffix("/metrics"))
-                    .map(str::to_string)
-            }),
-        }
-    }
-
-    fn signal(&self, signal: i32) {
-        // SAFETY: kill(2) on our own child's PID.
-        unsafe { libc::kill(self.child.id() as i32, signal) };
-    }
-
-    /// SIGTERM; the server must exit 0.
-    fn stop(mut self) {
-        self.signal(libc::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                assert_eq!(status.code(), Some(0), "blockwire serve exited {status}");
-                return;
-            }
-            assert!(Instant::now() < deadline, "no exit within 20 s of SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for NvmeServed {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// SIGTERM; the server must exit 0 (its final flush done).
+fn stop(served: Served) {
+    assert_eq!(
+        served.terminate(),
+        Some(0),
+        "blockwire serve did not exit 0"
+    );
 }
 
 /// `blockwire ARGS...`: its stdout, or a panic with its stderr.
@@ -146,18 +58,10 @@ fn assert_same_bytes(a: &Path, b: &Path, len: usize) {
 fn serve_nvme_then_info_copy_and_discovery_through_our_initiator() {
     let dir = tempfile::tempdir().unwrap();
     let disk = sparse_file(dir.path(), "disk.img", 4 * MIB);
-    let served = NvmeServed::start(&[
-        path_str(&disk),
-        "--name",
-        "disk",
-        "--nvme",
-        "127.0.0.1:0",
-        "--nvme-discovery",
-        "127.0.0.1:0",
-    ]);
-    assert!(served.nbd.is_empty(), "--nvme alone serves no NBD");
-    assert_eq!(served.subsystems.len(), 1, "{:?}", served.subsystems);
-    let uri = served.subsystems[0].clone();
+    let served = Served::start_nvme(&[path_str(&disk), "--name", "disk"], "disk");
+    assert!(served.port == 0, "--nvme alone serves no NBD");
+    assert_eq!(served.nvme.len(), 1, "{:?}", served.nvme);
+    let uri = served.nvme[0].clone();
     assert!(uri.ends_with("/nqn.2026-11.dev.blockwire:disk"), "{uri}");
 
     let info = blockwire_ok(&["info", &uri]);
@@ -171,11 +75,14 @@ fn serve_nvme_then_info_copy_and_discovery_through_our_initiator() {
     blockwire_ok(&["copy", "--quiet", &uri, path_str(&back)]);
     assert_same_bytes(&source, &back, (4 * MIB) as usize);
 
-    let discovery = served.discovery.clone().expect("a discovery announcement");
+    let discovery = served
+        .nvme_discovery
+        .clone()
+        .expect("a discovery announcement");
     let listed = blockwire_ok(&["info", &discovery]);
     assert!(listed.contains(&uri), "{listed}");
 
-    served.stop();
+    stop(served);
     // The final flush put the bytes in the file.
     assert_same_bytes(&source, &disk, (4 * MIB) as usize);
 }
@@ -195,18 +102,18 @@ fn one_export_over_nbd_iscsi_and_nvme_at_once() {
         ),
     )
     .unwrap();
-    let served = NvmeServed::start(&["--config", path_str(&config)]);
-    assert_eq!(served.nbd.len(), 1);
-    assert!(served.discovery.is_none(), "discovery = false");
-    let nvme = served.subsystems[0].clone();
+    let served = Served::start_config_ready(&config, "shared");
+    assert_ne!(served.port, 0, "NBD announced");
+    assert!(served.nvme_discovery.is_none(), "discovery = false");
+    let nvme = served.nvme[0].clone();
 
     // NVMe/TCP writes, NBD reads, through our initiators.
     let source = patterned_file(dir.path(), "source.img", (8 * MIB) as usize, 11);
     blockwire_ok(&["copy", "--quiet", path_str(&source), &nvme]);
     let back = dir.path().join("back.img");
-    blockwire_ok(&["copy", "--quiet", &served.nbd[0], path_str(&back)]);
+    blockwire_ok(&["copy", "--quiet", &served.uri(), path_str(&back)]);
     assert_same_bytes(&source, &back, (8 * MIB) as usize);
-    served.stop();
+    stop(served);
 }
 
 #[test]
@@ -269,9 +176,12 @@ fn a_reload_adds_a_second_exports_subsystem() {
     let head = "[nvme]\nlisten = \"127.0.0.1:0\"\ndiscovery_listen = \"127.0.0.1:0\"\n\
                 [[export]]\nname = \"a\"\nmemory = \"1M\"\nnbd = false\nnvme = true\n";
     std::fs::write(&config, head).unwrap();
-    let served = NvmeServed::start(&["--config", path_str(&config)]);
-    let discovery = served.discovery.clone().expect("a discovery announcement");
-    let a = served.subsystems[0].clone();
+    let served = Served::start_config_ready(&config, "a");
+    let discovery = served
+        .nvme_discovery
+        .clone()
+        .expect("a discovery announcement");
+    let a = served.nvme[0].clone();
     let port_prefix = &a[..a.rfind('/').unwrap()];
     let listed = blockwire_ok(&["info", &discovery]);
     assert!(listed.contains(&a) && !listed.contains(":b"), "{listed}");
@@ -281,7 +191,8 @@ fn a_reload_adds_a_second_exports_subsystem() {
         format!("{head}[[export]]\nname = \"b\"\nmemory = \"2M\"\nnbd = false\nnvme = true\n"),
     )
     .unwrap();
-    served.signal(libc::SIGHUP);
+    // SAFETY: kill(2) on our own child's PID.
+    unsafe { libc::kill(served.pid(), libc::SIGHUP) };
     let b = format!("{port_prefix}/nqn.2026-11.dev.blockwire:b");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -295,22 +206,14 @@ fn a_reload_adds_a_second_exports_subsystem() {
     }
     let info = blockwire_ok(&["info", &b]);
     assert!(info.contains(&format!("size: {}", 2 * MIB)), "{info}");
-    served.stop();
+    stop(served);
 }
 
 /// `serve FILE --nvme` on free ports, discovery included.
-fn serve_nvme_file(disk: &Path, name: &str, extra: &[&str]) -> NvmeServed {
-    let mut args = vec![
-        path_str(disk),
-        "--name",
-        name,
-        "--nvme",
-        "127.0.0.1:0",
-        "--nvme-discovery",
-        "127.0.0.1:0",
-    ];
+fn serve_nvme_file(disk: &Path, name: &str, extra: &[&str]) -> Served {
+    let mut args = vec![path_str(disk), "--name", name];
     args.extend_from_slice(extra);
-    NvmeServed::start(&args)
+    Served::start_nvme(&args, name)
 }
 
 #[test]
@@ -322,13 +225,13 @@ fn nvme_namespaces_serve_again_as_a_gateway_and_stripe_with_metrics() {
     );
     let a = serve_nvme_file(&a_disk, "a", &["--metrics", "127.0.0.1:0"]);
     let b = serve_nvme_file(&b_disk, "b", &[]);
-    let (a_uri, b_uri) = (a.subsystems[0].clone(), b.subsystems[0].clone());
+    let (a_uri, b_uri) = (a.nvme[0].clone(), b.nvme[0].clone());
 
     // A gateway: a's namespace served again over NBD.
-    let gateway = NvmeServed::start(&[&a_uri, "--name", "gw", "--listen", "127.0.0.1:0"]);
+    let gateway = Served::start_ready(&[&a_uri, "--name", "gw", "--listen", "127.0.0.1:0"], "gw");
     let source = patterned_file(dir.path(), "source.img", (4 * MIB) as usize, 3);
-    blockwire_ok(&["copy", "--quiet", path_str(&source), &gateway.nbd[0]]);
-    gateway.stop();
+    blockwire_ok(&["copy", "--quiet", path_str(&source), &gateway.uri()]);
+    stop(gateway);
     let back = dir.path().join("back.img");
     blockwire_ok(&["copy", "--quiet", &a_uri, path_str(&back)]);
     assert_same_bytes(&source, &back, (4 * MIB) as usize);
@@ -359,8 +262,8 @@ fn nvme_namespaces_serve_again_as_a_gateway_and_stripe_with_metrics() {
     let striped_back = dir.path().join("striped.img");
     blockwire_ok(&["copy", "--quiet", &stripe, path_str(&striped_back)]);
     assert_same_bytes(&double, &striped_back, (8 * MIB) as usize);
-    a.stop();
-    b.stop();
+    stop(a);
+    stop(b);
 }
 
 #[test]
@@ -401,37 +304,7 @@ fn bench_measures_an_nvme_namespace_like_any_target() {
     let dir = tempfile::tempdir().unwrap();
     let disk = sparse_file(dir.path(), "bench.img", 32 * MIB);
     let served = serve_nvme_file(&disk, "bench", &[]);
-    let uri = served.subsystems[0].clone();
-    let json = dir.path().join("bench.json");
-    blockwire_ok(&[
-        "bench",
-        &uri,
-        "--workload",
-        "sequential,random",
-        "--size",
-        "16M",
-        "--time",
-        "0.2",
-        "--random-depths",
-        "1,4",
-        "--json",
-        path_str(&json),
-    ]);
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let rows = report["results"].as_array().expect("results");
-    for (workload, op) in [
-        ("sequential", "write"),
-        ("sequential", "read"),
-        ("random", "randread"),
-        ("random", "randwrite"),
-    ] {
-        assert!(
-            rows.iter().any(|r| r["workload"] == workload
-                && r["op"] == op
-                && r["bytes"].as_u64().is_some_and(|b| b > 0)),
-            "no {workload} {op} that moved data in {report}"
-        );
-    }
-    served.stop();
+    let uri = served.nvme[0].clone();
+    blockwire_tests::bench::quick_bench_moves_data(&uri, dir.path(), "0.2", "1,4");
+    stop(served);
 }

@@ -5,77 +5,13 @@
 //! capsules, H2CData, C2HData, R2T), every digest checks out, and nothing is
 //! malformed.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::process::Command;
 
 use blockwire_tests::{
-    blockwire_bin, path_str, patterned_file, require, run, sparse_file, start_capture, text, MIB,
+    blockwire_bin, path_str, patterned_file, require, run, sparse_file, start_capture, text,
+    Served, MIB,
 };
-
-/// `blockwire serve DISK --nvme 127.0.0.1:0 --nvme-discovery 127.0.0.1:0`: the
-/// subsystem's URI and the discovery URI it announced; stopped by its PID on drop.
-struct NvmeServe {
-    child: Child,
-    subsystem: String,
-    discovery: String,
-}
-
-impl NvmeServe {
-    fn start(disk: &Path) -> NvmeServe {
-        let mut child = Command::new(blockwire_bin())
-            .args(["serve", path_str(disk), "--name", "disk"])
-            .args(["--nvme", "127.0.0.1:0", "--nvme-discovery", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start blockwire serve");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (send, announced) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = Vec::new();
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line.contains("press Ctrl-C to stop") {
-                    let _ = send.send(std::mem::take(&mut lines));
-                } else {
-                    lines.push(line);
-                }
-            }
-        });
-        let lines: Vec<String> = match announced.recv_timeout(Duration::from_secs(20)) {
-            Ok(lines) => lines,
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("blockwire serve --nvme did not come up: {e}");
-            }
-        };
-        let find = |prefix: &str| {
-            lines
-                .iter()
-                .find_map(|l| l.trim().strip_prefix(prefix).map(|rest| rest.trim()))
-                .unwrap_or_else(|| panic!("no `{prefix}` line in {lines:?}"))
-                .to_string()
-        };
-        let subsystem = format!("nvme+tcp://{}", find("nvme+tcp://"));
-        let discovery = find("nvme discovery:");
-        NvmeServe {
-            child,
-            subsystem,
-            discovery,
-        }
-    }
-}
-
-impl Drop for NvmeServe {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's PID.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
 
 /// The TCP port of an `nvme+tcp://HOST:PORT[/...]` URI.
 fn port_of(uri: &str) -> u16 {
@@ -150,8 +86,8 @@ fn blockwire_ok(args: &[&str]) {
 
 /// Discovery, `info`, then 4 MiB copied in and out through `uri`; the bytes must
 /// come back.
-fn session(dir: &Path, served: &NvmeServe, uri: &str, seed: u8) {
-    blockwire_ok(&["info", &served.discovery]);
+fn session(dir: &Path, discovery: &str, uri: &str, seed: u8) {
+    blockwire_ok(&["info", discovery]);
     blockwire_ok(&["info", uri]);
     let len = (4 * MIB) as usize;
     let source = patterned_file(dir, &format!("source{seed}.img"), len, seed);
@@ -170,8 +106,13 @@ fn tshark_decodes_sessions_with_and_without_digests() {
     require!("tshark");
     let dir = tempfile::tempdir().unwrap();
     let disk = sparse_file(dir.path(), "disk.img", 16 * MIB);
-    let served = NvmeServe::start(&disk);
-    let ports = [port_of(&served.subsystem), port_of(&served.discovery)];
+    let served = Served::start_nvme(&[path_str(&disk), "--name", "disk"], "disk");
+    let subsystem = served.nvme[0].clone();
+    let discovery = served
+        .nvme_discovery
+        .clone()
+        .expect("a discovery announcement");
+    let ports = [port_of(&subsystem), port_of(&discovery)];
     let capture = dir.path().join("nvme.pcapng");
 
     let mut command = Command::new("tshark");
@@ -187,10 +128,10 @@ fn tshark_decodes_sessions_with_and_without_digests() {
         path_str(&capture),
     ]);
     let mut tshark = start_capture(command);
-    session(dir.path(), &served, &served.subsystem, 3);
-    let digests = format!("{}?hdr_digest=1&data_digest=1", served.subsystem);
-    session(dir.path(), &served, &digests, 4);
-    std::thread::sleep(Duration::from_millis(500));
+    session(dir.path(), &discovery, &subsystem, 3);
+    let digests = format!("{subsystem}?hdr_digest=1&data_digest=1");
+    session(dir.path(), &discovery, &digests, 4);
+    std::thread::sleep(std::time::Duration::from_millis(500));
     // SAFETY: kill(2) on our own child's PID.
     unsafe { libc::kill(tshark.id() as i32, libc::SIGINT) };
     tshark.wait().unwrap();
