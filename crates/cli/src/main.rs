@@ -46,18 +46,18 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Export a file, a block device or memory over NBD, AoE and iSCSI.
+    /// Export a file, a block device or memory over NBD, AoE, iSCSI and NVMe/TCP.
     Serve(Box<serve_args::ServeArgs>),
     /// Measure a path or a remote device: throughput, IOPS, latency, CPU.
     ///
-    /// A file, block device or directory, an NBD, AoE or iSCSI target, or a striped
-    /// volume; bonnie++-style, sequential, queue-depth sweeps and the network.
+    /// A file, block device or directory, an NBD, AoE, iSCSI or NVMe/TCP target, or a
+    /// striped volume; bonnie++-style, sequential, queue-depth sweeps and the network.
     Bench(bench::BenchArgs),
-    /// Show what an NBD, AoE or iSCSI target offers: size, block sizes, flags.
+    /// Show what an NBD, AoE, iSCSI or NVMe/TCP target offers: size, block sizes, flags.
     ///
     /// --list the exports or targets, --map the allocation.
     Info(info::InfoArgs),
-    /// Copy any path or NBD, AoE or iSCSI device to any other: sparse, parallel.
+    /// Copy any path or NBD, AoE, iSCSI or NVMe/TCP device to any other: sparse, parallel.
     ///
     /// Holes stay holes; --verify reads both sides back.
     Copy(copy::CopyArgs),
