@@ -19,6 +19,9 @@ use super::super::ring::RingFrame;
 use super::context;
 use crate::wire::MIN_FRAME_LEN;
 
+/// How long a bind that finds its queue busy is retried: a socket closed just
+/// before (a restarting target) holds the queue until an RCU grace period ends.
+const BIND_RETRY: Duration = Duration::from_millis(500);
 const SOL_XDP: libc::c_int = 283;
 const XDP_MMAP_OFFSETS: libc::c_int = 1;
 const XDP_RX_RING: libc::c_int = 2;
@@ -395,16 +398,27 @@ impl Xsk {
             queue_id: queue,
             shared_umem_fd: 0,
         };
-        // SAFETY: a live sockaddr_xdp of the size given.
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&address as *const SockaddrXdp).cast(),
-                mem::size_of::<SockaddrXdp>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
+        // The kernel frees a closed socket's hold on its queue after an RCU grace
+        // period, so binding right after a previous target closed (a restart) can
+        // see EBUSY for a moment: retry briefly before calling the queue taken.
+        let deadline = Instant::now() + BIND_RETRY;
+        loop {
+            // SAFETY: a live sockaddr_xdp of the size given.
+            let rc = unsafe {
+                libc::bind(
+                    fd.as_raw_fd(),
+                    (&address as *const SockaddrXdp).cast(),
+                    mem::size_of::<SockaddrXdp>() as libc::socklen_t,
+                )
+            };
+            if rc == 0 {
+                break;
+            }
+            let error = io::Error::last_os_error();
+            if error.raw_os_error() != Some(libc::EBUSY) || Instant::now() >= deadline {
+                return Err(error);
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
         Ok(Xsk {
             fd,
