@@ -21,6 +21,11 @@ peers=(
   readelf:binutils depmod:kmod
   # the RBD tests start a throwaway one-node Ceph cluster (one mon, one OSD)
   ceph-mon:ceph-mon ceph-osd:ceph-osd ceph:ceph-common rbd:ceph-common
+  # blockwire mount (FUSE; fuser mounts through fusermount) and a file system on it
+  fusermount:fuse losetup:mount e2fsck:e2fsprogs bonnie++:bonnie++
+  # NFS beside the block protocols: ganesha (userspace server, FSAL_VFS) with rpcbind,
+  # libnfs' command-line client as the reference reader
+  ganesha.nfsd:nfs-ganesha rpcbind:rpcbind nfs-cat:libnfs-utils nfs-cp:libnfs-utils
 )
 missing=()
 for pair in "${peers[@]}"; do
@@ -30,6 +35,10 @@ done
 # Build dependencies: NBD's TLS links the system's OpenSSL (the openssl crate finds
 # its headers and library through pkg-config).
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+# Libraries the tests load at run time (no program to look for): ganesha's VFS
+# backend, and libnfs for `nfs://` targets.
+ls /usr/lib/*/ganesha/libfsalvfs.so >/dev/null 2>&1 || missing+=(nfs-ganesha-vfs)
+ls /usr/lib/*/libnfs.so.1[0-9]* >/dev/null 2>&1 || missing+=(libnfs13)
 pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   packages=$(printf '%s\n' "${missing[@]}" | sort -u | tr '\n' ' ')

@@ -1,0 +1,1 @@
+//! `blockwire mount`: any device blockwire can open, exposed as one file through FUSE.
