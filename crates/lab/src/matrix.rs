@@ -7,7 +7,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-/// A block protocol the lab serves and reads back with our own target and initiator.
+/// A protocol the lab serves and reads back: the block protocols with our own target
+/// and initiator, and NFS with nfs-ganesha as the server and our libnfs client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
@@ -16,9 +17,14 @@ pub enum Protocol {
     Iscsi,
     /// NVMe over TCP (NVMe-oF's TCP transport).
     Nvme,
+    /// NFSv3: nfs-ganesha (FSAL_VFS over the cell's directory) in the target
+    /// namespace, `blockwire bench nfs://` (libnfs, userspace) in the initiator's.
+    Nfs,
 }
 
 impl Protocol {
+    /// The block protocols: the default list. NFS is measured when asked for by
+    /// name (or by a preset), since it needs nfs-ganesha and rpcbind.
     pub const ALL: [Protocol; 4] = [
         Protocol::Nbd,
         Protocol::Aoe,
@@ -32,6 +38,16 @@ impl Protocol {
             Protocol::Aoe => "aoe",
             Protocol::Iscsi => "iscsi",
             Protocol::Nvme => "nvme",
+            Protocol::Nfs => "nfs",
+        }
+    }
+
+    /// How reports name it: NFS says which server and client, since this host's
+    /// kernel has neither and both ends are userspace.
+    pub fn display_name(self) -> &'static str {
+        match self {
+            Protocol::Nfs => "NFS (ganesha, libnfs)",
+            other => other.name(),
         }
     }
 
@@ -52,8 +68,9 @@ impl FromStr for Protocol {
             "aoe" => Ok(Protocol::Aoe),
             "iscsi" => Ok(Protocol::Iscsi),
             "nvme" | "nvme-tcp" | "nvme+tcp" => Ok(Protocol::Nvme),
+            "nfs" | "nfs3" => Ok(Protocol::Nfs),
             _ => Err(format!(
-                "unknown protocol '{text}' (choose from nbd, aoe, iscsi, nvme)"
+                "unknown protocol '{text}' (choose from nbd, aoe, iscsi, nvme, nfs)"
             )),
         }
     }
@@ -75,13 +92,17 @@ pub enum LabWorkload {
     Bonnie,
     /// 4 KiB random reads and writes over a queue-depth sweep.
     Random,
+    /// iozone-style record-size sweep, 4 KiB to 16 MiB, one request at a time
+    /// (seed 002).
+    Sweep,
 }
 
 impl LabWorkload {
-    pub const ALL: [LabWorkload; 3] = [
+    pub const ALL: [LabWorkload; 4] = [
         LabWorkload::Sequential,
         LabWorkload::Bonnie,
         LabWorkload::Random,
+        LabWorkload::Sweep,
     ];
 
     /// The name `blockwire bench --workload` takes, and the JSON's `workload`.
@@ -90,6 +111,7 @@ impl LabWorkload {
             LabWorkload::Sequential => "sequential",
             LabWorkload::Bonnie => "bonnie",
             LabWorkload::Random => "random",
+            LabWorkload::Sweep => "sweep",
         }
     }
 }
@@ -102,8 +124,9 @@ impl FromStr for LabWorkload {
             "sequential" | "seq" | "dd" => Ok(LabWorkload::Sequential),
             "bonnie" | "bonnie++" => Ok(LabWorkload::Bonnie),
             "random" | "rand" => Ok(LabWorkload::Random),
+            "sweep" | "iozone" => Ok(LabWorkload::Sweep),
             _ => Err(format!(
-                "unknown workload '{text}' (choose from sequential, bonnie, random)"
+                "unknown workload '{text}' (choose from sequential, bonnie, random, sweep)"
             )),
         }
     }
@@ -397,6 +420,23 @@ impl Matrix {
                     .to_string(),
             );
         }
+        if self.protocols.contains(&Protocol::Nfs) {
+            if self.disk != Disk::UNTHROTTLED {
+                skipped.push(
+                    "NFS cells: ganesha serves the cell's directory on the host's file system \
+                     directly; the disk throttle applies to the block exports only (their \
+                     maximum is the disks, NFS's the link)"
+                        .to_string(),
+                );
+            }
+            if self.channels.iter().any(|&n| n > 1) {
+                skipped.push(
+                    "nfs over several channels: skipped (one ganesha on one address; NFS \
+                     cells run on one channel)"
+                        .to_string(),
+                );
+            }
+        }
         let mut runs = vec![false];
         if self.baseline {
             runs.push(true);
@@ -422,6 +462,9 @@ impl Matrix {
                             } else {
                                 self.layouts.choices()
                             };
+                            if protocol == Protocol::Nfs && channels > 1 {
+                                continue;
+                            }
                             for &striped in layouts {
                                 if !striped && channels > 1 && !protocol.multipath() {
                                     let note = format!(
@@ -440,7 +483,7 @@ impl Matrix {
                                         bed,
                                         striped,
                                         workload,
-                                        disk: if baseline {
+                                        disk: if baseline || protocol == Protocol::Nfs {
                                             Disk::UNTHROTTLED
                                         } else {
                                             self.disk
@@ -728,5 +771,47 @@ mod tests {
             ..Matrix::default()
         };
         assert_eq!(matrix.expand().cell_count(), 1);
+    }
+
+    #[test]
+    fn nfs_runs_on_one_channel_unthrottled_with_a_note() {
+        assert_eq!("NFS".parse::<Protocol>(), Ok(Protocol::Nfs));
+        assert!(!Protocol::ALL.contains(&Protocol::Nfs), "asked for by name");
+        assert_eq!(Protocol::Nfs.display_name(), "NFS (ganesha, libnfs)");
+        assert_eq!(Protocol::Nbd.display_name(), "nbd");
+        let matrix = Matrix {
+            protocols: vec![Protocol::Nfs, Protocol::Nbd],
+            mtus: vec![1500],
+            channels: vec![1, 2],
+            disk: Disk {
+                rate_mb_per_s: Some(100.0),
+                latency_ms: None,
+            },
+            ..Matrix::default()
+        };
+        let expansion = matrix.expand();
+        let cells: Vec<(Protocol, u32, Option<f64>)> = expansion
+            .beds
+            .iter()
+            .flat_map(|b| &b.cells)
+            .map(|c| (c.protocol, c.bed.channels, c.disk.rate_mb_per_s))
+            .collect();
+        assert_eq!(
+            cells,
+            [
+                (Protocol::Nfs, 1, None),
+                (Protocol::Nbd, 1, Some(100.0)),
+                (Protocol::Nbd, 2, Some(100.0)),
+            ]
+        );
+        assert!(expansion
+            .skipped
+            .iter()
+            .any(|n| n.contains("block exports only")));
+        assert!(expansion
+            .skipped
+            .iter()
+            .any(|n| n.starts_with("nfs over several")));
+        assert_eq!("iozone".parse::<LabWorkload>(), Ok(LabWorkload::Sweep));
     }
 }

@@ -1,10 +1,81 @@
-//! Presets that rebuild the seeds' beds (`--seed 000`, `--seed 003`).
+//! Presets that rebuild the seeds' beds (`--seed 000` to `--seed 004`), and the
+//! quick defaults each runs with when no flag says otherwise.
+
+use std::time::Duration;
 
 use crate::matrix::{Disk, LabWorkload, Layouts, Matrix, Protocol, Rate};
 use crate::published::{Seed, SEED_000_LOCAL_DISK, SEED_003_DISK_MB_PER_S};
+use crate::target::Backing;
+
+/// How a preset runs when no flag says otherwise: sized so that each preset's
+/// whole matrix runs in a few minutes on a 2-core machine (`--size` and `--time`
+/// make a real run).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Defaults {
+    /// Data set per cell, bytes.
+    pub size: u64,
+    /// Seconds per timed phase (each sweep measurement's cap, bonnie's seeks).
+    pub time: Duration,
+    /// Request size of the sequential workload (the bench's 1 MiB when None).
+    pub block_size: Option<u64>,
+    /// Requests in flight of the sequential workload (the bench's 16 when None).
+    pub queue_depth: Option<u32>,
+    pub backing: Backing,
+}
+
+/// The quick defaults of a preset.
+///
+/// - 001: `dd oflag=direct bs=4M` is one 4 MiB request at a time, each waited for
+///   (O_DIRECT, no page cache): the bench's sequential workload at 4 MiB, QD1.
+/// - 002 and 004 put NFS beside the block protocols "on the same storage": every
+///   export is a file in the cell's directory, as ganesha's is (`--backing file`).
+/// - 002's sweep is 13 record sizes × 8 operations, each capped at `time`.
+pub fn defaults(seed: Seed) -> Defaults {
+    let base = Defaults {
+        size: 256 << 20,
+        time: Duration::from_secs(1),
+        block_size: None,
+        queue_depth: None,
+        backing: Backing::Memory,
+    };
+    match seed {
+        Seed::S000 => Defaults {
+            size: 128 << 20,
+            ..base
+        },
+        Seed::S001 => Defaults {
+            block_size: Some(4 << 20),
+            queue_depth: Some(1),
+            ..base
+        },
+        Seed::S002 => Defaults {
+            time: Duration::from_millis(250),
+            backing: Backing::File,
+            ..base
+        },
+        Seed::S003 => base,
+        Seed::S004 => Defaults {
+            size: 128 << 20,
+            backing: Backing::File,
+            ..base
+        },
+    }
+}
 
 /// The matrix of a seed's bed.
 ///
+/// - Seed 001: one gigabit link at MTU 1500 and 9000 (the seed measured iperf at
+///   both, and ran dd with jumbo frames), AoE vs iSCSI, dd-style writes and reads
+///   of the raw device; no disk throttle (the seed's LVM volume on a RAID was not
+///   what limited 13 or 50 MB/s).
+/// - Seed 002: one 10 Gbit link at MTU 1500 (the seed's network kept the default
+///   frame size), NFS (ganesha, async as the seed's export) vs iSCSI, NBD and AoE,
+///   the record-size sweep; disks unthrottled (NFS's cannot be, and the seed's
+///   reads came from the server's cache at 1140 MB/s).
+/// - Seed 004: 10 Gbit and 1 Gbit at MTU 1500, NFS vs NBD, iSCSI and AoE on the
+///   same storage (files in the cell's directory), a large sequential write and
+///   read and bonnie; unthrottled, so NFS and the block protocols see the same
+///   disk.
 /// - Seed 003: four independent gigabit channels, one export per channel behind a
 ///   210 MB/s disk (§5.4: four 70 MB/s disks in RAID-5), striped on the initiator
 ///   (§3.3), MTU 1500 and 9000 (§3.4), AoE vs iSCSI, and NBD and NVMe/TCP (which
@@ -47,6 +118,39 @@ pub fn matrix(seed: Seed) -> Matrix {
                 rate_mb_per_s: Some(SEED_000_LOCAL_DISK.1),
                 latency_ms: None,
             },
+            baseline: false,
+            aoe_xdp: false,
+        },
+        Seed::S001 => Matrix {
+            protocols: vec![Protocol::Aoe, Protocol::Iscsi],
+            mtus: vec![1500, 9000],
+            rates: vec![Rate(Some(1000))],
+            channels: vec![1],
+            layouts: Layouts::Single,
+            workloads: vec![LabWorkload::Sequential],
+            disk: Disk::UNTHROTTLED,
+            baseline: false,
+            aoe_xdp: false,
+        },
+        Seed::S002 => Matrix {
+            protocols: vec![Protocol::Nfs, Protocol::Iscsi, Protocol::Nbd, Protocol::Aoe],
+            mtus: vec![1500],
+            rates: vec![Rate(Some(10_000))],
+            channels: vec![1],
+            layouts: Layouts::Single,
+            workloads: vec![LabWorkload::Sweep],
+            disk: Disk::UNTHROTTLED,
+            baseline: false,
+            aoe_xdp: false,
+        },
+        Seed::S004 => Matrix {
+            protocols: vec![Protocol::Nfs, Protocol::Nbd, Protocol::Iscsi, Protocol::Aoe],
+            mtus: vec![1500],
+            rates: vec![Rate(Some(10_000)), Rate(Some(1000))],
+            channels: vec![1],
+            layouts: Layouts::Single,
+            workloads: vec![LabWorkload::Sequential, LabWorkload::Bonnie],
+            disk: Disk::UNTHROTTLED,
             baseline: false,
             aoe_xdp: false,
         },
@@ -98,5 +202,54 @@ mod tests {
             .iter()
             .flat_map(|b| &b.cells)
             .all(|c| c.workload == LabWorkload::Bonnie && c.disk.rate_mb_per_s == Some(256.0)));
+    }
+
+    #[test]
+    fn seed_001_is_aoe_and_iscsi_on_one_gigabit_link_with_dd_requests() {
+        let expansion = matrix(Seed::S001).expand();
+        let beds: Vec<(u32, Rate)> = expansion
+            .beds
+            .iter()
+            .map(|b| (b.bed.mtu, b.bed.rate))
+            .collect();
+        assert_eq!(beds, [(1500, Rate(Some(1000))), (9000, Rate(Some(1000)))]);
+        assert!(expansion.beds.iter().all(|b| {
+            b.cells.iter().map(|c| c.protocol).collect::<Vec<_>>()
+                == [Protocol::Aoe, Protocol::Iscsi]
+        }));
+        let quick = defaults(Seed::S001);
+        assert_eq!(
+            (quick.block_size, quick.queue_depth),
+            (Some(4 << 20), Some(1))
+        );
+    }
+
+    #[test]
+    fn seed_002_sweeps_nfs_and_the_block_protocols_over_10_gbit() {
+        let expansion = matrix(Seed::S002).expand();
+        assert_eq!(expansion.beds.len(), 1);
+        assert_eq!(expansion.beds[0].bed.rate, Rate(Some(10_000)));
+        assert_eq!(expansion.beds[0].bed.mtu, 1500);
+        let cells = &expansion.beds[0].cells;
+        assert_eq!(cells[0].protocol, Protocol::Nfs, "NFS first, as the seed");
+        assert_eq!(cells.len(), 4);
+        assert!(cells
+            .iter()
+            .all(|c| c.workload == LabWorkload::Sweep && c.disk == Disk::UNTHROTTLED));
+        assert!(expansion.skipped.is_empty(), "{:?}", expansion.skipped);
+        assert_eq!(defaults(Seed::S002).backing, Backing::File);
+    }
+
+    #[test]
+    fn seed_004_puts_nfs_beside_the_block_protocols_at_10_and_1_gbit() {
+        let expansion = matrix(Seed::S004).expand();
+        let rates: Vec<Rate> = expansion.beds.iter().map(|b| b.bed.rate).collect();
+        assert_eq!(rates, [Rate(Some(10_000)), Rate(Some(1000))]);
+        for plan in &expansion.beds {
+            let nfs = plan.cells.iter().filter(|c| c.protocol == Protocol::Nfs);
+            assert_eq!(nfs.count(), 2, "a sequential and a bonnie cell");
+            assert_eq!(plan.cells.len(), 8);
+        }
+        assert_eq!(defaults(Seed::S004).backing, Backing::File);
     }
 }

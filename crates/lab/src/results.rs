@@ -144,6 +144,9 @@ pub struct PublishedFigure {
     pub text: String,
     pub cpu_pct: Option<f64>,
     pub mb_per_s_per_cpu_pct: Option<f64>,
+    /// The target's CPU% as the seed writes it ("15-20"), where it gives one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_cpu_text: Option<String>,
     pub efficiency: Option<f64>,
     pub source: String,
 }
@@ -155,6 +158,7 @@ impl From<Published> for PublishedFigure {
             text: p.mb_per_s.text(),
             cpu_pct: p.cpu_pct,
             mb_per_s_per_cpu_pct: p.mb_per_s_per_cpu_pct,
+            target_cpu_text: p.target_cpu_pct.map(|f| f.text()),
             efficiency: p.efficiency,
             source: p.source.to_string(),
         }
@@ -189,6 +193,7 @@ impl CellResult {
             striped: spec.striped,
             workload: &phase.workload,
             op: &phase.op,
+            block_size: phase.block_size,
         };
         let published = seed
             .filter(|_| !spec.baseline)
@@ -271,7 +276,7 @@ pub struct LabReport {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::matrix::{BedSpec, Disk, LabWorkload, Rate};
     use blockwire_bench::Latency;

@@ -52,6 +52,8 @@ pub struct LabOptions {
     pub chunk: u64,
     /// Requests in flight for the sequential workload (the bench's default when None).
     pub queue_depth: Option<u32>,
+    /// Request size of the sequential workload (the bench's 1 MiB when None).
+    pub block_size: Option<u64>,
     /// Queue depths of the random workload (the bench's default when empty).
     pub random_depths: Vec<u32>,
     pub backing: Backing,
@@ -408,6 +410,9 @@ fn bench_command(
         .stdout(Stdio::null());
     if let Some(depth) = options.queue_depth {
         command.args(["--queue-depth", &depth.to_string()]);
+    }
+    if let Some(block) = options.block_size {
+        command.args(["--block-size", &block.to_string()]);
     }
     if spec.workload == LabWorkload::Random && !options.random_depths.is_empty() {
         let depths: Vec<String> = options.random_depths.iter().map(u32::to_string).collect();

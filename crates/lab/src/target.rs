@@ -21,6 +21,9 @@ pub const NQN_PREFIX: &str = "nqn.2026-11.dev.blockwire";
 pub const NETSERVE_PORT: u16 = 10810;
 /// AoE shelf of the lab's exports; export K is slot K.
 pub const AOE_SHELF: u16 = 1;
+/// The NFS export's path in ganesha's pseudo file system; export K's bytes are
+/// the file `chK.img` in it.
+pub const NFS_PSEUDO: &str = "/lab";
 /// iSCSI target names are this, ':' and the export name.
 pub const IQN_PREFIX: &str = "iqn.2026-11.dev.blockwire.lab";
 
@@ -60,8 +63,14 @@ pub fn export_size(spec: &CellSpec, size: u64, chunk: u64) -> u64 {
     size.div_ceil(exports).div_ceil(chunk) * chunk
 }
 
+/// The file that holds export `k`'s bytes in an NFS cell's exported directory.
+pub fn nfs_file(k: u32) -> String {
+    format!("{}.img", export_name(k))
+}
+
 /// The serve configuration for a cell. Baseline cells are served from memory
-/// whatever `backing` says ("what the host itself can do").
+/// whatever `backing` says ("what the host itself can do"). NFS cells have none:
+/// nfs-ganesha serves them (an empty string).
 pub fn serve_config(
     spec: &CellSpec,
     size: u64,
@@ -70,6 +79,9 @@ pub fn serve_config(
     dir: &Path,
 ) -> String {
     let mut out = String::new();
+    if spec.protocol == Protocol::Nfs {
+        return out;
+    }
     let export_size = export_size(spec, size, chunk);
     match spec.protocol {
         Protocol::Nbd => {
@@ -88,7 +100,7 @@ pub fn serve_config(
                 "[nvme]\nlisten = [\"0.0.0.0:{NVME_PORT}\"]\ndiscovery = false\n"
             );
         }
-        Protocol::Aoe => {}
+        Protocol::Aoe | Protocol::Nfs => {}
     }
     for k in 0..spec.exports() {
         let name = export_name(k);
@@ -132,7 +144,7 @@ pub fn serve_config(
             Protocol::Nvme => {
                 let _ = writeln!(out, "nvme = true");
             }
-            Protocol::Nbd => {}
+            Protocol::Nbd | Protocol::Nfs => {}
         }
         if let Some(rate) = spec.disk.rate_mb_per_s {
             let _ = writeln!(out, "disk_rate = {rate:?}");
@@ -160,6 +172,7 @@ fn member_uri(spec: &CellSpec, k: u32) -> String {
             "nvme+tcp://{}:{NVME_PORT}/{NQN_PREFIX}:{name}",
             target_addr(k)
         ),
+        Protocol::Nfs => format!("nfs://{}{NFS_PSEUDO}/{}", target_addr(k), nfs_file(k)),
         Protocol::Aoe if spec.striped || spec.bed.channels == 1 => {
             format!("aoe://{}/e{AOE_SHELF}.{k}{xdp}", interface(k))
         }
@@ -304,6 +317,16 @@ mod tests {
         assert_eq!(
             export_size(&spec(Protocol::Nbd, 1, false), 5000, 4096),
             5000
+        );
+    }
+
+    #[test]
+    fn an_nfs_cell_names_a_file_in_ganeshas_export_and_has_no_serve_config() {
+        let nfs = spec(Protocol::Nfs, 1, false);
+        assert_eq!(initiator_uri(&nfs, 1 << 20), "nfs://10.77.1.1/lab/ch0.img");
+        assert_eq!(
+            serve_config(&nfs, 64 << 20, 1 << 20, Backing::File, Path::new("/t")),
+            ""
         );
     }
 }

@@ -33,12 +33,70 @@ fn mtu_line_key(r: &CellResult) -> (String, String, Option<u64>, u32, bool, bool
     )
 }
 
+/// Whether a row is a point of the MTU and efficiency charts: streaming ops, but
+/// not the record-size sweep's, whose record sizes have [`sweep_charts`] of their own.
+fn charted_by_mtu(r: &CellResult) -> bool {
+    r.efficiency.is_some() && r.workload != "sweep"
+}
+
+/// MB/s by record size (log scale), one line per protocol, one chart per sweep
+/// operation and link: seed 002's iozone plot.
+fn sweep_charts(report: &LabReport) -> Vec<String> {
+    let sweep: Vec<&CellResult> = report
+        .cells
+        .iter()
+        .filter(|r| r.workload == "sweep" && r.block_size > 0)
+        .collect();
+    let mut groups: Vec<(String, Option<u64>, bool)> = Vec::new();
+    for r in &sweep {
+        let key = (r.op.clone(), r.rate_mbit, r.baseline);
+        if !groups.contains(&key) {
+            groups.push(key);
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(op, rate, baseline)| {
+            let rows: Vec<&&CellResult> = sweep
+                .iter()
+                .filter(|r| r.op == op && r.rate_mbit == rate && r.baseline == baseline)
+                .collect();
+            let mut names: Vec<String> = Vec::new();
+            for r in &rows {
+                if !names.contains(&protocol(r)) {
+                    names.push(protocol(r));
+                }
+            }
+            let series: Vec<Series> = names
+                .into_iter()
+                .map(|name| {
+                    let mut points: Vec<(f64, f64)> = rows
+                        .iter()
+                        .filter(|r| protocol(r) == name)
+                        .map(|r| ((r.block_size as f64).log2(), r.mb_per_s))
+                        .collect();
+                    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    Series { name, points }
+                })
+                .collect();
+            let title = format!(
+                "sweep {op}: MB/s by record size, {}{}",
+                link(rows[0]),
+                if baseline { ", host baseline" } else { "" }
+            );
+            line_chart(&title, "record size", "MB/s", "MB/s", &series, |x| {
+                table::block_text(2f64.powf(x).round() as u64)
+            })
+        })
+        .collect()
+}
+
 /// MB/s by MTU, one line per protocol: one chart per workload, operation, link and
 /// layout (bonnie's block write and the sequential write are charts of their own,
 /// not two points of one line).
 fn mtu_charts(report: &LabReport) -> Vec<String> {
     let mut groups: Vec<(String, String, Option<u64>, u32, bool, bool)> = Vec::new();
-    for r in report.cells.iter().filter(|r| r.efficiency.is_some()) {
+    for r in report.cells.iter().filter(|r| charted_by_mtu(r)) {
         let key = mtu_line_key(r);
         if !groups.contains(&key) {
             groups.push(key);
@@ -50,7 +108,7 @@ fn mtu_charts(report: &LabReport) -> Vec<String> {
             let rows: Vec<&CellResult> = report
                 .cells
                 .iter()
-                .filter(|r| r.efficiency.is_some() && mtu_line_key(r) == key)
+                .filter(|r| charted_by_mtu(r) && mtu_line_key(r) == key)
                 .collect();
             let (workload, op, .., baseline) = key;
             let mut names: Vec<String> = Vec::new();
@@ -102,11 +160,7 @@ fn efficiency_label(r: &CellResult) -> String {
 }
 
 fn efficiency_chart(report: &LabReport) -> Option<String> {
-    let rows: Vec<&CellResult> = report
-        .cells
-        .iter()
-        .filter(|r| r.efficiency.is_some())
-        .collect();
+    let rows: Vec<&CellResult> = report.cells.iter().filter(|r| charted_by_mtu(r)).collect();
     if rows.is_empty() {
         return None;
     }
@@ -162,6 +216,7 @@ fn matrix_table(out: &mut String, report: &LabReport) {
         "layout",
         "workload",
         "op",
+        "bs",
         "QD",
         "MB/s",
         "IOPS",
@@ -184,6 +239,7 @@ fn matrix_table(out: &mut String, report: &LabReport) {
             layout(r),
             r.workload.clone(),
             r.op.clone(),
+            table::block_text(r.block_size),
             r.queue_depth.to_string(),
             number(r.mb_per_s),
             number(r.iops),
@@ -248,6 +304,7 @@ pub fn page(report: &LabReport) -> String {
         }
     }
     let mut charts = mtu_charts(report);
+    charts.extend(sweep_charts(report));
     charts.extend(efficiency_chart(report));
     if !charts.is_empty() {
         out.push_str("<h2>Charts</h2>");

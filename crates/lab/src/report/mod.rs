@@ -46,12 +46,13 @@ pub fn pct(fraction: f64) -> String {
     format!("{:.0}%", fraction * 100.0)
 }
 
-/// The protocol of a row, "aoe (xdp)" when AoE went through AF_XDP.
+/// The protocol of a row, "aoe (xdp)" when AoE went through AF_XDP, "NFS (ganesha,
+/// libnfs)" for NFS.
 pub fn protocol(r: &CellResult) -> String {
     if r.aoe_xdp {
         format!("{} (xdp)", r.protocol)
     } else {
-        r.protocol.to_string()
+        r.protocol.display_name().to_string()
     }
 }
 

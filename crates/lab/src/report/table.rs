@@ -8,7 +8,7 @@ use blockwire_bench::report::{maybe, number, TextTable};
 
 use super::{any_over_100, count_line, layout, link, pct, protocol, published_text, OVER_100};
 use crate::matrix::Protocol;
-use crate::published::{self, Seed, SEED_003_MAX_MB_PER_S};
+use crate::published::{self, kib_to_mb, Seed, SEED_003_MAX_MB_PER_S};
 use crate::results::{CellResult, LabReport, NetworkBaseline};
 
 /// One line per finished cell, for progress while the run goes on.
@@ -38,13 +38,14 @@ pub fn network_line(baseline: &NetworkBaseline) -> String {
 }
 
 /// The matrix table's columns.
-const HEADERS: [&str; 16] = [
+const HEADERS: [&str; 17] = [
     "protocol",
     "MTU",
     "link",
     "layout",
     "workload",
     "op",
+    "bs",
     "QD",
     "MB/s",
     "IOPS",
@@ -99,6 +100,7 @@ fn row_cells(r: &CellResult) -> Vec<String> {
         layout(r),
         r.workload.clone(),
         r.op.clone(),
+        block_text(r.block_size),
         r.queue_depth.to_string(),
         number(r.mb_per_s),
         if r.efficiency.is_none() {
@@ -116,12 +118,316 @@ fn row_cells(r: &CellResult) -> Vec<String> {
     ]
 }
 
+/// A request size as the tables show it: "4K", "1M", "16M", "1" (per character).
+pub fn block_text(bytes: u64) -> String {
+    match bytes {
+        0 => "-".into(),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}M", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}K", b >> 10),
+        b => b.to_string(),
+    }
+}
+
 /// The seed's tables with ours beside them.
 pub fn seed_tables(report: &LabReport, seed: Seed) -> String {
     match seed {
         Seed::S003 => seed_003(report),
         Seed::S000 => seed_000(report),
+        Seed::S001 => seed_001(report),
+        Seed::S002 => seed_002(report),
+        Seed::S004 => seed_004(report),
     }
+}
+
+/// The measured rows of a protocol, link and workload on one channel.
+fn rows_of<'a>(
+    report: &'a LabReport,
+    protocol: Protocol,
+    rate_mbit: Option<u64>,
+    workload: &'a str,
+) -> impl Iterator<Item = &'a CellResult> + 'a {
+    report.cells.iter().filter(move |r| {
+        !r.baseline
+            && r.channels == 1
+            && r.protocol == protocol
+            && r.rate_mbit == rate_mbit
+            && r.workload == workload
+    })
+}
+
+/// The protocols of the report's rows, in the order they were measured.
+fn protocols_measured(report: &LabReport) -> Vec<Protocol> {
+    let mut out: Vec<Protocol> = Vec::new();
+    for r in report.cells.iter().filter(|r| !r.baseline) {
+        if !out.contains(&r.protocol) {
+            out.push(r.protocol);
+        }
+    }
+    out
+}
+
+/// The network our cells measured on one channel at `mtu` and `rate_mbit`: to the
+/// target (from a write row) and back (from a read row).
+fn network_at(report: &LabReport, mtu: u32, rate_mbit: Option<u64>) -> (Option<f64>, Option<f64>) {
+    let on_bed = |op: &str| {
+        report
+            .cells
+            .iter()
+            .filter(|r| {
+                !r.baseline
+                    && r.channels == 1
+                    && r.mtu == mtu
+                    && r.rate_mbit == rate_mbit
+                    && r.op == op
+            })
+            .filter_map(|r| r.network_mb_per_s)
+            .reduce(f64::max)
+    };
+    (on_bed("write"), on_bed("read"))
+}
+
+fn seed_001(report: &LabReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", Seed::S001.title());
+    let _ = writeln!(
+        out,
+        "\nThe network first (the seed: iperf; ours: our netserve, the cell's data set each way), one 1 Gbit link"
+    );
+    let mut table = TextTable::new(&["MTU", "ours to target", "ours back", "seed iperf"], 1);
+    for (mtu, mbit) in published::SEED_001_IPERF_MBIT {
+        let (send, receive) = network_at(report, mtu, Some(1000));
+        table.row(vec![
+            mtu.to_string(),
+            maybe(send),
+            maybe(receive),
+            format!("{} ({mbit} Mbit/s)", number(mbit / 8.0)),
+        ]);
+    }
+    out.push_str(&table.render());
+    let _ = writeln!(
+        out,
+        "\ndd-style 4 MiB direct writes to the raw device (one at a time, as dd oflag=direct bs=4M), then reads; CPU% of the target"
+    );
+    let mut table = TextTable::new(
+        &[
+            "protocol",
+            "MTU",
+            "write MB/s",
+            "tgt CPU%",
+            "read MB/s",
+            "tgt CPU%",
+            "paper write",
+            "paper tgt CPU%",
+            "paper read",
+        ],
+        1,
+    );
+    for protocol in protocols_measured(report) {
+        let mut mtus: Vec<u32> = rows_of(report, protocol, Some(1000), "sequential")
+            .map(|r| r.mtu)
+            .collect();
+        mtus.dedup();
+        for mtu in mtus {
+            let find = |op: &str| {
+                rows_of(report, protocol, Some(1000), "sequential")
+                    .find(|r| r.mtu == mtu && r.op == op)
+            };
+            let (write, read) = (find("write"), find("read"));
+            table.row(vec![
+                protocol.display_name().to_string(),
+                mtu.to_string(),
+                write.map_or("-".into(), |r| number(r.mb_per_s)),
+                maybe(write.and_then(|r| r.target_cpu_pct)),
+                read.map_or("-".into(), |r| number(r.mb_per_s)),
+                maybe(read.and_then(|r| r.target_cpu_pct)),
+                write.map_or("-".into(), published_text),
+                write
+                    .and_then(|r| r.published.as_ref())
+                    .and_then(|p| p.target_cpu_text.clone())
+                    .unwrap_or_else(|| "-".into()),
+                read.map_or("-".into(), published_text),
+            ]);
+        }
+    }
+    out.push_str(&table.render());
+    out.push_str(
+        "paper: seed 001, at MTU 9000 (jumbo frames were on for every dd): vblade AoE wrote \
+         12.6 MB/s to the raw device at 15-20% target CPU (13.2 MB/s to a file, 10-15%); \
+         iSCSI wrote 50.6 MB/s through ext3 at 6-8% and read 37.5-40.7 MB/s. Ours write \
+         the raw device, 4 MiB per request, each waited for.\n",
+    );
+    out
+}
+
+/// The record-size sweep's operations seed 002's tables show (its iozone Writer,
+/// Reader, Random Write, Random Read); the other four are in the matrix.
+const SEED_002_OPS: [&str; 4] = ["write", "read", "randwrite", "randread"];
+
+fn seed_002(report: &LabReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", Seed::S002.title());
+    let (send, receive) = network_at(report, 1500, Some(10_000));
+    let _ = writeln!(
+        out,
+        "\nThe network first: the seed's iperf carried {} Gbit/s ({} MB/s) at MTU 1500; \
+         our netserve over the 10 Gbit link: {} MB/s to the target, {} MB/s back",
+        published::SEED_002_IPERF_GBIT,
+        number(published::SEED_002_IPERF_GBIT * 125.0),
+        maybe(send),
+        maybe(receive)
+    );
+    let protocols = protocols_measured(report);
+    for op in SEED_002_OPS {
+        let _ = writeln!(
+            out,
+            "\nRecord-size sweep, {op}, MB/s (one request at a time)"
+        );
+        let mut headers: Vec<&str> = vec!["record"];
+        headers.extend(protocols.iter().map(|p| p.display_name()));
+        headers.push("paper NFS");
+        let mut table = TextTable::new(&headers, 1);
+        for kib in published::SEED_002_RECORDS_KIB {
+            let mut cells = vec![block_text(kib << 10)];
+            let mut paper = "-".to_string();
+            for &protocol in &protocols {
+                let row = rows_of(report, protocol, Some(10_000), "sweep")
+                    .find(|r| r.op == op && r.block_size == kib << 10);
+                cells.push(row.map_or("-".into(), |r| number(r.mb_per_s)));
+                if let Some(p) = row.and_then(|r| r.published.as_ref()) {
+                    paper = p.text.clone();
+                }
+            }
+            if paper == "-" {
+                if let Some((_, figures)) = published::SEED_002_SWEEP
+                    .iter()
+                    .find(|(name, _)| *name == op)
+                {
+                    let index = published::SEED_002_RECORDS_KIB
+                        .iter()
+                        .position(|&k| k == kib)
+                        .unwrap_or(0);
+                    paper = number(kib_to_mb(figures[index]));
+                }
+            }
+            cells.push(paper);
+            table.row(cells);
+        }
+        out.push_str(&table.render());
+    }
+    out.push_str(
+        "paper: seed 002, iozone -s 8g -r REC over NFS (async export, 10 Gbit, MTU 1500), \
+         KiB/s converted to MB/s; its reads came from the server's cache (1140 MB/s over a \
+         link of 1174). Ours: the bench's sweep, each measurement capped at --time; \
+         rewrite, reread, backward and strided reads are in the matrix.\n",
+    );
+    out
+}
+
+/// How seed 004's table names a workload's rows.
+fn seed_004_source(workload: &str) -> &str {
+    match workload {
+        "sequential" => "dd-style (1M, sequential)",
+        "bonnie" => "bonnie (request-level)",
+        "bonnie-fs" => "bonnie++ -f on ext4",
+        other => other,
+    }
+}
+
+fn seed_004(report: &LabReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", Seed::S004.title());
+    let (write, read) = published::SEED_004_NAS_DISK;
+    let (b_write, b_rewrite, b_read, b_seeks) = published::SEED_004_CLIENT_BONNIE;
+    let _ = writeln!(
+        out,
+        "\nThe disk first: the seed's NAS SSD (dd bs=1M on the NAS) wrote {write} and read \
+         {read} MB/s; the client's SSD under bonnie++ wrote {}, rewrote {}, read {} MB/s, \
+         {b_seeks} seeks/s. Ours: every cell's storage is files in the cell's directory on \
+         this host's file system (unthrottled, for NFS and the block protocols alike).",
+        number(kib_to_mb(b_write)),
+        number(kib_to_mb(b_rewrite)),
+        number(kib_to_mb(b_read)),
+    );
+    let mut rates: Vec<Option<u64>> = Vec::new();
+    for r in report
+        .cells
+        .iter()
+        .filter(|r| !r.baseline && r.channels == 1)
+    {
+        if !rates.contains(&r.rate_mbit) {
+            rates.push(r.rate_mbit);
+        }
+    }
+    let protocols = protocols_measured(report);
+    for rate in rates {
+        let _ = writeln!(out, "\n{}", crate::matrix::Rate(rate));
+        let mut table = TextTable::new(
+            &[
+                "protocol",
+                "how",
+                "write",
+                "rewrite",
+                "read",
+                "seeks/s",
+                "read of link",
+                "paper write",
+                "paper rewrite",
+                "paper read",
+                "paper seeks",
+            ],
+            2,
+        );
+        for &protocol in &protocols {
+            let mut workloads: Vec<&str> = Vec::new();
+            for r in report
+                .cells
+                .iter()
+                .filter(|r| !r.baseline && r.protocol == protocol && r.rate_mbit == rate)
+            {
+                if !workloads.contains(&r.workload.as_str()) {
+                    workloads.push(&r.workload);
+                }
+            }
+            for workload in workloads {
+                let find =
+                    |op: &str| rows_of(report, protocol, rate, workload).find(|r| r.op == op);
+                let ours = |op: &str| {
+                    find(op).map_or("-".into(), |r| {
+                        if op == "seeks" {
+                            number(r.iops)
+                        } else {
+                            number(r.mb_per_s)
+                        }
+                    })
+                };
+                let paper = |op: &str| find(op).map_or("-".into(), published_text);
+                let read_of_link = find("read")
+                    .and_then(|r| r.network_mb_per_s.map(|n| r.mb_per_s / n))
+                    .map_or("-".into(), pct);
+                table.row(vec![
+                    protocol.display_name().to_string(),
+                    seed_004_source(workload).to_string(),
+                    ours("write"),
+                    ours("rewrite"),
+                    ours("read"),
+                    ours("seeks"),
+                    read_of_link,
+                    paper("write"),
+                    paper("rewrite"),
+                    paper("read"),
+                    paper("seeks"),
+                ]);
+            }
+        }
+        out.push_str(&table.render());
+    }
+    out.push_str(
+        "paper: seed 004, NFS from NAS4Free over a 10 GbE point-to-point link and over \
+         gigabit (dd bs=1M of 25 GiB, bonnie++ 1.96 with 15736M; bonnie's KiB/s converted \
+         to MB/s). read of link: our read against the link our netserve measured in the \
+         same cell. MB/s except seeks.\n",
+    );
+    out
 }
 
 /// The row of `protocol` at `mtu` with the highest streaming throughput on four
@@ -184,6 +490,7 @@ fn seed_003(report: &LabReport) -> String {
                     striped: true,
                     workload: "sequential",
                     op: key_op,
+                    block_size: 1 << 20,
                 },
             );
             if ours.is_none() && paper.is_none() {
@@ -418,5 +725,205 @@ mod tests {
             line,
             "[3/12] aoe sequential MTU 9000: write 460 MB/s (97%), read 455 MB/s (96%)"
         );
+    }
+
+    /// Rows of one cell on one channel, as a preset's run makes them.
+    fn cell_rows(
+        seed: Seed,
+        protocol: Protocol,
+        mtu: u32,
+        gbit: u64,
+        workload: crate::matrix::LabWorkload,
+        phases: &[(&str, u64, f64)],
+    ) -> Vec<CellResult> {
+        use crate::matrix::{BedSpec, CellSpec, Disk, Rate};
+        let spec = CellSpec {
+            protocol,
+            bed: BedSpec {
+                channels: 1,
+                mtu,
+                rate: Rate(Some(gbit * 1000)),
+            },
+            striped: false,
+            workload,
+            disk: Disk::UNTHROTTLED,
+            baseline: false,
+            aoe_xdp: false,
+        };
+        let network = NetworkBaseline {
+            send_mb_per_s: 118.0 * gbit as f64,
+            receive_mb_per_s: 117.0 * gbit as f64,
+        };
+        phases
+            .iter()
+            .map(|&(op, block, mb)| {
+                let mut phase = crate::results::tests::phase(workload.name(), op, mb, 20.0);
+                phase.block_size = block;
+                phase.iops = mb * 3.0;
+                CellResult::from_phase(&spec, &phase, Some(&network), Some(seed))
+            })
+            .collect()
+    }
+
+    fn with_rows(seed: &str, cells: Vec<CellResult>) -> LabReport {
+        LabReport {
+            seed: Some(seed.into()),
+            planned_cells: 0,
+            cells,
+            ..report()
+        }
+    }
+
+    #[test]
+    fn seed_001_puts_iperf_first_and_the_targets_cpu_beside_dd() {
+        use crate::matrix::LabWorkload::Sequential;
+        let mut cells = Vec::new();
+        for (protocol, write) in [(Protocol::Aoe, 110.0), (Protocol::Iscsi, 105.0)] {
+            for mtu in [1500, 9000] {
+                cells.extend(cell_rows(
+                    Seed::S001,
+                    protocol,
+                    mtu,
+                    1,
+                    Sequential,
+                    &[("write", 4 << 20, write), ("read", 4 << 20, 100.0)],
+                ));
+            }
+        }
+        let text = seed_tables(&with_rows("001", cells), Seed::S001);
+        let network = text.lines().find(|l| l.starts_with("9000")).unwrap();
+        assert!(network.contains("96.0 (768 Mbit/s)"), "{network}");
+        assert!(
+            network.contains("118") && network.contains("117"),
+            "{network}"
+        );
+        let aoe = text
+            .lines()
+            .find(|l| l.starts_with("aoe") && l.contains(" 9000 "))
+            .unwrap();
+        // Ours (110 MB/s, target 10% CPU), the seed's 12.6 MB/s at 15-20%.
+        for figure in ["110", "10.0", "12.6", "15-20"] {
+            assert!(aoe.contains(figure), "{figure} in {aoe}");
+        }
+        let iscsi_1500 = text
+            .lines()
+            .find(|l| l.starts_with("iscsi") && l.contains(" 1500 "))
+            .unwrap();
+        assert!(
+            iscsi_1500.ends_with('-'),
+            "no paper figure at 1500: {iscsi_1500}"
+        );
+        let iscsi_9000 = text
+            .lines()
+            .find(|l| l.starts_with("iscsi") && l.contains(" 9000 "))
+            .unwrap();
+        assert!(iscsi_9000.contains("37.5-40.7"), "{iscsi_9000}");
+    }
+
+    #[test]
+    fn seed_002_tabulates_each_record_size_per_protocol_beside_the_paper() {
+        use crate::matrix::LabWorkload::Sweep;
+        let phases: Vec<(&str, u64, f64)> = [4u64, 8, 16384]
+            .iter()
+            .flat_map(|&kib| [("write", kib << 10, 300.0), ("read", kib << 10, 900.0)])
+            .collect();
+        let mut cells = cell_rows(Seed::S002, Protocol::Nfs, 1500, 10, Sweep, &phases);
+        cells.extend(cell_rows(
+            Seed::S002,
+            Protocol::Nbd,
+            1500,
+            10,
+            Sweep,
+            &phases[..2],
+        ));
+        let text = seed_tables(&with_rows("002", cells), Seed::S002);
+        assert!(text.contains("9.39 Gbit/s (1174 MB/s)"), "{text}");
+        let write = text
+            .lines()
+            .skip_while(|l| !l.starts_with("Record-size sweep, write"))
+            .nth(1)
+            .unwrap();
+        assert!(
+            write.contains("NFS (ganesha, libnfs)") && write.contains("nbd"),
+            "{write}"
+        );
+        let row_4k = text
+            .lines()
+            .skip_while(|l| !l.starts_with("Record-size sweep, write"))
+            .find(|l| l.starts_with("4K"))
+            .unwrap();
+        let columns: Vec<&str> = row_4k.split_whitespace().collect();
+        assert_eq!(columns, ["4K", "300", "300", "382.6"], "{row_4k}");
+        // 16M: NFS measured, NBD not; the paper's figure still shows.
+        let row_16m = text
+            .lines()
+            .skip_while(|l| !l.starts_with("Record-size sweep, read"))
+            .find(|l| l.starts_with("16M"))
+            .unwrap();
+        let columns: Vec<&str> = row_16m.split_whitespace().collect();
+        assert_eq!(columns, ["16M", "900", "-", "1161.3"], "{row_16m}");
+        assert_eq!(block_text(16 << 20), "16M");
+        assert_eq!(block_text(8 << 10), "8K");
+        assert_eq!(block_text(1), "1");
+    }
+
+    #[test]
+    fn seed_004_gives_the_disk_first_then_nfs_beside_the_block_protocols_per_link() {
+        use crate::matrix::LabWorkload::{Bonnie, Sequential};
+        let mut cells = Vec::new();
+        for gbit in [10, 1] {
+            for protocol in [Protocol::Nfs, Protocol::Nbd] {
+                let read = 110.0 * gbit as f64;
+                cells.extend(cell_rows(
+                    Seed::S004,
+                    protocol,
+                    1500,
+                    gbit,
+                    Sequential,
+                    &[("write", 1 << 20, 100.0), ("read", 1 << 20, read)],
+                ));
+                cells.extend(cell_rows(
+                    Seed::S004,
+                    protocol,
+                    1500,
+                    gbit,
+                    Bonnie,
+                    &[
+                        ("write", 8192, 90.0),
+                        ("rewrite", 8192, 40.0),
+                        ("seeks", 8192, 1.0),
+                    ],
+                ));
+            }
+        }
+        let text = seed_tables(&with_rows("004", cells), Seed::S004);
+        assert!(text.contains("wrote 213.2 and read 282 MB/s"), "{text}");
+        let ten: Vec<&str> = text
+            .lines()
+            .skip_while(|l| *l != "10 Gbit")
+            .take_while(|l| *l != "1 Gbit")
+            .collect();
+        let nfs_dd = ten
+            .iter()
+            .find(|l| l.starts_with("NFS") && l.contains("dd-style"))
+            .unwrap();
+        // Ours 1100 MB/s read of 1170 (94%) beside the seed's 210 / 280.
+        for figure in ["1100", "94%", "210", "280"] {
+            assert!(nfs_dd.contains(figure), "{figure} in {nfs_dd}");
+        }
+        let nfs_bonnie = ten
+            .iter()
+            .find(|l| l.starts_with("NFS") && l.contains("bonnie (request-level)"))
+            .unwrap();
+        assert!(
+            nfs_bonnie.contains("239.6") && nfs_bonnie.contains("5055/s"),
+            "{nfs_bonnie}"
+        );
+        let nbd = ten.iter().find(|l| l.starts_with("nbd")).unwrap();
+        assert!(
+            nbd.trim_end().ends_with("-  -  -  -") || nbd.ends_with('-'),
+            "{nbd}"
+        );
+        assert!(text.lines().any(|l| l == "1 Gbit"), "{text}");
     }
 }
