@@ -16,6 +16,7 @@ pub mod bed;
 pub mod cleanup;
 pub mod matrix;
 pub mod netns;
+pub mod nfs_server;
 pub mod preset;
 pub mod published;
 pub mod report;
