@@ -2,10 +2,10 @@
 //! (CC, CSTS), features, keep-alive and asynchronous events.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::health::{CommandError, ErrorLog};
 use super::subsystem::{Subsystem, NSID};
 use crate::cqe::{Cqe, Status};
 use crate::fabrics::ConnectData;
@@ -50,11 +50,8 @@ pub struct Controller {
     pub subnqn: String,
     state: Mutex<State>,
     notifier: Mutex<Option<Notifier>>,
-    /// Bytes and commands served, for the SMART log.
-    pub(crate) read_bytes: AtomicU64,
-    pub(crate) written_bytes: AtomicU64,
-    pub(crate) read_commands: AtomicU64,
-    pub(crate) write_commands: AtomicU64,
+    /// Commands that failed, for the Error Information log page.
+    errors: Mutex<ErrorLog>,
 }
 
 pub(crate) struct State {
@@ -142,15 +139,22 @@ impl Controller {
                 dead: false,
             }),
             notifier: Mutex::new(None),
-            read_bytes: AtomicU64::new(0),
-            written_bytes: AtomicU64::new(0),
-            read_commands: AtomicU64::new(0),
-            write_commands: AtomicU64::new(0),
+            errors: Mutex::new(ErrorLog::default()),
         }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a command that completed with an error (Error Information log).
+    pub fn record_error(&self, error: CommandError) {
+        self.errors().record(error);
+    }
+
+    /// The error log (its count, media errors and page).
+    pub(crate) fn errors(&self) -> MutexGuard<'_, ErrorLog> {
+        self.errors.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn is_discovery(&self) -> bool {

@@ -5,6 +5,7 @@ use super::admin_cmd::supported_events;
 use super::core::Core;
 use super::ctrl::{Controller, MAX_AERS};
 use super::fabrics_cmd::{KAS, VERSION};
+use super::health::ERROR_LOG_ENTRIES;
 use super::queue::Reply;
 use super::subsystem::{Subsystem, NSID};
 use crate::cqe::Status;
@@ -110,7 +111,7 @@ fn identify_controller(
     } else {
         (1 << 1) | (1 << 2)
     };
-    d[262] = 0; // ELPE: one error log entry
+    d[262] = (ERROR_LOG_ENTRIES - 1) as u8; // ELPE (0's based)
     put_u16(&mut d, 320, KAS);
     if !discovery {
         d[343] = 10; // ANATT: seconds

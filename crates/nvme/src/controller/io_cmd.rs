@@ -2,12 +2,12 @@
 //! Management (deallocate), Compare. Parsing checks everything the command says;
 //! executing only calls the device, so a transport may run it on any thread.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use blockwire_blockdev::{Device, IoBuf, WriteFlags, ZeroFlags};
+use blockwire_blockdev::{Device, IoBuf, MappedRange, WriteFlags, ZeroFlags};
 
 use super::ctrl::Controller;
+use super::health::{CommandError, IoStats};
 use super::queue::Reply;
 use super::status_map::status_for;
 use super::subsystem::NSID;
@@ -57,7 +57,49 @@ pub struct IoCommand {
     /// The completion, filled but for the status and result.
     pub cqe: Cqe,
     device: Device,
+    accounting: Accounting,
+}
+
+/// What a command's outcome updates: the namespace's counts when it succeeds,
+/// its controller's error log when it fails. Kept by a transport that runs the
+/// command elsewhere (a device's own queue) and answers it later.
+#[derive(Debug, Clone)]
+pub struct Accounting {
     controller: Arc<Controller>,
+    stats: Arc<IoStats>,
+    counted: Counted,
+    nsid: u32,
+    slba: u64,
+}
+
+/// Which SMART counts a command adds to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Counted {
+    Read,
+    Write,
+    Neither,
+}
+
+impl Accounting {
+    /// The command answered with `cqe` (whose CID and SQID are filled), having
+    /// moved `bytes` when it succeeded.
+    pub fn finished(&self, cqe: &Cqe, bytes: u64) {
+        if !cqe.status.is_success() {
+            self.controller.record_error(CommandError {
+                sqid: cqe.sq_id,
+                cid: cqe.cid,
+                status: cqe.status,
+                lba: self.slba,
+                nsid: self.nsid,
+            });
+            return;
+        }
+        match self.counted {
+            Counted::Read => self.stats.read(bytes),
+            Counted::Write => self.stats.wrote(bytes),
+            Counted::Neither => {}
+        }
+    }
 }
 
 impl IoCommand {
@@ -85,6 +127,13 @@ impl IoCommand {
         &self.device
     }
 
+    /// What the command's answer must update, for a transport that answers it
+    /// itself ([`execute`](Self::execute) and [`try_inline`](Self::try_inline)
+    /// do it).
+    pub fn accounting(&self) -> Accounting {
+        self.accounting.clone()
+    }
+
     /// Runs the command here if that cannot wait for hardware: a read the device
     /// serves without blocking (the page cache, memory), anything else only on a
     /// device that completes inline and without FUA. Otherwise gives the command
@@ -97,7 +146,7 @@ impl IoCommand {
                 let mut buf = IoBuf::new(*len as usize);
                 match self.device.try_read(&mut buf, *offset) {
                     Ok(true) => {
-                        self.count_read(*len);
+                        self.accounting.finished(&self.cqe, *len);
                         Ok(Reply {
                             cqe: self.cqe,
                             data: buf,
@@ -107,6 +156,7 @@ impl IoCommand {
                     Err(e) => {
                         let mut cqe = self.cqe;
                         cqe.status = status_for(&e);
+                        self.accounting.finished(&cqe, 0);
                         Ok(Reply {
                             cqe,
                             data: IoBuf::new(0),
@@ -122,42 +172,35 @@ impl IoCommand {
         }
     }
 
-    fn count_read(&self, len: u64) {
-        self.controller.read_bytes.fetch_add(len, Ordering::Relaxed);
-        self.controller
-            .read_commands
-            .fetch_add(1, Ordering::Relaxed);
+    /// A read whose range is all in the page cache of a file the device maps:
+    /// that range of the mapping, for the transport to send without a copy of its
+    /// own (the read counts as served). None otherwise: run the command as usual.
+    pub fn mapped_read(&self) -> Option<MappedRange> {
+        let IoOp::Read { offset, len } = self.op else {
+            return None;
+        };
+        let range = self.device.mapped_cached(offset, len).ok()??;
+        self.accounting.finished(&self.cqe, len);
+        Some(range)
     }
 
     /// Runs the command on the device.
     pub fn execute(self) -> Reply {
         let mut cqe = self.cqe;
+        let bytes = self.len();
         let result = match self.op {
             IoOp::Read { offset, len } => {
                 let mut buf = IoBuf::new(len as usize);
                 match self.device.read(&mut buf, offset) {
                     Ok(()) => {
-                        self.controller.read_bytes.fetch_add(len, Ordering::Relaxed);
-                        self.controller
-                            .read_commands
-                            .fetch_add(1, Ordering::Relaxed);
+                        self.accounting.finished(&cqe, len);
                         return Reply { cqe, data: buf };
                     }
                     Err(e) => Err(e),
                 }
             }
             IoOp::Write { offset, data, fua } => {
-                let r = self.device.write(&data, offset, WriteFlags { fua });
-                if r.is_ok() {
-                    let n = data.len() as u64;
-                    self.controller
-                        .written_bytes
-                        .fetch_add(n, Ordering::Relaxed);
-                    self.controller
-                        .write_commands
-                        .fetch_add(1, Ordering::Relaxed);
-                }
-                r
+                self.device.write(&data, offset, WriteFlags { fua })
             }
             IoOp::Flush => match self.device.flush() {
                 // A device with no cache has nothing to flush.
@@ -188,6 +231,7 @@ impl IoCommand {
                     Ok(()) if buf[..] == data[..] => Ok(()),
                     Ok(()) => {
                         cqe.status = Status::COMPARE_FAILURE;
+                        self.accounting.finished(&cqe, 0);
                         return Reply {
                             cqe,
                             data: IoBuf::new(0),
@@ -201,11 +245,20 @@ impl IoCommand {
             tracing::debug!("NVMe I/O failed: {e}");
             cqe.status = status_for(&e);
         }
+        self.accounting.finished(&cqe, bytes);
         Reply {
             cqe,
             data: IoBuf::new(0),
         }
     }
+}
+
+/// Whether an I/O command's dwords 10-11 hold a starting LBA.
+pub(crate) fn has_lba(opcode: u8) -> bool {
+    matches!(
+        opcode,
+        io::READ | io::WRITE | io::COMPARE | io::WRITE_ZEROES
+    )
 }
 
 /// Checks an I/O command and turns it into an [`IoCommand`]. `data` is what the
@@ -303,10 +356,21 @@ pub(crate) fn parse(
         }
         _ => return Err(Status::INVALID_OPCODE),
     };
+    let counted = match op {
+        IoOp::Read { .. } => Counted::Read,
+        IoOp::Write { .. } => Counted::Write,
+        _ => Counted::Neither,
+    };
     Ok(IoCommand {
         op,
         cqe: Cqe::default(),
         device: subsystem.device.clone(),
-        controller: controller.clone(),
+        accounting: Accounting {
+            controller: controller.clone(),
+            stats: subsystem.stats.clone(),
+            counted,
+            nsid,
+            slba: if has_lba(sqe.opcode()) { slba } else { 0 },
+        },
     })
 }

@@ -2,7 +2,6 @@
 //! supported and effects, changed namespaces, ANA, and discovery.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 
 use super::core::Core;
 use super::ctrl::Controller;
@@ -35,7 +34,7 @@ pub(crate) fn get_log_page(
     let page = match (lid, controller.is_discovery()) {
         (log::DISCOVERY, true) => discovery_log(core, controller, local),
         (_, true) => return Reply::status(Status::INVALID_LOG_PAGE),
-        (log::ERROR, false) => vec![0; 64],
+        (log::ERROR, false) => controller.errors().page(),
         (log::SMART, false) => smart_log(controller),
         (log::FIRMWARE_SLOT, false) => firmware_log(core),
         (log::COMMANDS_EFFECTS, false) => commands_effects(),
@@ -62,31 +61,27 @@ pub(crate) fn get_log_page(
     Reply::ok(0, data)
 }
 
-/// SMART / Health (512 bytes): healthy, and the data the controller moved.
+/// SMART / Health (512 bytes): healthy; the namespace's reads and writes (all
+/// hosts, as Linux nvmet reports a block device's); this controller's error
+/// count. No temperature: there is no sensor behind an export, and as nvmet
+/// does the composite temperature stays 0 (with no thresholds in Identify
+/// Controller, hosts raise no temperature warning).
 fn smart_log(controller: &Controller) -> Vec<u8> {
     let mut d = vec![0u8; 512];
-    d[1..3].copy_from_slice(&(273u16 + 30).to_le_bytes()); // 30 C, in kelvin
     d[3] = 100; // available spare
     d[4] = 10; // its threshold
-               // Data units are thousands of 512-byte units, rounded up.
-    let units = |bytes: u64| bytes.div_ceil(512_000);
     let put = |d: &mut [u8], at: usize, v: u64| d[at..at + 8].copy_from_slice(&v.to_le_bytes());
-    put(
-        &mut d,
-        32,
-        units(controller.read_bytes.load(Ordering::Relaxed)),
-    );
-    put(
-        &mut d,
-        48,
-        units(controller.written_bytes.load(Ordering::Relaxed)),
-    );
-    put(&mut d, 64, controller.read_commands.load(Ordering::Relaxed));
-    put(
-        &mut d,
-        80,
-        controller.write_commands.load(Ordering::Relaxed),
-    );
+    if let Some(subsystem) = controller.subsystem() {
+        let (read, written) = subsystem.stats.data_units();
+        let (reads, writes) = subsystem.stats.commands();
+        put(&mut d, 32, read);
+        put(&mut d, 48, written);
+        put(&mut d, 64, reads);
+        put(&mut d, 80, writes);
+    }
+    let errors = controller.errors();
+    put(&mut d, 160, errors.media_errors());
+    put(&mut d, 176, errors.count());
     d
 }
 

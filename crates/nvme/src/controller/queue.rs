@@ -11,6 +11,7 @@ use blockwire_blockdev::IoBuf;
 
 use super::core::Core;
 use super::ctrl::Controller;
+use super::health::CommandError;
 use super::io_cmd::{self, IoCommand};
 use super::{admin_cmd, fabrics_cmd};
 use crate::cqe::{Cqe, Status};
@@ -151,6 +152,7 @@ impl Queue {
         match action {
             Action::Complete(mut reply) => {
                 self.fill(&mut reply.cqe, sqe.cid());
+                self.record_failure(sqe, &reply.cqe);
                 Action::Complete(reply)
             }
             Action::Io(mut io) => {
@@ -159,6 +161,32 @@ impl Queue {
             }
             Action::Deferred => Action::Deferred,
         }
+    }
+
+    /// Puts a failed completion of `sqe` in the controller's error log (nothing
+    /// before Connect, when there is no controller). The transport calls it for
+    /// the commands it refuses itself.
+    pub fn record_failure(&self, sqe: &Sqe, cqe: &Cqe) {
+        if cqe.status.is_success() {
+            return;
+        }
+        let (controller, io_queue) = match &self.role {
+            Role::Unconnected => return,
+            Role::Admin(c) => (c, false),
+            Role::Io(c, _) => (c, true),
+        };
+        let lba = if io_queue && io_cmd::has_lba(sqe.opcode()) {
+            sqe.cdw10_11()
+        } else {
+            0
+        };
+        controller.record_error(CommandError {
+            sqid: cqe.sq_id,
+            cid: cqe.cid,
+            status: cqe.status,
+            lba,
+            nsid: sqe.nsid(),
+        });
     }
 
     fn fill(&self, cqe: &mut Cqe, cid: u16) {

@@ -1,7 +1,11 @@
 //! A subsystem: one export, served as one namespace (NSID 1), with its NQN, the
 //! hosts allowed to connect, and identifiers that stay the same across restarts.
 
+use std::sync::Arc;
+
 use blockwire_blockdev::Device;
+
+use super::health::IoStats;
 
 /// The NQN prefix of an export's subsystem when the configuration names none.
 pub const DEFAULT_NQN_PREFIX: &str = "nqn.2026-11.dev.blockwire:";
@@ -17,6 +21,8 @@ pub struct Subsystem {
     pub device: Device,
     /// Host NQNs allowed to connect (empty: every host).
     pub allowed_hosts: Vec<String>,
+    /// The namespace's reads and writes through every controller (SMART log).
+    pub stats: Arc<IoStats>,
 }
 
 impl Subsystem {
@@ -27,6 +33,7 @@ impl Subsystem {
             nqn: default_nqn(name),
             device,
             allowed_hosts: Vec::new(),
+            stats: Arc::default(),
         }
     }
 

@@ -407,6 +407,66 @@ fn log_pages() {
     assert_eq!(discovery_on_nvm.cqe.status, Status::INVALID_LOG_PAGE);
 }
 
+/// Failed commands land in the error log, newest first with a rising count, and
+/// SMART counts them; the namespace's reads and writes show in SMART's data
+/// units and command counts; there is no temperature sensor (0, as nvmet).
+#[test]
+fn errors_and_io_show_in_the_error_and_smart_logs() {
+    let core = core_with(vec![subsystem("a")]);
+    let now = Instant::now();
+    let nqn = default_nqn("a");
+    let (mut admin, cntlid) = admin_queue(&core, &nqn, now);
+    let ctrl = identify(&mut admin, cns::CONTROLLER, 0, now).data;
+    assert_eq!(usize::from(ctrl[262]) + 1, health::ERROR_LOG_ENTRIES);
+    let mut q = io_queue(&core, &nqn, cntlid, 1, now);
+    let (write, data) = rw(io::WRITE, 2, 2, vec![5; 1024], false);
+    assert!(run(q.submit(&write, data, now)).cqe.status.is_success());
+    let (read, _) = rw(io::READ, 2, 2, Vec::new(), false);
+    assert!(run(q.submit(&read, Vec::new(), now))
+        .cqe
+        .status
+        .is_success());
+    // Past the end, on I/O queue 1 ...
+    let past_end = DEVICE_SIZE / 512;
+    let (mut bad, _) = rw(io::READ, past_end, 1, Vec::new(), false);
+    bad.set_cid(41);
+    let failed = run(q.submit(&bad, Vec::new(), now)).cqe;
+    assert_eq!(failed.status, Status::LBA_OUT_OF_RANGE);
+    // ... then an unknown log page on the admin queue.
+    assert_eq!(
+        log_page(&mut admin, 0x7f, 512, 0, now).cqe.status,
+        Status::INVALID_LOG_PAGE
+    );
+    let page = log_page(&mut admin, log::ERROR, 128, 0, now).data;
+    let entry = |i: usize| &page[i * 64..(i + 1) * 64];
+    let u16_at = |e: &[u8], at: usize| u16::from_le_bytes([e[at], e[at + 1]]);
+    let newest = entry(0);
+    assert_eq!(u64::from_le_bytes(newest[0..8].try_into().unwrap()), 2);
+    assert_eq!(u16_at(newest, 8), 0, "the admin queue");
+    assert_eq!(u16_at(newest, 12) >> 1, Status::INVALID_LOG_PAGE.0);
+    let older = entry(1);
+    assert_eq!(u64::from_le_bytes(older[0..8].try_into().unwrap()), 1);
+    assert_eq!(u16_at(older, 8), 1, "I/O queue 1");
+    assert_eq!(u16_at(older, 10), 41);
+    assert_eq!(u16_at(older, 12) >> 1, Status::LBA_OUT_OF_RANGE.0);
+    assert_eq!(
+        u64::from_le_bytes(older[16..24].try_into().unwrap()),
+        past_end
+    );
+    assert_eq!(u32::from_le_bytes(older[24..28].try_into().unwrap()), NSID);
+    let smart = log_page(&mut admin, log::SMART, 512, 0, now).data;
+    let u64_at = |at: usize| u64::from_le_bytes(smart[at..at + 8].try_into().unwrap());
+    assert_eq!(u16::from_le_bytes([smart[1], smart[2]]), 0, "no sensor");
+    assert_eq!((u64_at(32), u64_at(48)), (1, 1), "data units read, written");
+    assert_eq!((u64_at(64), u64_at(80)), (1, 1), "read and write commands");
+    assert_eq!(u64_at(176), 2, "error log entries");
+    // The counts are the namespace's: a second controller sees them too.
+    let (mut other, _) = admin_queue(&core, &nqn, now);
+    let smart = log_page(&mut other, log::SMART, 512, 0, now).data;
+    assert_eq!(u64::from_le_bytes(smart[64..72].try_into().unwrap()), 1);
+    assert_eq!(u64::from_le_bytes(smart[176..184].try_into().unwrap()), 0);
+}
+
 #[test]
 fn discovery_lists_every_allowed_subsystem_and_port() {
     let hidden = Arc::new(

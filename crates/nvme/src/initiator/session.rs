@@ -349,7 +349,10 @@ fn connect_queue(
         recfmt: 0,
         qid,
         sqsize: depth - 1,
-        cattr: 0,
+        // I/O queues disable SQ flow control (CATTR bit 2): we bound what is in
+        // flight by command IDs, never by SQHD, and it lets the target end a
+        // read with its C2HData (SUCCESS) instead of a completion PDU more.
+        cattr: if qid == 0 { 0 } else { 1 << 2 },
         kato,
     }
     .to_sqe();

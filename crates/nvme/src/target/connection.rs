@@ -270,6 +270,7 @@ impl Connection {
         let refuse = |status: Status| {
             let mut cqe = Cqe::new(sqe.cid(), status);
             cqe.sq_id = self.queue.qid().unwrap_or(0);
+            self.queue.record_failure(&sqe, &cqe);
             self.writer.complete(cqe);
             Ok(())
         };

@@ -4,14 +4,17 @@
 //! free sends everything queued in one vectored write (a read's data straight
 //! from its buffer), checking the queue again after letting go. So no thread
 //! sleeps on the socket while another sends, PDUs never interleave, and answers
-//! that finish together leave together.
+//! that finish together leave together. A read served from the page cache goes
+//! from the file's mapping into the socket in the same system call as the
+//! headers around it (one copy, made by the kernel).
 
-use std::io::Write;
+use std::io;
 use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
-use blockwire_blockdev::IoBuf;
+use blockwire_blockdev::{Device, IoBuf, MappedRange};
 
 use crate::controller::Reply;
 use crate::cqe::Cqe;
@@ -48,17 +51,40 @@ struct Queue {
     bytes: usize,
 }
 
-/// Whole PDUs ready to go: encoded bytes, then a read's data (borrowed from
-/// the device's buffer, not copied) and what follows it.
+/// Whole PDUs ready to go: encoded bytes, then a read's data (not copied) and
+/// what follows it.
 struct Frame {
     head: Vec<u8>,
-    data: Option<IoBuf>,
+    body: Body,
     tail: Vec<u8>,
+}
+
+/// A read's data in a frame.
+enum Body {
+    None,
+    /// The device's buffer.
+    Buffer(IoBuf),
+    /// A range of the device's file mapping, read only by the kernel; the device
+    /// is held so that the mapping lives until the frame is sent.
+    Mapped {
+        range: MappedRange,
+        _device: Device,
+    },
+}
+
+impl Body {
+    fn len(&self) -> usize {
+        match self {
+            Body::None => 0,
+            Body::Buffer(buf) => buf.len(),
+            Body::Mapped { range, .. } => range.len(),
+        }
+    }
 }
 
 impl Frame {
     fn len(&self) -> usize {
-        self.head.len() + self.data.as_ref().map_or(0, |d| d.len()) + self.tail.len()
+        self.head.len() + self.body.len() + self.tail.len()
     }
 }
 
@@ -88,11 +114,57 @@ impl Writer {
         }
         self.push(Frame {
             head,
-            data: None,
+            body: Body::None,
             tail: Vec::new(),
         });
         self.send_queued();
         self.health()
+    }
+
+    /// Whether a read may be sent from the file's mapping: not when a data
+    /// digest is due, which would have this process read the mapping (a file
+    /// that shrank would kill it with SIGBUS, and a write landing between the
+    /// digest and the kernel's copy would send a digest that does not match).
+    pub fn sends_mapped(&self) -> bool {
+        !self.framing.digests.data
+    }
+
+    /// Sends a successful read's completion with its data taken from `range` of
+    /// `device`'s mapping ([`sends_mapped`](Self::sends_mapped) must be true);
+    /// `later`: held back as [`reply_later`](Self::reply_later) does.
+    pub fn reply_mapped(
+        &self,
+        cqe: Cqe,
+        range: MappedRange,
+        device: Device,
+        sq_flow_control_disabled: bool,
+        later: bool,
+    ) {
+        debug_assert!(self.sends_mapped());
+        let success = sq_flow_control_disabled && cqe.result == 0;
+        let mut head = Vec::with_capacity(64);
+        let mut tail = Vec::new();
+        DataPdu {
+            cccid: cqe.cid,
+            success,
+            len: range.len(),
+            digest_of: None,
+        }
+        .encode_head(&self.framing, &mut head);
+        if !success {
+            Pdu::CapsuleResp(CapsuleResp { cqe }).encode(&self.framing, &mut tail);
+        }
+        let full = self.push(Frame {
+            head,
+            body: Body::Mapped {
+                range,
+                _device: device,
+            },
+            tail,
+        });
+        if full || !later {
+            self.send_queued();
+        }
     }
 
     /// Sends a completion: for a successful command with data for the host,
@@ -142,7 +214,7 @@ impl Writer {
             resp.encode(&self.framing, &mut head);
             return Frame {
                 head,
-                data: None,
+                body: Body::None,
                 tail,
             };
         }
@@ -151,7 +223,8 @@ impl Writer {
         let data_pdu = DataPdu {
             cccid: cqe.cid,
             success,
-            data: &data,
+            len: data.len(),
+            digest_of: Some(&data),
         };
         if let Some(digest) = data_pdu.encode_head(&self.framing, &mut head) {
             tail.extend_from_slice(&digest);
@@ -161,7 +234,7 @@ impl Writer {
         }
         Frame {
             head,
-            data: Some(data),
+            body: Body::Buffer(data),
             tail,
         }
     }
@@ -229,29 +302,65 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Writes `frames` in order, in as few vectored writes as the socket allows.
-fn write_frames(out: &mut impl Write, frames: &[Frame]) -> std::io::Result<()> {
-    let mut parts: Vec<&[u8]> = Vec::with_capacity(frames.len() * 3);
-    for frame in frames {
-        parts.push(&frame.head);
-        if let Some(data) = &frame.data {
-            parts.push(data);
+/// Where bytes go: a socket, or (in tests) anything that can take them.
+trait IovecSink {
+    /// Sends from the start of `iovecs`, as writev(2) does; returns bytes taken.
+    fn send_iovecs(&mut self, iovecs: &[libc::iovec]) -> io::Result<usize>;
+}
+
+impl IovecSink for TcpStream {
+    fn send_iovecs(&mut self, iovecs: &[libc::iovec]) -> io::Result<usize> {
+        // SAFETY: msghdr is plain data; zeroed is an empty header.
+        let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+        message.msg_iov = iovecs.as_ptr() as *mut libc::iovec;
+        message.msg_iovlen = iovecs.len() as _;
+        // SAFETY: each iovec points into a frame's buffer or a live file mapping
+        // (its frame holds the device that owns it) for the whole call; only the
+        // kernel reads them, and a mapping of a file that shrank fails with EFAULT.
+        let n = unsafe { libc::sendmsg(self.as_raw_fd(), &message, libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
         }
-        parts.push(&frame.tail);
+        Ok(n as usize)
     }
-    parts.retain(|p| !p.is_empty());
-    for chunk in parts.chunks(MAX_PARTS) {
-        write_all_vectored(out, chunk)?;
+}
+
+fn iovec(ptr: *const u8, len: usize) -> libc::iovec {
+    libc::iovec {
+        iov_base: ptr as *mut libc::c_void,
+        iov_len: len,
+    }
+}
+
+/// Writes `frames` in order, in as few vectored writes as the socket allows.
+fn write_frames(out: &mut impl IovecSink, frames: &[Frame]) -> io::Result<()> {
+    let mut parts: Vec<libc::iovec> = Vec::with_capacity(frames.len() * 3);
+    for frame in frames {
+        parts.push(iovec(frame.head.as_ptr(), frame.head.len()));
+        match &frame.body {
+            Body::None => {}
+            Body::Buffer(data) => parts.push(iovec(data.as_ptr(), data.len())),
+            Body::Mapped { range, .. } => parts.push(iovec(range.as_ptr(), range.len())),
+        }
+        parts.push(iovec(frame.tail.as_ptr(), frame.tail.len()));
+    }
+    parts.retain(|p| p.iov_len > 0);
+    for chunk in parts.chunks_mut(MAX_PARTS) {
+        write_all_iovecs(out, chunk)?;
     }
     Ok(())
 }
 
-/// The only C2HData PDU of a command (offset 0, LAST set), its data borrowed.
+/// The only C2HData PDU of a command (offset 0, LAST set).
 struct DataPdu<'a> {
     cccid: u16,
     /// SUCCESS: the PDU stands for the completion too.
     success: bool,
-    data: &'a [u8],
+    /// Bytes of data.
+    len: usize,
+    /// The data, when its digest is due (None: never digested; the caller made
+    /// sure the framing has no data digest).
+    digest_of: Option<&'a [u8]>,
 }
 
 impl DataPdu<'_> {
@@ -265,16 +374,17 @@ impl DataPdu<'_> {
         let hdgst = framing.digests.header && pdu_type.may_have_header_digest();
         let ddgst = framing.digests.data && pdu_type.may_have_data_digest();
         let after_header = hlen + if hdgst { DIGEST_LEN } else { 0 };
-        let data_at = if self.data.is_empty() {
+        let empty = self.len == 0;
+        let data_at = if empty {
             after_header
         } else {
             align_up(after_header, (usize::from(framing.send_pda) + 1) * 4)
         };
-        let ddgst = ddgst && !self.data.is_empty();
-        let plen = if self.data.is_empty() {
+        let ddgst = ddgst && !empty;
+        let plen = if empty {
             after_header
         } else {
-            data_at + self.data.len() + if ddgst { DIGEST_LEN } else { 0 }
+            data_at + self.len + if ddgst { DIGEST_LEN } else { 0 }
         };
         let mut pdu_flags = flags::DATA_LAST;
         if self.success {
@@ -293,60 +403,63 @@ impl DataPdu<'_> {
             pdu_type: pdu_type as u8,
             flags: pdu_flags,
             hlen: hlen as u8,
-            pdo: if self.data.is_empty() {
-                0
-            } else {
-                data_at as u8
-            },
+            pdo: if empty { 0 } else { data_at as u8 },
             plen: plen as u32,
         }
         .write(h);
         h[8..10].copy_from_slice(&self.cccid.to_le_bytes());
         // Bytes 12..16 hold the data offset: always 0, one PDU carries it all.
-        h[16..20].copy_from_slice(&(self.data.len() as u32).to_le_bytes());
+        h[16..20].copy_from_slice(&(self.len as u32).to_le_bytes());
         if hdgst {
             append_digest(out, start);
         }
         out.resize(start + data_at, 0);
-        ddgst.then(|| crc32c(self.data).to_le_bytes())
+        if !ddgst {
+            return None;
+        }
+        let data = self
+            .digest_of
+            .expect("a data digest is only due for data held in a buffer");
+        Some(crc32c(data).to_le_bytes())
     }
 }
 
-/// Writes every byte of `parts`, in order, with as few system calls as the socket
-/// allows.
-fn write_all_vectored(out: &mut impl Write, parts: &[&[u8]]) -> std::io::Result<()> {
-    let mut part = 0;
-    let mut offset = 0;
-    while part < parts.len() {
-        let slices: Vec<std::io::IoSlice<'_>> = std::iter::once(&parts[part][offset..])
-            .chain(parts[part + 1..].iter().copied())
-            .filter(|p| !p.is_empty())
-            .map(std::io::IoSlice::new)
-            .collect();
-        if slices.is_empty() {
-            return Ok(());
-        }
-        let mut written = match out.write_vectored(&slices) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+/// Writes every byte `parts` point at, in order, with as few system calls as the
+/// socket allows (`parts` is advanced in place after short writes).
+fn write_all_iovecs(out: &mut impl IovecSink, parts: &mut [libc::iovec]) -> io::Result<()> {
+    let mut first = 0;
+    while first < parts.len() {
+        let mut written = match out.send_iovecs(&parts[first..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the exported file shrank while a read's data was being sent",
+                ))
+            }
             Err(e) => return Err(e),
         };
-        while part < parts.len() && written >= parts[part].len() - offset {
-            written -= parts[part].len() - offset;
-            part += 1;
-            offset = 0;
+        while first < parts.len() {
+            let part = &mut parts[first];
+            if written < part.iov_len {
+                // SAFETY: written < iov_len keeps the pointer inside the part.
+                part.iov_base = unsafe { (part.iov_base as *mut u8).add(written) }.cast();
+                part.iov_len -= written;
+                break;
+            }
+            written -= part.iov_len;
+            first += 1;
         }
-        offset += written;
     }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{write_all_vectored, DataPdu};
+    use super::{iovec, write_all_iovecs, DataPdu, IovecSink};
     use crate::pdu::{C2HData, Digests, Framing, Pdu};
-    use std::io::Write;
 
     /// Answers from many threads, some sent at once and some held back, all
     /// arrive whole: each C2HData carries its command's data and is followed by
@@ -450,7 +563,8 @@ mod tests {
             let pdu = DataPdu {
                 cccid: 0x1234,
                 success,
-                data: &bytes,
+                len: bytes.len(),
+                digest_of: Some(&bytes),
             };
             let mut out = Vec::new();
             let digest = pdu.encode_head(&framing, &mut out);
@@ -463,33 +577,111 @@ mod tests {
         }
     }
 
-    /// A writer that takes at most `step` bytes per call.
+    /// A sink that takes at most `step` bytes per call.
     struct Trickle {
         out: Vec<u8>,
         step: usize,
     }
 
-    impl Write for Trickle {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            let n = buf.len().min(self.step);
-            self.out.extend_from_slice(&buf[..n]);
-            Ok(n)
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
+    impl IovecSink for Trickle {
+        fn send_iovecs(&mut self, iovecs: &[libc::iovec]) -> std::io::Result<usize> {
+            let mut left = self.step;
+            for iov in iovecs {
+                let n = iov.iov_len.min(left);
+                // SAFETY: the test's iovecs point into live byte strings.
+                let bytes = unsafe { std::slice::from_raw_parts(iov.iov_base as *const u8, n) };
+                self.out.extend_from_slice(bytes);
+                left -= n;
+                if left == 0 {
+                    break;
+                }
+            }
+            Ok(self.step - left)
         }
     }
 
     #[test]
     fn vectored_writes_survive_short_writes() {
-        let parts: [&[u8]; 4] = [b"head", b"", b"the data", b"tail"];
+        let texts: [&[u8]; 4] = [b"head", b"", b"the data", b"tail"];
         for step in 1..20 {
+            let mut parts: Vec<libc::iovec> =
+                texts.iter().map(|t| iovec(t.as_ptr(), t.len())).collect();
             let mut w = Trickle {
                 out: Vec::new(),
                 step,
             };
-            write_all_vectored(&mut w, &parts).unwrap();
+            write_all_iovecs(&mut w, &mut parts).unwrap();
             assert_eq!(w.out, b"headthe datatail");
         }
+    }
+
+    /// A read sent from the file's mapping arrives as the C2HData the codec
+    /// decodes, with the file's bytes, followed by its completion (or standing
+    /// for it with SUCCESS).
+    #[test]
+    fn mapped_reads_send_the_file_bytes() {
+        use crate::cqe::{Cqe, Status};
+        use blockwire_blockdev::{Device, FileDevice, FileOptions};
+        use std::io::Read;
+
+        let path = std::env::temp_dir().join(format!("nvme-mapped-{}.img", std::process::id()));
+        let data: Vec<u8> = (0..256 * 1024u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let device = Device::from_device(FileDevice::open(&path, FileOptions::default()).unwrap());
+        std::fs::remove_file(&path).unwrap();
+        let Some(range) = device.mapped_cached(4096, 128 * 1024).unwrap() else {
+            // Without cachestat(2) (Linux < 6.5) residency is unknown: reads copy.
+            eprintln!("no cachestat here: reads copy");
+            return;
+        };
+        for (header, success) in [(false, false), (true, true)] {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (server, _) = listener.accept().unwrap();
+            let framing = Framing {
+                digests: Digests {
+                    header,
+                    data: false,
+                },
+                send_pda: 7,
+                ..Framing::default()
+            };
+            let writer = super::Writer::new(server, framing);
+            assert!(writer.sends_mapped());
+            writer.reply_mapped(
+                Cqe::new(9, Status::SUCCESS),
+                range,
+                device.clone(),
+                success,
+                false,
+            );
+            drop(writer);
+            let mut bytes = Vec::new();
+            client.read_to_end(&mut bytes).unwrap();
+            let (pdu, used) = crate::pdu::decode(&bytes, &framing).unwrap().unwrap();
+            let Pdu::C2HData(d) = pdu else {
+                panic!("{pdu:?}")
+            };
+            assert_eq!((d.cccid, d.last, d.success), (9, true, success));
+            assert_eq!(d.data, &data[4096..4096 + 128 * 1024]);
+            let rest = &bytes[used..];
+            if success {
+                assert!(rest.is_empty());
+            } else {
+                let (pdu, _) = crate::pdu::decode(rest, &framing).unwrap().unwrap();
+                assert!(matches!(pdu, Pdu::CapsuleResp(r) if r.cqe.cid == 9));
+            }
+        }
+        let digested = Framing {
+            digests: Digests {
+                header: false,
+                data: true,
+            },
+            ..Framing::default()
+        };
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        assert!(!super::Writer::new(server, digested).sends_mapped());
     }
 }
