@@ -432,7 +432,7 @@ mod tests {
     use super::*;
     use crate::conformance::pattern;
     use crate::memory::MemoryDevice;
-    use crate::BlockDevice;
+    use crate::{BlockDevice, FastPath};
     use std::sync::atomic::AtomicU64;
     use std::sync::Arc;
 
@@ -554,13 +554,17 @@ mod tests {
             Ok(())
         }
 
+        fn fast_path(&self) -> Option<&dyn FastPath> {
+            self.queued.then_some(self as &dyn FastPath)
+        }
+    }
+
+    impl FastPath for Plain {
         fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
-            self.queued.then(|| {
-                Box::new(AtOnce {
-                    device: self,
-                    ready: Vec::new(),
-                }) as Box<dyn RequestQueue + '_>
-            })
+            Some(Box::new(AtOnce {
+                device: self,
+                ready: Vec::new(),
+            }))
         }
     }
 

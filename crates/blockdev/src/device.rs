@@ -1,12 +1,11 @@
 //! The `BlockDevice` trait: the one interface between storage and everything that moves
 //! or measures bytes.
 
-use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::RawFd;
+use std::io::IoSlice;
 
 use crate::error::{Error, ErrorKind, Op, Result};
+use crate::fast_path::FastPath;
 use crate::info::DeviceInfo;
-use crate::queue::RequestQueue;
 
 /// Options for a write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -78,72 +77,8 @@ pub trait BlockDevice: Send + Sync {
     /// Fills `buf` with the bytes at `offset`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
 
-    /// Like [`read_at`](Self::read_at), but only if it can finish without waiting for
-    /// hardware (the data is in a cache). Returns `Ok(false)`, with `buf` unspecified,
-    /// when the read would block; the caller then retries with `read_at` on a thread
-    /// that may block. Lets a target serve cached reads without a thread hand-off.
-    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Result<bool> {
-        let _ = (buf, offset);
-        Ok(false)
-    }
-
-    /// [`try_read_at`](Self::try_read_at) into several buffers filled in order from
-    /// `offset` (one `preadv` for a file): lets a target read a run of requests
-    /// straight into their response frames. The default tries each buffer in turn.
-    fn try_read_vectored_at(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<bool> {
-        let mut at = offset;
-        for buf in bufs.iter_mut() {
-            if !self.try_read_at(buf, at)? {
-                return Ok(false);
-            }
-            at += buf.len() as u64;
-        }
-        Ok(true)
-    }
-
-    /// Zero-copy reads: when this device's bytes at `offset..offset+len` are the same
-    /// bytes of an open file and that range is entirely in the page cache, returns the
-    /// file's descriptor, valid as long as the device lives. A target may then hand the
-    /// cached pages straight to a socket (sendfile) instead of copying them through a
-    /// buffer. `None` means "use read_at".
-    fn cached_file(&self, offset: u64, len: u64) -> Option<RawFd> {
-        let _ = (offset, len);
-        None
-    }
-
-    /// Reads with one copy: when this device's bytes at `offset..offset+len` are the
-    /// same bytes of a file and that range is entirely in the page cache, returns the
-    /// range in a read-only mapping of the file, valid as long as the device lives. A
-    /// target hands the address to send(2), so the data goes from the page cache to
-    /// the socket without passing through a buffer. `None` means "use read_at".
-    fn mapped_cached(&self, offset: u64, len: u64) -> Option<crate::MappedRange> {
-        let _ = (offset, len);
-        None
-    }
-
-    /// Whether all of `offset..offset+len` is a hole (stores nothing, reads as
-    /// zeroes), when the device can tell more cheaply than an extent query; `None`
-    /// means "ask [`extents`](Self::extents)". Lets a target answer the read of a hole
-    /// without reading it, on every large read, so it must be cheap.
-    fn is_hole(&self, offset: u64, len: u64) -> Option<bool> {
-        let _ = (offset, len);
-        None
-    }
-
     /// Writes `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()>;
-
-    /// Writes several buffers, in order, from `offset` (one `pwritev` for a file):
-    /// lets a target write a run of requests without gathering them first. The
-    /// default writes each buffer in turn.
-    fn write_vectored_at(
-        &self,
-        bufs: &[IoSlice<'_>],
-        offset: u64,
-        flags: WriteFlags,
-    ) -> Result<()> {
-        write_each(self, bufs, offset, flags)
-    }
 
     /// Makes every completed write durable.
     fn flush(&self) -> Result<()> {
@@ -179,17 +114,19 @@ pub trait BlockDevice: Send + Sync {
         Err(Error::new(ErrorKind::Unsupported, Op::Cache, offset, len))
     }
 
-    /// A queue to keep many reads and writes in flight from one thread, when the
-    /// device pipelines requests natively (an initiator's connections). `None`: use
-    /// a thread per request in flight. Requests reach it through the checked handle
-    /// ([`Device::queue`](crate::Device::queue)), already checked and within the
-    /// maximum transfer size.
-    fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
+    /// The device's fast paths (cached reads without a thread hand-off or a copy,
+    /// cheap hole answers, vectored writes, its own request queue), when it has any:
+    /// a device that has them returns `Some(self)`, a composer that only passes
+    /// requests on returns its inner device's. `None`, the default, sends every
+    /// request the plain route. The answer does not change over the device's life.
+    fn fast_path(&self) -> Option<&dyn FastPath> {
         None
     }
 }
 
-/// Writes each buffer in turn with [`BlockDevice::write_at`], from `offset` on.
+/// Writes each buffer in turn with [`BlockDevice::write_at`], from `offset` on: the
+/// default of [`FastPath::write_vectored_at`], and the route when a device has no fast
+/// path.
 pub(crate) fn write_each<D: BlockDevice + ?Sized>(
     device: &D,
     bufs: &[IoSlice<'_>],

@@ -22,6 +22,7 @@ use crate::buffer::{IoBuf, ALIGNMENT};
 const MAX_IOVECS: usize = 1024;
 use crate::device::{write_each, BlockDevice, Extent, ExtentState, WriteFlags, ZeroFlags};
 use crate::error::{Error, ErrorKind, Op, Result};
+use crate::fast_path::FastPath;
 use crate::info::{Capabilities, DeviceInfo, Support};
 use crate::mapping::{FileMapping, MappedRange};
 use crate::write_behind::{WriteBehind, DEFAULT_WRITE_BEHIND};
@@ -476,6 +477,127 @@ impl BlockDevice for FileDevice {
         self.pread_all(buf, offset)
     }
 
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        if flags.fua {
+            if self.dsync_works.load(Ordering::Relaxed) {
+                return self.pwrite_dsync(buf, offset);
+            }
+            self.pwrite_all(buf, offset, Op::Write)?;
+            return self.sync(Op::Write, offset, buf.len() as u64);
+        }
+        self.pwrite_all(buf, offset, Op::Write)
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.sync(Op::Flush, 0, 0)
+    }
+
+    fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        if self.block_device {
+            self.discard_block_range(offset, len)?;
+        } else {
+            let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            self.fallocate(mode, offset, len, Op::Trim)?;
+        }
+        if flags.fua {
+            self.sync(Op::Trim, offset, len)?;
+        }
+        Ok(())
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        let zero_range = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+        let result = if flags.no_hole {
+            self.fallocate(zero_range, offset, len, Op::WriteZeroes)
+        } else {
+            // A hole reads as zeroes and costs no space; fall back to ZERO_RANGE on
+            // file systems that cannot punch.
+            self.fallocate(punch, offset, len, Op::WriteZeroes)
+                .or_else(|e| match e.kind() {
+                    ErrorKind::Unsupported => {
+                        self.fallocate(zero_range, offset, len, Op::WriteZeroes)
+                    }
+                    _ => Err(e),
+                })
+        };
+        result?;
+        if flags.fua {
+            self.sync(Op::WriteZeroes, offset, len)?;
+        }
+        Ok(())
+    }
+
+    fn extents(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
+        let end = offset + len;
+        let size = self.info.size;
+        let seek_error = |e: io::Error| Error::from_io(e, Op::Extents, offset, len);
+        let mut at = offset;
+        while at < end && out.len() < MAX_EXTENTS_PER_CALL {
+            let data = self.seek(at, libc::SEEK_DATA).map_err(seek_error)?;
+            match data {
+                None => {
+                    out.push(Extent {
+                        offset: at,
+                        len: size.max(end) - at,
+                        state: ExtentState::Hole,
+                    });
+                    break;
+                }
+                Some(data) if data > at => {
+                    let stop = data.min(size.max(end));
+                    out.push(Extent {
+                        offset: at,
+                        len: stop - at,
+                        state: ExtentState::Hole,
+                    });
+                    at = stop;
+                }
+                Some(_) => {
+                    let hole = self
+                        .seek(at, libc::SEEK_HOLE)
+                        .map_err(seek_error)?
+                        .unwrap_or(size)
+                        .max(at + 1);
+                    out.push(Extent {
+                        offset: at,
+                        len: hole - at,
+                        state: ExtentState::Data,
+                    });
+                    at = hole;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn cache(&self, offset: u64, len: u64) -> Result<()> {
+        // SAFETY: plain syscall; advice only.
+        let rc = unsafe {
+            libc::posix_fadvise(
+                self.fd(),
+                offset as i64,
+                len as i64,
+                libc::POSIX_FADV_WILLNEED,
+            )
+        };
+        if rc != 0 {
+            return Err(Error::from_io(
+                io::Error::from_raw_os_error(rc),
+                Op::Cache,
+                offset,
+                len,
+            ));
+        }
+        Ok(())
+    }
+
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        Some(self)
+    }
+}
+
+impl FastPath for FileDevice {
     fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Result<bool> {
         self.try_read_vectored_at(&mut [IoSliceMut::new(buf)], offset)
     }
@@ -596,57 +718,6 @@ impl BlockDevice for FileDevice {
         mapping.as_ref()?.range(offset, usize::try_from(len).ok()?)
     }
 
-    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-        if flags.fua {
-            if self.dsync_works.load(Ordering::Relaxed) {
-                return self.pwrite_dsync(buf, offset);
-            }
-            self.pwrite_all(buf, offset, Op::Write)?;
-            return self.sync(Op::Write, offset, buf.len() as u64);
-        }
-        self.pwrite_all(buf, offset, Op::Write)
-    }
-
-    fn flush(&self) -> Result<()> {
-        self.sync(Op::Flush, 0, 0)
-    }
-
-    fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        if self.block_device {
-            self.discard_block_range(offset, len)?;
-        } else {
-            let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-            self.fallocate(mode, offset, len, Op::Trim)?;
-        }
-        if flags.fua {
-            self.sync(Op::Trim, offset, len)?;
-        }
-        Ok(())
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        let zero_range = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
-        let result = if flags.no_hole {
-            self.fallocate(zero_range, offset, len, Op::WriteZeroes)
-        } else {
-            // A hole reads as zeroes and costs no space; fall back to ZERO_RANGE on
-            // file systems that cannot punch.
-            self.fallocate(punch, offset, len, Op::WriteZeroes)
-                .or_else(|e| match e.kind() {
-                    ErrorKind::Unsupported => {
-                        self.fallocate(zero_range, offset, len, Op::WriteZeroes)
-                    }
-                    _ => Err(e),
-                })
-        };
-        result?;
-        if flags.fua {
-            self.sync(Op::WriteZeroes, offset, len)?;
-        }
-        Ok(())
-    }
-
     fn is_hole(&self, offset: u64, len: u64) -> Option<bool> {
         // One SEEK_DATA answers it. An extent query adds a SEEK_HOLE, which on tmpfs
         // walks every page up to the next hole: to the end of a dense file, on every
@@ -656,70 +727,6 @@ impl BlockDevice for FileDevice {
             Ok(Some(data)) => Some(data >= offset + len),
             Err(_) => None,
         }
-    }
-
-    fn extents(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
-        let end = offset + len;
-        let size = self.info.size;
-        let seek_error = |e: io::Error| Error::from_io(e, Op::Extents, offset, len);
-        let mut at = offset;
-        while at < end && out.len() < MAX_EXTENTS_PER_CALL {
-            let data = self.seek(at, libc::SEEK_DATA).map_err(seek_error)?;
-            match data {
-                None => {
-                    out.push(Extent {
-                        offset: at,
-                        len: size.max(end) - at,
-                        state: ExtentState::Hole,
-                    });
-                    break;
-                }
-                Some(data) if data > at => {
-                    let stop = data.min(size.max(end));
-                    out.push(Extent {
-                        offset: at,
-                        len: stop - at,
-                        state: ExtentState::Hole,
-                    });
-                    at = stop;
-                }
-                Some(_) => {
-                    let hole = self
-                        .seek(at, libc::SEEK_HOLE)
-                        .map_err(seek_error)?
-                        .unwrap_or(size)
-                        .max(at + 1);
-                    out.push(Extent {
-                        offset: at,
-                        len: hole - at,
-                        state: ExtentState::Data,
-                    });
-                    at = hole;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn cache(&self, offset: u64, len: u64) -> Result<()> {
-        // SAFETY: plain syscall; advice only.
-        let rc = unsafe {
-            libc::posix_fadvise(
-                self.fd(),
-                offset as i64,
-                len as i64,
-                libc::POSIX_FADV_WILLNEED,
-            )
-        };
-        if rc != 0 {
-            return Err(Error::from_io(
-                io::Error::from_raw_os_error(rc),
-                Op::Cache,
-                offset,
-                len,
-            ));
-        }
-        Ok(())
     }
 }
 

@@ -9,7 +9,7 @@ use std::io::{IoSlice, IoSliceMut};
 use std::sync::Arc;
 
 use crate::buffer::IoBuf;
-use crate::device::{BlockDevice, Extent, ExtentState, WriteFlags, ZeroFlags};
+use crate::device::{write_each, BlockDevice, Extent, ExtentState, WriteFlags, ZeroFlags};
 use crate::error::{Error, ErrorKind, Op, Result};
 use crate::info::{Capabilities, DeviceInfo, Support};
 use crate::queue::{Completion, QueuedCommand, QueuedOp, RequestQueue, Submission};
@@ -140,18 +140,25 @@ impl Device {
         Ok(())
     }
 
+    /// Whether the device has any fast path ([`BlockDevice::fast_path`]): composers
+    /// over this handle offer theirs only when it does.
+    pub fn has_fast_path(&self) -> bool {
+        self.inner.fast_path().is_some()
+    }
+
     /// Reads without blocking on hardware; `Ok(false)` means "retry with [`read`]
-    /// where blocking is fine". See [`BlockDevice::try_read_at`].
+    /// where blocking is fine". See
+    /// [`FastPath::try_read_at`](crate::FastPath::try_read_at).
     ///
     /// [`read`]: Device::read
     pub fn try_read(&self, buf: &mut [u8], offset: u64) -> Result<bool> {
         self.check(Op::Read, offset, buf.len() as u64)?;
+        let Some(fast) = self.inner.fast_path() else {
+            return Ok(false);
+        };
         let max = self.max_transfer();
         for (index, chunk) in buf.chunks_mut(max).enumerate() {
-            if !self
-                .inner
-                .try_read_at(chunk, offset + (index * max) as u64)?
-            {
+            if !fast.try_read_at(chunk, offset + (index * max) as u64)? {
                 return Ok(false);
             }
         }
@@ -159,14 +166,15 @@ impl Device {
     }
 
     /// [`try_read`](Device::try_read) into several buffers filled in order from
-    /// `offset`; see [`BlockDevice::try_read_vectored_at`].
+    /// `offset`; see
+    /// [`FastPath::try_read_vectored_at`](crate::FastPath::try_read_vectored_at).
     pub fn try_read_vectored(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> Result<bool> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         self.check(Op::Read, offset, total as u64)?;
-        if total > self.max_transfer() {
-            return Ok(false);
+        match self.inner.fast_path() {
+            Some(fast) if total <= self.max_transfer() => fast.try_read_vectored_at(bufs, offset),
+            _ => Ok(false),
         }
-        self.inner.try_read_vectored_at(bufs, offset)
     }
 
     /// [`write`](Device::write) of several buffers, in order, from `offset`.
@@ -181,7 +189,10 @@ impl Device {
         let native_fua = flags.fua && self.native.fua.is_native();
         if total <= self.max_transfer() {
             let pass = WriteFlags { fua: native_fua };
-            self.inner.write_vectored_at(bufs, offset, pass)?;
+            match self.inner.fast_path() {
+                Some(fast) => fast.write_vectored_at(bufs, offset, pass)?,
+                None => write_each(&*self.inner, bufs, offset, pass)?,
+            }
         } else {
             let mut at = offset;
             for buf in bufs {
@@ -196,18 +207,25 @@ impl Device {
     }
 
     /// The file and page-cache residency for a zero-copy read of this range; see
-    /// [`BlockDevice::cached_file`]. The descriptor stays valid while any clone of this
-    /// handle lives.
+    /// [`FastPath::cached_file`](crate::FastPath::cached_file). The descriptor stays
+    /// valid while any clone of this handle lives.
     pub fn cached_file(&self, offset: u64, len: u64) -> Result<Option<std::os::fd::RawFd>> {
         self.check(Op::Read, offset, len)?;
-        Ok(self.inner.cached_file(offset, len))
+        Ok(self
+            .inner
+            .fast_path()
+            .and_then(|f| f.cached_file(offset, len)))
     }
 
     /// The range in a mapping of the cached file, for a read with one copy; see
-    /// [`BlockDevice::mapped_cached`]. Valid while any clone of this handle lives.
+    /// [`FastPath::mapped_cached`](crate::FastPath::mapped_cached). Valid while any
+    /// clone of this handle lives.
     pub fn mapped_cached(&self, offset: u64, len: u64) -> Result<Option<crate::MappedRange>> {
         self.check(Op::Read, offset, len)?;
-        Ok(self.inner.mapped_cached(offset, len))
+        Ok(self
+            .inner
+            .fast_path()
+            .and_then(|f| f.mapped_cached(offset, len)))
     }
 
     /// Writes `buf` at `offset`; with FUA the data is durable when this returns.
@@ -227,10 +245,10 @@ impl Device {
     }
 
     /// A queue for many requests in flight from one thread, when the device has one
-    /// natively (see [`BlockDevice::queue`]); every submission is checked here first.
-    /// FUA on a queued write needs native FUA.
+    /// natively (see [`FastPath::queue`](crate::FastPath::queue)); every submission
+    /// is checked here first. FUA on a queued write needs native FUA.
     pub fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
-        let inner = self.inner.queue()?;
+        let inner = self.inner.fast_path()?.queue()?;
         Some(Box::new(CheckedQueue {
             device: self,
             inner,
@@ -334,13 +352,14 @@ impl Device {
     }
 
     /// Whether all of `offset..offset+len` is a hole that reads as zeroes (see
-    /// [`BlockDevice::is_hole`]); `false` when the device cannot tell.
+    /// [`FastPath::is_hole`](crate::FastPath::is_hole)); `false` when the device
+    /// cannot tell.
     pub fn is_hole(&self, offset: u64, len: u64) -> Result<bool> {
         self.check(Op::Extents, offset, len)?;
         if len == 0 || !self.native.extents.is_native() {
             return Ok(false);
         }
-        if let Some(hole) = self.inner.is_hole(offset, len) {
+        if let Some(hole) = self.inner.fast_path().and_then(|f| f.is_hole(offset, len)) {
             return Ok(hole);
         }
         let extents = self.extents(offset, len)?;

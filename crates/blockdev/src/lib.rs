@@ -1,11 +1,12 @@
 //! The block-device core of blockwire.
 //!
 //! Everything that stores, moves or measures bytes meets here: backends (a file or
-//! block device, sparse memory), composers (read-only, stripe, throttle, ...) and, later, initiators all
-//! implement [`BlockDevice`]. Users never call a device directly: they go through the
-//! checked [`Device`] handle, which validates every request, splits it by the device's
-//! limits and emulates what the device cannot do natively, so backends and protocol
-//! targets both stay small.
+//! block device, sparse memory), composers (read-only, stripe, throttle, ...) and
+//! initiators all implement [`BlockDevice`]; the ones with fast paths (cached reads,
+//! hole answers, vectored writes, a request queue) also implement [`FastPath`]. Users
+//! never call a device directly: they go through the checked [`Device`] handle, which
+//! validates every request, splits it by the device's limits and emulates what the
+//! device cannot do natively, so backends and protocol targets both stay small.
 
 pub mod admission;
 pub mod buffer;
@@ -15,6 +16,7 @@ pub mod copy;
 pub mod device;
 pub mod durability;
 pub mod error;
+pub mod fast_path;
 pub mod file;
 pub mod handle;
 pub mod info;
@@ -40,6 +42,7 @@ pub mod write_log;
 pub use buffer::IoBuf;
 pub use device::{BlockDevice, Extent, ExtentState, WriteFlags, ZeroFlags};
 pub use error::{Error, ErrorKind, Op, Result};
+pub use fast_path::FastPath;
 pub use file::{FileDevice, FileOptions};
 pub use handle::Device;
 pub use info::{BlockSizes, Capabilities, DeviceInfo, Limits, Support};

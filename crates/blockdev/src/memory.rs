@@ -5,6 +5,7 @@ use std::sync::RwLock;
 
 use crate::device::{BlockDevice, Extent, ExtentState, WriteFlags, ZeroFlags};
 use crate::error::Result;
+use crate::fast_path::FastPath;
 use crate::info::{Capabilities, DeviceInfo, Support};
 
 const CHUNK: u64 = 64 * 1024;
@@ -101,10 +102,6 @@ impl BlockDevice for MemoryDevice {
         Ok(())
     }
 
-    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Result<bool> {
-        self.read_at(buf, offset).map(|()| true)
-    }
-
     fn write_at(&self, buf: &[u8], offset: u64, _flags: WriteFlags) -> Result<()> {
         Self::for_each_piece(offset, buf.len() as u64, |index, within, at, piece| {
             let data = &buf[at..at + piece];
@@ -166,6 +163,17 @@ impl BlockDevice for MemoryDevice {
 
     fn cache(&self, _offset: u64, _len: u64) -> Result<()> {
         Ok(())
+    }
+
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        Some(self)
+    }
+}
+
+/// Memory never waits for hardware: every read can run on the caller's thread.
+impl FastPath for MemoryDevice {
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Result<bool> {
+        self.read_at(buf, offset).map(|()| true)
     }
 }
 

@@ -9,10 +9,10 @@
 //! emulation happens behind the count.
 //!
 //! Fast paths count as the reads they answer: a range served straight from the page
-//! cache ([`BlockDevice::cached_file`]) or known to be a hole
-//! ([`BlockDevice::is_hole`]) is counted as a read of its length when the target is
-//! told it may skip the read. A [`BlockDevice::try_read_at`] that would block is not
-//! counted; the `read_at` that follows it is.
+//! cache ([`FastPath::cached_file`]) or known to be a hole ([`FastPath::is_hole`]) is
+//! counted as a read of its length when the target is told it may skip the read. A
+//! [`FastPath::try_read_at`] that would block is not counted; the `read_at` that
+//! follows it is.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::RawFd;
@@ -20,6 +20,7 @@ use std::time::Instant;
 
 use crate::device::{BlockDevice, Extent, WriteFlags, ZeroFlags};
 use crate::error::{Op, Result};
+use crate::fast_path::FastPath;
 use crate::handle::Device;
 use crate::info::{DeviceInfo, Support};
 use crate::meter::IoMeter;
@@ -94,6 +95,43 @@ impl<M: IoMeter> BlockDevice for Metered<M> {
         self.count(Op::Read, len, || self.inner.read(buf, offset))
     }
 
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        let len = buf.len() as u64;
+        self.count(Op::Write, len, || self.inner.write(buf, offset, flags))
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.count(Op::Flush, 0, || self.inner.flush())
+    }
+
+    fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        self.count(Op::Trim, 0, || self.inner.trim(offset, len, flags))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.count(Op::WriteZeroes, 0, || {
+            self.inner.write_zeroes(offset, len, flags)
+        })
+    }
+
+    fn extents(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
+        let extents = self.count(Op::Extents, 0, || self.inner.extents(offset, len))?;
+        out.extend(extents);
+        Ok(())
+    }
+
+    fn cache(&self, offset: u64, len: u64) -> Result<()> {
+        self.count(Op::Cache, 0, || self.inner.cache(offset, len))
+    }
+
+    /// Counted fast paths, when the device behind the handle has any; without, every
+    /// request takes the plain route, counted there.
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        self.inner.has_fast_path().then_some(self as &dyn FastPath)
+    }
+}
+
+impl<M: IoMeter> FastPath for Metered<M> {
     fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Result<bool> {
         let started = Instant::now();
         match self.inner.try_read(buf, offset) {
@@ -152,11 +190,6 @@ impl<M: IoMeter> BlockDevice for Metered<M> {
         Some(hole)
     }
 
-    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-        let len = buf.len() as u64;
-        self.count(Op::Write, len, || self.inner.write(buf, offset, flags))
-    }
-
     fn write_vectored_at(
         &self,
         bufs: &[IoSlice<'_>],
@@ -167,30 +200,6 @@ impl<M: IoMeter> BlockDevice for Metered<M> {
         self.count(Op::Write, len, || {
             self.inner.write_vectored(bufs, offset, flags)
         })
-    }
-
-    fn flush(&self) -> Result<()> {
-        self.count(Op::Flush, 0, || self.inner.flush())
-    }
-
-    fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        self.count(Op::Trim, 0, || self.inner.trim(offset, len, flags))
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        self.count(Op::WriteZeroes, 0, || {
-            self.inner.write_zeroes(offset, len, flags)
-        })
-    }
-
-    fn extents(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
-        let extents = self.count(Op::Extents, 0, || self.inner.extents(offset, len))?;
-        out.extend(extents);
-        Ok(())
-    }
-
-    fn cache(&self, offset: u64, len: u64) -> Result<()> {
-        self.count(Op::Cache, 0, || self.inner.cache(offset, len))
     }
 
     /// The handle's queue (checked there), each request counted.

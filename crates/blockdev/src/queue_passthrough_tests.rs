@@ -12,7 +12,7 @@ use crate::error::{ErrorKind, Op, Result};
 use crate::info::{DeviceInfo, Support};
 use crate::meter::IoMeter;
 use crate::queue::{Completion, QueuedCommand, QueuedOp, RequestQueue, Submission};
-use crate::{Device, IoBuf, MemoryDevice, Metered};
+use crate::{Device, FastPath, IoBuf, MemoryDevice, Metered};
 
 /// A memory device with a queue of its own that takes every command, runs each
 /// request at once and wakes its owner; zeroing is not fast on it.
@@ -40,6 +40,12 @@ impl BlockDevice for Queued {
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
         self.0.write_zeroes(offset, len, flags)
     }
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        Some(self)
+    }
+}
+
+impl FastPath for Queued {
     fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
         Some(Box::new(RunAtOnce {
             device: &self.0,

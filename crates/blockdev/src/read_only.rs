@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use crate::device::{BlockDevice, Extent, WriteFlags};
 use crate::error::{Error, ErrorKind, Op, Result};
+use crate::fast_path::FastPath;
 use crate::info::{DeviceInfo, Support};
 
 /// Serves reads from the inner device and refuses every write.
@@ -33,18 +34,6 @@ impl BlockDevice for ReadOnly {
         self.inner.read_at(buf, offset)
     }
 
-    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Result<bool> {
-        self.inner.try_read_at(buf, offset)
-    }
-
-    fn cached_file(&self, offset: u64, len: u64) -> Option<std::os::fd::RawFd> {
-        self.inner.cached_file(offset, len)
-    }
-
-    fn mapped_cached(&self, offset: u64, len: u64) -> Option<crate::MappedRange> {
-        self.inner.mapped_cached(offset, len)
-    }
-
     fn write_at(&self, buf: &[u8], offset: u64, _flags: WriteFlags) -> Result<()> {
         Err(Error::new(
             ErrorKind::ReadOnly,
@@ -60,10 +49,6 @@ impl BlockDevice for ReadOnly {
         self.inner.flush()
     }
 
-    fn is_hole(&self, offset: u64, len: u64) -> Option<bool> {
-        self.inner.is_hole(offset, len)
-    }
-
     fn extents(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
         self.inner.extents(offset, len, out)
     }
@@ -72,10 +57,11 @@ impl BlockDevice for ReadOnly {
         self.inner.cache(offset, len)
     }
 
-    /// The inner device's queue: requests reach it only through the checked
-    /// handle, which refuses every write, trim and write-zeroes of a read-only
-    /// device before they get here, so only reads and flushes pass.
-    fn queue(&self) -> Option<Box<dyn crate::RequestQueue + '_>> {
-        self.inner.queue()
+    /// The inner device's fast paths, unchanged: reads from the page cache, hole
+    /// answers and the request queue. Their writes (a vectored write, a queued write,
+    /// trim or write-zeroes) reach a device only through the checked handle, which
+    /// refuses every one of them on a read-only device before they get here.
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        self.inner.fast_path()
     }
 }

@@ -19,6 +19,7 @@ pub use layout::{Layout, Piece};
 
 use crate::device::{BlockDevice, Extent, WriteFlags, ZeroFlags};
 use crate::error::{Error, ErrorKind, Op, Result};
+use crate::fast_path::FastPath;
 use crate::handle::Device;
 use crate::info::{BlockSizes, Capabilities, DeviceInfo, Limits, Support};
 
@@ -67,6 +68,8 @@ pub struct Stripe {
     names: Vec<String>,
     layout: Layout,
     info: DeviceInfo,
+    /// Whether any member has a fast path: only then does the volume offer its own.
+    members_fast: bool,
 }
 
 impl std::fmt::Debug for Stripe {
@@ -105,11 +108,13 @@ impl Stripe {
         }
         let layout = Layout::new(members.len(), chunk).ok_or(StripeError::ZeroChunk)?;
         let info = combined_info(&members, &names, chunk)?;
+        let members_fast = members.iter().any(Device::has_fast_path);
         Ok(Stripe {
             members,
             names,
             layout,
             info,
+            members_fast,
         })
     }
 
@@ -359,6 +364,49 @@ impl BlockDevice for Stripe {
         .map_err(|(m, e)| self.member_error(m, Op::Read, offset, len, e))
     }
 
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        self.write_vectored_at(&[IoSlice::new(buf)], offset, flags)
+    }
+
+    fn flush(&self) -> Result<()> {
+        let jobs: Vec<(usize, ())> = (0..self.members.len()).map(|m| (m, ())).collect();
+        let parallel = !self.info.completes_inline;
+        self.fan_out(jobs, parallel, |m, ()| self.members[m].flush())
+            .map_err(|(m, e)| self.member_error(m, Op::Flush, 0, 0, e))
+    }
+
+    fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        self.per_member_span(Op::Trim, offset, len, |member, at, span| {
+            member.trim(at, span, flags)
+        })
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.per_member_span(Op::WriteZeroes, offset, len, |member, at, span| {
+            member.write_zeroes(at, span, flags)
+        })
+    }
+
+    fn extents(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
+        extents::collect(&self.members, &self.layout, offset, len, out)
+            .map_err(|(m, e)| self.member_error(m, Op::Extents, offset, len, e))
+    }
+
+    fn cache(&self, offset: u64, len: u64) -> Result<()> {
+        self.per_member_span(Op::Cache, offset, len, |member, at, span| {
+            member.cache(at, span)
+        })
+    }
+
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        self.members_fast.then_some(self as &dyn FastPath)
+    }
+}
+
+/// Cached reads and hole answers asked of each member in turn (through its handle,
+/// so a member without them answers "no"), and vectored writes split into one
+/// vectored write per member.
+impl FastPath for Stripe {
     fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Result<bool> {
         // Only cached data is read here, so no thread is worth starting.
         let mut at = 0usize;
@@ -388,10 +436,6 @@ impl BlockDevice for Stripe {
             }
         }
         Some(true)
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-        self.write_vectored_at(&[IoSlice::new(buf)], offset, flags)
     }
 
     fn write_vectored_at(
@@ -443,36 +487,6 @@ impl BlockDevice for Stripe {
             self.members[m].write_vectored(&slices, at, flags)
         })
         .map_err(|(m, e)| self.member_error(m, Op::Write, offset, len, e))
-    }
-
-    fn flush(&self) -> Result<()> {
-        let jobs: Vec<(usize, ())> = (0..self.members.len()).map(|m| (m, ())).collect();
-        let parallel = !self.info.completes_inline;
-        self.fan_out(jobs, parallel, |m, ()| self.members[m].flush())
-            .map_err(|(m, e)| self.member_error(m, Op::Flush, 0, 0, e))
-    }
-
-    fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        self.per_member_span(Op::Trim, offset, len, |member, at, span| {
-            member.trim(at, span, flags)
-        })
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        self.per_member_span(Op::WriteZeroes, offset, len, |member, at, span| {
-            member.write_zeroes(at, span, flags)
-        })
-    }
-
-    fn extents(&self, offset: u64, len: u64, out: &mut Vec<Extent>) -> Result<()> {
-        extents::collect(&self.members, &self.layout, offset, len, out)
-            .map_err(|(m, e)| self.member_error(m, Op::Extents, offset, len, e))
-    }
-
-    fn cache(&self, offset: u64, len: u64) -> Result<()> {
-        self.per_member_span(Op::Cache, offset, len, |member, at, span| {
-            member.cache(at, span)
-        })
     }
 }
 

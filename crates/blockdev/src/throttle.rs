@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::device::{BlockDevice, Extent, WriteFlags, ZeroFlags};
 use crate::error::Result;
+use crate::fast_path::FastPath;
 use crate::handle::Device;
 use crate::info::DeviceInfo;
 
@@ -119,25 +120,9 @@ impl BlockDevice for Throttle {
         self.inner.read(buf, offset)
     }
 
-    fn is_hole(&self, _offset: u64, _len: u64) -> Option<bool> {
-        // A disk reads every byte: answering holes without a read would make reads
-        // of unwritten ranges free and the stand-in faster than the disk.
-        Some(false)
-    }
-
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.pace(buf.len() as u64);
         self.inner.write(buf, offset, flags)
-    }
-
-    fn write_vectored_at(
-        &self,
-        bufs: &[IoSlice<'_>],
-        offset: u64,
-        flags: WriteFlags,
-    ) -> Result<()> {
-        self.pace(bufs.iter().map(|b| b.len() as u64).sum());
-        self.inner.write_vectored(bufs, offset, flags)
     }
 
     fn flush(&self) -> Result<()> {
@@ -161,6 +146,31 @@ impl BlockDevice for Throttle {
 
     fn cache(&self, offset: u64, len: u64) -> Result<()> {
         self.inner.cache(offset, len)
+    }
+
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        Some(self)
+    }
+}
+
+/// Only the fast paths that still pay for every byte: a vectored write is paced like
+/// a write, holes are never answered without a read, and reads from the page cache,
+/// mapped or sent from the file, or queued, stay off (they would skip `pace`).
+impl FastPath for Throttle {
+    fn is_hole(&self, _offset: u64, _len: u64) -> Option<bool> {
+        // A disk reads every byte: answering holes without a read would make reads
+        // of unwritten ranges free and the stand-in faster than the disk.
+        Some(false)
+    }
+
+    fn write_vectored_at(
+        &self,
+        bufs: &[IoSlice<'_>],
+        offset: u64,
+        flags: WriteFlags,
+    ) -> Result<()> {
+        self.pace(bufs.iter().map(|b| b.len() as u64).sum());
+        self.inner.write_vectored(bufs, offset, flags)
     }
 }
 

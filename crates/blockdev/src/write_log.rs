@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::device::{BlockDevice, Extent, WriteFlags, ZeroFlags};
 use crate::error::Result;
+use crate::fast_path::FastPath;
 use crate::handle::Device;
 use crate::info::DeviceInfo;
 
@@ -372,18 +373,6 @@ impl BlockDevice for WriteLog {
         })
     }
 
-    fn write_vectored_at(
-        &self,
-        bufs: &[IoSlice<'_>],
-        offset: u64,
-        flags: WriteFlags,
-    ) -> Result<()> {
-        let data: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
-        self.change(offset, Change::Write(data.into()), flags.fua, || {
-            self.inner.write_vectored(bufs, offset, flags)
-        })
-    }
-
     fn flush(&self) -> Result<()> {
         let covers = self.position();
         self.inner.flush()?;
@@ -410,6 +399,26 @@ impl BlockDevice for WriteLog {
 
     fn cache(&self, offset: u64, len: u64) -> Result<()> {
         self.inner.cache(offset, len)
+    }
+
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        Some(self)
+    }
+}
+
+/// A vectored write is one change in the log, as the target made it; reads take the
+/// plain route.
+impl FastPath for WriteLog {
+    fn write_vectored_at(
+        &self,
+        bufs: &[IoSlice<'_>],
+        offset: u64,
+        flags: WriteFlags,
+    ) -> Result<()> {
+        let data: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+        self.change(offset, Change::Write(data.into()), flags.fua, || {
+            self.inner.write_vectored(bufs, offset, flags)
+        })
     }
 }
 

@@ -8,8 +8,8 @@ use std::task::Waker;
 use std::time::Duration;
 
 use blockwire_blockdev::{
-    BlockDevice, Completion, Device, DeviceInfo, IoBuf, MemoryDevice, QueuedCommand, QueuedOp,
-    RequestQueue, Result, Submission, WriteFlags,
+    BlockDevice, Completion, Device, DeviceInfo, FastPath, IoBuf, MemoryDevice, QueuedCommand,
+    QueuedOp, RequestQueue, Result, Submission, WriteFlags,
 };
 
 use super::*;
@@ -55,6 +55,12 @@ impl BlockDevice for Queued {
     fn flush(&self) -> Result<()> {
         self.memory.flush()
     }
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        Some(self)
+    }
+}
+
+impl FastPath for Queued {
     fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
         Some(Box::new(Backwards {
             memory: &self.memory,

@@ -12,7 +12,7 @@ use std::task::Waker;
 use std::thread;
 
 use blockwire_blockdev::{
-    BlockDevice, Completion, Device, DeviceInfo, MemoryDevice, QueuedCommand, QueuedOp,
+    BlockDevice, Completion, Device, DeviceInfo, FastPath, MemoryDevice, QueuedCommand, QueuedOp,
     RequestQueue, Result, Submission, WriteFlags, ZeroFlags,
 };
 use blockwire_nvme::opcodes::io;
@@ -66,6 +66,12 @@ impl BlockDevice for Queued {
         self.counts.synchronous_data.fetch_add(1, Ordering::Relaxed);
         self.memory.write_zeroes(offset, len, flags)
     }
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        Some(self)
+    }
+}
+
+impl FastPath for Queued {
     fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
         Some(Box::new(Immediate {
             memory: self.memory.clone(),

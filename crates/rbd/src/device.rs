@@ -1,7 +1,7 @@
 //! An RBD image as a [`BlockDevice`]: every operation is one librbd asynchronous
 //! call (FUA is write + flush, trim is discard, write-zeroes is
 //! `rbd_aio_write_zeroes`), finished by the image's poller. The synchronous methods
-//! submit and wait; [`BlockDevice::queue`] keeps many requests in flight from one
+//! submit and wait; [`FastPath::queue`] keeps many requests in flight from one
 //! thread.
 
 use std::io::IoSlice;
@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use blockwire_blockdev::{
-    BlockDevice, BlockSizes, Capabilities, DeviceInfo, Error, Extent, ExtentState, IoBuf, Limits,
-    Op, RequestQueue, Result, Support, WriteFlags, ZeroFlags,
+    BlockDevice, BlockSizes, Capabilities, DeviceInfo, Error, Extent, ExtentState, FastPath, IoBuf,
+    Limits, Op, RequestQueue, Result, Support, WriteFlags, ZeroFlags,
 };
 use crossbeam_channel::RecvTimeoutError;
 
@@ -218,22 +218,6 @@ impl BlockDevice for RbdDevice {
         self.write_buf(IoBuf::from_slice(buf), offset, flags)
     }
 
-    fn write_vectored_at(
-        &self,
-        bufs: &[IoSlice<'_>],
-        offset: u64,
-        flags: WriteFlags,
-    ) -> Result<()> {
-        let total = bufs.iter().map(|b| b.len()).sum();
-        let mut gathered = IoBuf::new(total);
-        let mut at = 0;
-        for buf in bufs {
-            gathered[at..at + buf.len()].copy_from_slice(buf);
-            at += buf.len();
-        }
-        self.write_buf(gathered, offset, flags)
-    }
-
     fn flush(&self) -> Result<()> {
         self.run(AioKind::Flush, None, Op::Flush, (0, 0), false).0
     }
@@ -296,6 +280,30 @@ impl BlockDevice for RbdDevice {
             ));
         }
         Ok(())
+    }
+
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        Some(self)
+    }
+}
+
+/// One librbd write for a vectored write (gathered into one buffer), and librbd's
+/// own asynchronous requests as the request queue.
+impl FastPath for RbdDevice {
+    fn write_vectored_at(
+        &self,
+        bufs: &[IoSlice<'_>],
+        offset: u64,
+        flags: WriteFlags,
+    ) -> Result<()> {
+        let total = bufs.iter().map(|b| b.len()).sum();
+        let mut gathered = IoBuf::new(total);
+        let mut at = 0;
+        for buf in bufs {
+            gathered[at..at + buf.len()].copy_from_slice(buf);
+            at += buf.len();
+        }
+        self.write_buf(gathered, offset, flags)
     }
 
     fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {

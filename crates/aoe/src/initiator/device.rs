@@ -7,8 +7,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use blockwire_blockdev::{
-    BlockDevice, BlockSizes, Capabilities, DeviceInfo, Error, ErrorKind, Limits, Op, RequestQueue,
-    Result, Support, WriteFlags,
+    BlockDevice, BlockSizes, Capabilities, DeviceInfo, Error, ErrorKind, FastPath, Limits, Op,
+    RequestQueue, Result, Support, WriteFlags,
 };
 
 use super::discovery::{self, format_mac, Found};
@@ -519,6 +519,13 @@ impl BlockDevice for AoeClient {
         self.run(Plan::flush(), std::ptr::null_mut(), 0, Op::Flush, 0)
     }
 
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        Some(self)
+    }
+}
+
+/// The request queue is this client's one fast path.
+impl FastPath for AoeClient {
     fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
         Some(Box::new(AoeQueue::new(self)))
     }

@@ -360,6 +360,12 @@ pub(crate) mod test_support {
         fn flush(&self) -> Result<()> {
             self.inner.flush()
         }
+        fn fast_path(&self) -> Option<&dyn blockwire_blockdev::FastPath> {
+            Some(self)
+        }
+    }
+
+    impl blockwire_blockdev::FastPath for Queued {
         fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
             Some(Box::new(CountingQueue {
                 inner: InlineQueue::new(&self.handle),

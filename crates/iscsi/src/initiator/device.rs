@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use blockwire_blockdev::{
     BlockDevice, BlockSizes, Capabilities, DeviceInfo, Error, ErrorKind, Extent, ExtentState,
-    Limits, Op, RequestQueue, Result, Support, WriteFlags, ZeroFlags,
+    FastPath, Limits, Op, RequestQueue, Result, Support, WriteFlags, ZeroFlags,
 };
 
 use super::connect::{dial, login};
@@ -711,6 +711,13 @@ impl BlockDevice for IscsiClient {
         Ok(())
     }
 
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        Some(self)
+    }
+}
+
+/// The request queue is this client's one fast path.
+impl FastPath for IscsiClient {
     fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
         Some(Box::new(IscsiQueue::new(self)))
     }

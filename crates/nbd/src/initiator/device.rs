@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use blockwire_blockdev::{
-    BlockDevice, DeviceInfo, Error, ErrorKind, Extent, ExtentState, Op, RequestQueue, Result,
-    WriteFlags, ZeroFlags,
+    BlockDevice, DeviceInfo, Error, ErrorKind, Extent, ExtentState, FastPath, Op, RequestQueue,
+    Result, WriteFlags, ZeroFlags,
 };
 
 use super::connection::Connection;
@@ -437,15 +437,31 @@ impl BlockDevice for NbdClient {
         Ok(())
     }
 
-    fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
-        NbdQueue::new(self).map(|queue| Box::new(queue) as Box<dyn RequestQueue + '_>)
-    }
-
     fn cache(&self, offset: u64, len: u64) -> Result<()> {
         if !self.details.has(NBD_FLAG_SEND_CACHE) {
             return Err(Error::new(ErrorKind::Unsupported, Op::Cache, offset, len));
         }
         self.in_pieces(Op::Cache, NBD_CMD_CACHE, 0, offset, len)
+    }
+
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        Some(self)
+    }
+}
+
+impl NbdClient {
+    /// A queue that keeps many reads and writes in flight from one thread over this
+    /// client's connections (the device's [`FastPath::queue`], callable without the
+    /// trait); `None` if the kernel refuses the eventfd it needs.
+    pub fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
+        NbdQueue::new(self).map(|queue| Box::new(queue) as Box<dyn RequestQueue + '_>)
+    }
+}
+
+/// The request queue is this client's one fast path.
+impl FastPath for NbdClient {
+    fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
+        NbdClient::queue(self)
     }
 }
 

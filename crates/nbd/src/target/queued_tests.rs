@@ -10,8 +10,8 @@ use std::task::Waker;
 
 use blockwire_blockdev::workers::WorkerPool;
 use blockwire_blockdev::{
-    BlockDevice, Completion, Device, DeviceInfo, IoBuf, MemoryDevice, QueuedCommand, QueuedOp,
-    RequestQueue, Result, Submission, WriteFlags, ZeroFlags,
+    BlockDevice, Completion, Device, DeviceInfo, FastPath, IoBuf, MemoryDevice, QueuedCommand,
+    QueuedOp, RequestQueue, Result, Submission, WriteFlags, ZeroFlags,
 };
 
 use crate::target::connection::{transmit, Ending};
@@ -57,6 +57,12 @@ impl BlockDevice for Threaded {
         self.synchronous.fetch_add(1, Ordering::Relaxed);
         self.memory.write_zeroes(offset, len, flags)
     }
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        Some(self)
+    }
+}
+
+impl FastPath for Threaded {
     fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
         Some(Box::new(ThreadQueue::new(
             self.memory.clone(),

@@ -6,8 +6,8 @@
 use std::sync::{Arc, Mutex, RwLock};
 
 use blockwire_blockdev::{
-    BlockDevice, BlockSizes, Capabilities, DeviceInfo, Error, ErrorKind, IoBuf, Limits, Op,
-    RequestQueue, Result, Support, WriteFlags, ZeroFlags,
+    BlockDevice, BlockSizes, Capabilities, DeviceInfo, Error, ErrorKind, FastPath, IoBuf, Limits,
+    Op, RequestQueue, Result, Support, WriteFlags, ZeroFlags,
 };
 
 use super::commands::{self, ControllerIdentity, NamespaceIdentity};
@@ -335,7 +335,23 @@ impl BlockDevice for NvmeClient {
         Ok(())
     }
 
-    fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        Some(self)
+    }
+}
+
+impl NvmeClient {
+    /// A queue that keeps many reads and writes in flight from one thread over this
+    /// client's connections; the device's [`FastPath::queue`], callable without the
+    /// trait.
+    pub fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
         Some(Box::new(NvmeQueue::new(self)))
+    }
+}
+
+/// The request queue is this client's one fast path.
+impl FastPath for NvmeClient {
+    fn queue(&self) -> Option<Box<dyn RequestQueue + '_>> {
+        NvmeClient::queue(self)
     }
 }
