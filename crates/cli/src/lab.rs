@@ -18,13 +18,17 @@ use clap::Args;
 #[derive(Args, Debug)]
 pub struct LabArgs {
     /// Rebuild a seed's bed: 003 (four 1 Gbit channels striped, MTU 1500/9000, AoE
-    /// vs iSCSI, NBD and NVMe/TCP, 210 MB/s disks) or 000 (one link at 1 and 10 Gbit, MTU
-    /// 1500/4132/4608/9000, AoE vs NBD, bonnie, a 256 MB/s disk). The flags below
-    /// change the preset's matrix.
+    /// vs iSCSI, NBD and NVMe/TCP, 210 MB/s disks), 000 (one link at 1 and 10 Gbit, MTU
+    /// 1500/4132/4608/9000, AoE vs NBD, bonnie, a 256 MB/s disk), 001 (one 1 Gbit
+    /// link, MTU 1500/9000, AoE vs iSCSI, dd-style 4 MiB direct writes, target CPU),
+    /// 002 (10 Gbit, NFS vs iSCSI, NBD and AoE, record sizes 4K-16M) or 004 (10 and 1
+    /// Gbit, NFS vs the block protocols on the same storage, dd and bonnie). The
+    /// flags below change the preset's matrix and quick defaults.
     #[arg(long, value_name = "SEED", value_parser = Seed::parse)]
     pub seed: Option<Seed>,
 
-    /// Protocols, comma-separated: nbd, aoe, iscsi, nvme [default: all].
+    /// Protocols, comma-separated: nbd, aoe, iscsi, nvme, nfs (nfs-ganesha and our
+    /// libnfs client) [default: nbd, aoe, iscsi, nvme].
     #[arg(long, value_name = "LIST", value_parser = |t: &str| parse_list(t, str::parse::<Protocol>).map(List))]
     pub protocols: Option<List<Protocol>>,
 
@@ -45,7 +49,8 @@ pub struct LabArgs {
     #[arg(long, value_name = "yes|no|both", value_parser = str::parse::<Layouts>)]
     pub striped: Option<Layouts>,
 
-    /// Workloads, comma-separated: sequential, bonnie, random [default: sequential].
+    /// Workloads, comma-separated: sequential, bonnie, random, sweep (record sizes
+    /// 4K to 16M, iozone-style) [default: sequential].
     #[arg(long, value_name = "LIST", value_parser = |t: &str| parse_list(t, str::parse::<LabWorkload>).map(List))]
     pub workloads: Option<List<LabWorkload>>,
 
@@ -68,21 +73,29 @@ pub struct LabArgs {
     #[arg(long)]
     pub aoe_xdp: bool,
 
-    /// Data set per cell (split over a stripe's exports) [default: 256M; 128M when
-    /// bonnie runs, whose 8 KiB requests one at a time take longer per byte].
+    /// Data set per cell (split over a stripe's exports) [default: the preset's, or
+    /// 256M; 128M when bonnie runs, whose 8 KiB requests one at a time take longer
+    /// per byte].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub size: Option<u64>,
 
-    /// Seconds per timed phase: each random-I/O point, bonnie's seeks. (The network
-    /// baseline moves the cell's data set each way, as the storage does.)
-    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
-    pub time: f64,
+    /// Seconds per timed phase: each random-I/O point, bonnie's seeks, each sweep
+    /// measurement's cap. (The network baseline moves the cell's data set each way,
+    /// as the storage does.) [default: the preset's, or 1]
+    #[arg(long, value_name = "SECS")]
+    pub time: Option<f64>,
+
+    /// Request size of the sequential workload [default: the preset's (001: 4M, as
+    /// dd bs=4M), or the bench's 1M].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub block_size: Option<u64>,
 
     /// Chunk size of the initiator's stripe.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "256K")]
     pub chunk: u64,
 
-    /// Requests in flight for the sequential workload [default: the bench's, 16].
+    /// Requests in flight for the sequential workload [default: the preset's (001:
+    /// 1, as dd oflag=direct), or the bench's 16].
     #[arg(long, value_name = "N")]
     pub queue_depth: Option<u32>,
 
@@ -91,9 +104,10 @@ pub struct LabArgs {
     pub random_depths: Vec<u32>,
 
     /// Where the exports' bytes live: memory or file (a sparse file per export in
-    /// the run's temporary directory).
-    #[arg(long, value_name = "memory|file", value_parser = str::parse::<Backing>, default_value = "memory")]
-    pub backing: Backing,
+    /// the run's temporary directory) [default: the preset's (002, 004: file, the
+    /// storage NFS serves too), or memory].
+    #[arg(long, value_name = "memory|file", value_parser = str::parse::<Backing>)]
+    pub backing: Option<Backing>,
 
     /// Stop a cell whose bench runs longer than this many seconds [default: 120 +
     /// 1 s per 2 MB of data set].
@@ -153,20 +167,24 @@ fn matrix(args: &LabArgs) -> Matrix {
 }
 
 fn options(args: &LabArgs) -> Result<LabOptions> {
-    if !(args.time > 0.0 && args.time <= 3600.0) {
+    let defaults = args.seed.map(preset::defaults);
+    let time = args
+        .time
+        .unwrap_or_else(|| defaults.map_or(1.0, |d| d.time.as_secs_f64()));
+    if !(time > 0.0 && time <= 3600.0) {
         bail!("--time: give between 0 and 3600 seconds");
     }
     if args.chunk < 4096 || !args.chunk.is_power_of_two() {
         bail!("--chunk must be a power of two of at least 4K");
     }
     let matrix = matrix(args);
-    let size = args
-        .size
-        .unwrap_or(if matrix.workloads.contains(&LabWorkload::Bonnie) {
+    let size = args.size.or(defaults.map(|d| d.size)).unwrap_or(
+        if matrix.workloads.contains(&LabWorkload::Bonnie) {
             128 << 20
         } else {
             256 << 20
-        });
+        },
+    );
     if size < (16 << 20) {
         bail!("--size must be at least 16M");
     }
@@ -176,11 +194,15 @@ fn options(args: &LabArgs) -> Result<LabOptions> {
         matrix,
         seed: args.seed,
         size,
-        time: Duration::from_secs_f64(args.time),
+        time: Duration::from_secs_f64(time),
         chunk: args.chunk,
-        queue_depth: args.queue_depth,
+        queue_depth: args.queue_depth.or(defaults.and_then(|d| d.queue_depth)),
+        block_size: args.block_size.or(defaults.and_then(|d| d.block_size)),
         random_depths: args.random_depths.clone(),
-        backing: args.backing,
+        backing: args
+            .backing
+            .or(defaults.map(|d| d.backing))
+            .unwrap_or(Backing::Memory),
         cell_timeout: Duration::from_secs(args.cell_timeout.unwrap_or(120 + size / 2_000_000)),
     })
 }
@@ -261,6 +283,8 @@ mod tests {
         lab: LabArgs,
     }
 
+    const ALL_SEEDS: [Seed; 5] = [Seed::S000, Seed::S001, Seed::S002, Seed::S003, Seed::S004];
+
     fn parse(args: &[&str]) -> LabArgs {
         Cli::try_parse_from(std::iter::once("lab").chain(args.iter().copied()))
             .unwrap()
@@ -294,19 +318,43 @@ mod tests {
         assert!(custom.baseline);
         assert_eq!(custom.layouts, Layouts::Both);
         assert!(Cli::try_parse_from(["lab", "--protocols", "fc"]).is_err());
-        assert!(Cli::try_parse_from(["lab", "--seed", "002"]).is_err());
+        assert!(Cli::try_parse_from(["lab", "--seed", "005"]).is_err());
+    }
+
+    #[test]
+    fn presets_bring_their_quick_defaults_and_flags_override_them() {
+        let dd = options(&parse(&["--seed", "001"])).unwrap();
+        assert_eq!((dd.block_size, dd.queue_depth), (Some(4 << 20), Some(1)));
+        assert_eq!(dd.matrix.protocols, [Protocol::Aoe, Protocol::Iscsi]);
+        let sweep = options(&parse(&["--seed", "002", "--time", "2"])).unwrap();
+        assert_eq!(sweep.time, Duration::from_secs(2));
+        assert_eq!(sweep.backing, Backing::File);
+        assert_eq!(sweep.matrix.workloads, [LabWorkload::Sweep]);
+        let nfs = options(&parse(&["--seed", "004", "--backing", "memory"])).unwrap();
+        assert_eq!(nfs.backing, Backing::Memory);
+        assert_eq!(nfs.size, 128 << 20);
+        assert_eq!(nfs.matrix.protocols[0], Protocol::Nfs);
+        let plain = options(&parse(&["--protocols", "nfs,nbd"])).unwrap();
+        assert_eq!((plain.block_size, plain.queue_depth), (None, None));
+        assert_eq!(plain.time, Duration::from_secs(1));
+        assert_eq!(plain.matrix.protocols, [Protocol::Nfs, Protocol::Nbd]);
     }
 
     #[test]
     fn every_cell_of_a_preset_makes_a_config_serve_accepts() {
         let dir = tempfile::tempdir().unwrap();
-        for seed in [Seed::S000, Seed::S003] {
+        for seed in ALL_SEEDS {
             let mut matrix = preset::matrix(seed);
             matrix.layouts = Layouts::Both;
             matrix.channels.push(2);
             matrix.baseline = true;
             for plan in matrix.expand().beds {
-                for cell in plan.cells {
+                // ganesha serves NFS cells: they have no serve config.
+                for cell in plan
+                    .cells
+                    .into_iter()
+                    .filter(|c| c.protocol != Protocol::Nfs)
+                {
                     for backing in [Backing::Memory, Backing::File] {
                         let text = serve_config(&cell, 256 << 20, 256 << 10, backing, dir.path());
                         // The cell's interfaces live in the lab's namespace: the
@@ -325,7 +373,7 @@ mod tests {
 
     #[test]
     fn initiator_uris_of_every_layout_parse() {
-        for seed in [Seed::S000, Seed::S003] {
+        for seed in ALL_SEEDS {
             let mut matrix = preset::matrix(seed);
             matrix.layouts = Layouts::Both;
             matrix.channels.push(3);

@@ -14,6 +14,7 @@
 
 pub mod bed;
 pub mod cleanup;
+pub mod fs_bonnie;
 pub mod matrix;
 pub mod netns;
 pub mod nfs_server;

@@ -95,23 +95,29 @@ pub enum LabWorkload {
     /// iozone-style record-size sweep, 4 KiB to 16 MiB, one request at a time
     /// (seed 002).
     Sweep,
+    /// Debian's `bonnie++ -f` on ext4 over `blockwire mount` (a loop device on the
+    /// FUSE file), as the seeds ran bonnie: [`crate::fs_bonnie`].
+    BonnieFs,
 }
 
 impl LabWorkload {
-    pub const ALL: [LabWorkload; 4] = [
+    pub const ALL: [LabWorkload; 5] = [
         LabWorkload::Sequential,
         LabWorkload::Bonnie,
         LabWorkload::Random,
         LabWorkload::Sweep,
+        LabWorkload::BonnieFs,
     ];
 
-    /// The name `blockwire bench --workload` takes, and the JSON's `workload`.
+    /// The name `blockwire bench --workload` takes, and the JSON's `workload`
+    /// (`bonnie-fs` runs bonnie++ itself, not the bench).
     pub fn name(self) -> &'static str {
         match self {
             LabWorkload::Sequential => "sequential",
             LabWorkload::Bonnie => "bonnie",
             LabWorkload::Random => "random",
             LabWorkload::Sweep => "sweep",
+            LabWorkload::BonnieFs => crate::fs_bonnie::WORKLOAD,
         }
     }
 }
@@ -125,8 +131,10 @@ impl FromStr for LabWorkload {
             "bonnie" | "bonnie++" => Ok(LabWorkload::Bonnie),
             "random" | "rand" => Ok(LabWorkload::Random),
             "sweep" | "iozone" => Ok(LabWorkload::Sweep),
+            "bonnie-fs" | "bonniefs" | "fs-bonnie" => Ok(LabWorkload::BonnieFs),
             _ => Err(format!(
-                "unknown workload '{text}' (choose from sequential, bonnie, random, sweep)"
+                "unknown workload '{text}' (choose from sequential, bonnie, random, sweep, \
+                 bonnie-fs)"
             )),
         }
     }
@@ -429,6 +437,12 @@ impl Matrix {
                         .to_string(),
                 );
             }
+            if self.workloads.contains(&LabWorkload::BonnieFs) {
+                skipped.push(format!(
+                    "nfs bonnie-fs: {}",
+                    crate::fs_bonnie::NFS_NOT_AVAILABLE
+                ));
+            }
             if self.channels.iter().any(|&n| n > 1) {
                 skipped.push(
                     "nfs over several channels: skipped (one ganesha on one address; NFS \
@@ -478,6 +492,11 @@ impl Matrix {
                                     continue;
                                 }
                                 for &workload in &dedup(&self.workloads) {
+                                    if protocol == Protocol::Nfs
+                                        && workload == LabWorkload::BonnieFs
+                                    {
+                                        continue;
+                                    }
                                     cells.push(CellSpec {
                                         protocol,
                                         bed,
@@ -813,5 +832,42 @@ mod tests {
             .iter()
             .any(|n| n.starts_with("nfs over several")));
         assert_eq!("iozone".parse::<LabWorkload>(), Ok(LabWorkload::Sweep));
+    }
+
+    #[test]
+    fn bonnie_on_a_file_system_is_for_the_block_protocols() {
+        assert_eq!(
+            "bonnie-fs".parse::<LabWorkload>(),
+            Ok(LabWorkload::BonnieFs)
+        );
+        assert_eq!(LabWorkload::BonnieFs.name(), "bonnie-fs");
+        let matrix = Matrix {
+            protocols: vec![Protocol::Nfs, Protocol::Iscsi],
+            mtus: vec![1500],
+            workloads: vec![LabWorkload::Bonnie, LabWorkload::BonnieFs],
+            ..Matrix::default()
+        };
+        let expansion = matrix.expand();
+        let cells: Vec<(Protocol, LabWorkload)> = expansion.beds[0]
+            .cells
+            .iter()
+            .map(|c| (c.protocol, c.workload))
+            .collect();
+        assert_eq!(
+            cells,
+            [
+                (Protocol::Nfs, LabWorkload::Bonnie),
+                (Protocol::Iscsi, LabWorkload::Bonnie),
+                (Protocol::Iscsi, LabWorkload::BonnieFs),
+            ]
+        );
+        assert!(
+            expansion
+                .skipped
+                .iter()
+                .any(|n| n.contains("no NFS client in this kernel")),
+            "{:?}",
+            expansion.skipped
+        );
     }
 }

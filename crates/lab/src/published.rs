@@ -452,9 +452,9 @@ fn seed_000(key: &CellKey<'_>) -> Option<Published> {
     // bonnie++ -f: block read, block write, rewrite. Our sequential read/write are
     // the same large-block streams without the file system.
     let value = match (key.workload, key.op) {
-        ("bonnie" | "sequential", "read") => row.2,
-        ("bonnie" | "sequential", "write") => row.3,
-        ("bonnie", "rewrite") => row.4,
+        ("bonnie" | "bonnie-fs" | "sequential", "read") => row.2,
+        ("bonnie" | "bonnie-fs" | "sequential", "write") => row.3,
+        ("bonnie" | "bonnie-fs", "rewrite") => row.4,
         _ => return None,
     };
     Some(plain(Figure::Exact { mb_per_s: value }, source))
@@ -466,8 +466,8 @@ fn seed_003(key: &CellKey<'_>) -> Option<Published> {
         return None;
     }
     let block = match (key.workload, key.op) {
-        ("sequential" | "bonnie", "read" | "write") => key.op,
-        ("bonnie", "seeks") => "seeks",
+        ("sequential" | "bonnie" | "bonnie-fs", "read" | "write") => key.op,
+        ("bonnie" | "bonnie-fs", "seeks") => "seeks",
         _ => return None,
     };
     let table = |peak: f64, cpu: f64, per_cpu: f64, source| Published {

@@ -14,8 +14,10 @@ use blockwire_bench::netperf::{self, ClientConfig, Direction};
 
 use crate::bed::{self, Bed};
 use crate::cleanup;
-use crate::matrix::{CellSpec, LabWorkload, Matrix};
+use crate::fs_bonnie;
+use crate::matrix::{CellSpec, LabWorkload, Matrix, Protocol};
 use crate::netns;
+use crate::nfs_server::{NfsServer, NfsServerConfig};
 use crate::published::Seed;
 use crate::results::{CellResult, LabReport, NetworkBaseline};
 use crate::target::{self, Backing};
@@ -267,25 +269,38 @@ impl Drop for Guarded {
 /// The line `blockwire serve` prints once every listener is up.
 const READY: &str = "press Ctrl-C to stop";
 
+/// Our target with its netserve (`blockwire serve --config --netserve`), or for an
+/// NFS cell, whose exports ganesha serves, our netserve alone.
 fn start_target(
     bed: &Bed,
     spec: &CellSpec,
     options: &LabOptions,
     dir: &Path,
 ) -> std::io::Result<Guarded> {
-    let config = dir.join("serve.toml");
-    std::fs::write(
-        &config,
-        target::serve_config(spec, options.size, options.chunk, options.backing, dir),
-    )?;
     let mut command = netns::command_in(bed.target_ns(), &options.binary);
-    command
-        .arg("serve")
-        .arg("--config")
-        .arg(&config)
-        .arg("--netserve")
-        .arg(format!("0.0.0.0:{}", target::NETSERVE_PORT))
-        .stdout(Stdio::piped());
+    let netserve = format!("0.0.0.0:{}", target::NETSERVE_PORT);
+    if spec.protocol == Protocol::Nfs {
+        command.arg("netserve").arg("--listen").arg(netserve);
+    } else {
+        let config = dir.join("serve.toml");
+        std::fs::write(
+            &config,
+            target::serve_config(
+                spec,
+                device_size(spec, options.size),
+                options.chunk,
+                options.backing,
+                dir,
+            ),
+        )?;
+        command
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .arg("--netserve")
+            .arg(netserve);
+    }
+    command.stdout(Stdio::piped());
     let mut target = Guarded::spawn(command, dir.join("target.log"))?;
     let stdout = target.child.stdout.take().expect("stdout is piped");
     let (ready_tx, ready_rx) = mpsc::channel();
@@ -387,17 +402,94 @@ pub fn measure_network(
     })
 }
 
+/// The size of a cell's volume: the data set, or for bonnie++ on ext4 a device
+/// that holds the data set and the file system's own blocks.
+pub fn device_size(spec: &CellSpec, size: u64) -> u64 {
+    match spec.workload {
+        LabWorkload::BonnieFs => fs_bonnie::sizes(size).device_bytes,
+        _ => size,
+    }
+}
+
+/// Runs [`fs_bonnie::SCRIPT`] in the initiator namespace against the cell's
+/// volume and reads its rows (the notes say which figures bonnie could not time).
+fn run_fs_bonnie(
+    bed: &Bed,
+    spec: &CellSpec,
+    options: &LabOptions,
+    target_pid: u32,
+    dir: &Path,
+) -> std::io::Result<(Vec<blockwire_bench::PhaseResult>, Vec<String>)> {
+    let work = dir.join("bonnie");
+    std::fs::create_dir(&work)?;
+    let sizes = fs_bonnie::sizes(options.size);
+    let mut command = netns::command_in(bed.initiator_ns(), "sh");
+    command
+        .arg("-c")
+        .arg(fs_bonnie::SCRIPT)
+        .arg("sh")
+        .arg(target::initiator_uri(spec, options.chunk))
+        .arg(&work)
+        .arg(sizes.data_mib.to_string())
+        .arg(sizes.ram_mib.to_string())
+        .arg(&options.binary)
+        .arg(target_pid.to_string())
+        .stdout(Stdio::null());
+    let mut script = Guarded::spawn(command, dir.join("bonnie.log"))?;
+    match script.wait_for(options.cell_timeout)? {
+        None => {
+            return Err(std::io::Error::other(format!(
+                "bonnie++ did not finish within {} s: {}",
+                options.cell_timeout.as_secs(),
+                script.log_tail()
+            )))
+        }
+        Some(status) if !status.success() => {
+            return Err(std::io::Error::other(format!(
+                "{} failed ({status}): {}",
+                fs_bonnie::LABEL,
+                script.log_tail()
+            )))
+        }
+        Some(_) => {}
+    }
+    fs_bonnie::read_outcome(&work, sizes).map_err(std::io::Error::other)
+}
+
+/// An NFS cell's server: nfs-ganesha in the target namespace on channel 0's
+/// address, exporting the cell's `export` directory, which holds one file of the
+/// data set's size (created here, sparse, as a file-backed export starts).
+fn start_nfs(bed: &Bed, options: &LabOptions, dir: &Path) -> std::io::Result<NfsServer> {
+    let export_dir = dir.join("export");
+    std::fs::create_dir(&export_dir)?;
+    let file = std::fs::File::create(export_dir.join(target::nfs_file(0)))?;
+    file.set_len(options.size)?;
+    drop(file);
+    let listen = netns::target_addr(0)
+        .parse()
+        .map_err(|e| std::io::Error::other(format!("channel 0's address: {e}")))?;
+    NfsServer::start(&NfsServerConfig {
+        netns: Some(bed.target_ns().to_string()),
+        listen,
+        export_dir,
+        pseudo: target::NFS_PSEUDO.to_string(),
+        state_dir: dir.join("ganesha"),
+    })
+    .map_err(|e| std::io::Error::other(format!("nfs-ganesha: {e}")))
+}
+
 fn bench_command(
     bed: &Bed,
     spec: &CellSpec,
     options: &LabOptions,
+    uri: &str,
     target_pid: u32,
     json: &Path,
 ) -> std::process::Command {
     let mut command = netns::command_in(bed.initiator_ns(), &options.binary);
     command
         .arg("bench")
-        .arg(target::initiator_uri(spec, options.chunk))
+        .arg(uri)
         .args(["--workload", spec.workload.name()])
         .args(["--size", &options.size.to_string()])
         .args(["--time", &format!("{}", options.time.as_secs_f64())])
@@ -432,14 +524,35 @@ fn run_cell(
     // The cell's own directory: its file-backed exports start empty and go with it.
     let cell_dir = CellDir::new(dir.join(format!("cell-{index}")))?;
     let target = start_target(bed, spec, options, &cell_dir.0)?;
+    // Declared after the netserve, so dropped (stopped) before it.
+    let nfs = match spec.protocol {
+        Protocol::Nfs => Some(start_nfs(bed, options, &cell_dir.0)?),
+        _ => None,
+    };
     let network = measure_network(
         bed,
         network_bytes_per_channel(options.size, bed.spec.channels),
         options.cell_timeout,
     )?;
     events(Event::Network { baseline: &network });
+    if spec.workload == LabWorkload::BonnieFs {
+        let (phases, notes) = run_fs_bonnie(bed, spec, options, target.pid(), &cell_dir.0)?;
+        drop(target);
+        for note in &notes {
+            events(Event::Note(note));
+        }
+        return Ok(phases
+            .iter()
+            .map(|phase| CellResult::from_phase(spec, phase, Some(&network), options.seed))
+            .collect());
+    }
     let json = dir.join(format!("cell-{index}.json"));
-    let command = bench_command(bed, spec, options, target.pid(), &json);
+    // The target's CPU: our serve, or ganesha (the first of the NFS server's PIDs).
+    let (uri, target_pid) = match &nfs {
+        Some(server) => (server.url(&target::nfs_file(0)), server.pids()[0]),
+        None => (target::initiator_uri(spec, options.chunk), target.pid()),
+    };
+    let command = bench_command(bed, spec, options, &uri, target_pid, &json);
     let mut bench = Guarded::spawn(command, dir.join(format!("cell-{index}-bench.log")))?;
     let status = bench.wait_for(options.cell_timeout)?;
     match status {
@@ -459,6 +572,7 @@ fn run_cell(
         Some(_) => {}
     }
     drop(bench);
+    drop(nfs);
     drop(target);
     let report = blockwire_bench::report::json::read(&json)
         .map_err(|e| std::io::Error::other(e.to_string()))?;

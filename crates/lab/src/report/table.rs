@@ -323,10 +323,11 @@ fn seed_002(report: &LabReport) -> String {
     out
 }
 
-/// How seed 004's table names a workload's rows.
-fn seed_004_source(workload: &str) -> &str {
+/// How the seed tables name a workload's rows: bonnie++ on ext4 (as the seeds ran
+/// it) and the bench's request-level bonnie are both "bonnie", told apart here.
+pub fn how(workload: &str) -> &str {
     match workload {
-        "sequential" => "dd-style (1M, sequential)",
+        "sequential" => "dd-style (sequential)",
         "bonnie" => "bonnie (request-level)",
         "bonnie-fs" => "bonnie++ -f on ext4",
         other => other,
@@ -406,7 +407,7 @@ fn seed_004(report: &LabReport) -> String {
                     .map_or("-".into(), pct);
                 table.row(vec![
                     protocol.display_name().to_string(),
-                    seed_004_source(workload).to_string(),
+                    how(workload).to_string(),
                     ours("write"),
                     ours("rewrite"),
                     ours("read"),
@@ -416,6 +417,17 @@ fn seed_004(report: &LabReport) -> String {
                     paper("rewrite"),
                     paper("read"),
                     paper("seeks"),
+                ]);
+            }
+            let fs_bonnie_ran = report
+                .cells
+                .iter()
+                .any(|r| r.workload == crate::fs_bonnie::WORKLOAD && r.rate_mbit == rate);
+            if protocol == Protocol::Nfs && fs_bonnie_ran {
+                table.row(vec![
+                    protocol.display_name().to_string(),
+                    how(crate::fs_bonnie::WORKLOAD).to_string(),
+                    "n/a: no NFS client in this kernel".into(),
                 ]);
             }
         }
@@ -444,7 +456,7 @@ pub fn seed_003_peak(report: &LabReport, protocol: Protocol, mtu: u32) -> Option
                 && r.striped
                 && r.rate_mbit == Some(1000)
                 && matches!(r.op.as_str(), "read" | "write")
-                && matches!(r.workload.as_str(), "sequential" | "bonnie")
+                && matches!(r.workload.as_str(), "sequential" | "bonnie" | "bonnie-fs")
         })
         .max_by(|a, b| a.mb_per_s.total_cmp(&b.mb_per_s))
 }
@@ -594,6 +606,7 @@ fn seed_000(report: &LabReport) -> String {
             &[
                 "speed",
                 "MTU",
+                "how",
                 "read",
                 "write",
                 "rewrite",
@@ -601,33 +614,49 @@ fn seed_000(report: &LabReport) -> String {
                 "paper write",
                 "paper rewrite",
             ],
-            2,
+            3,
         );
         let mut beds: Vec<(Option<u64>, u32)> = rows.iter().map(|r| (r.rate_mbit, r.mtu)).collect();
         beds.dedup();
         for (rate, mtu) in beds {
-            let find = |op: &str| {
-                rows.iter()
-                    .filter(|r| r.rate_mbit == rate && r.mtu == mtu && r.op == op)
-                    .find(|r| r.workload == "bonnie")
-                    .or_else(|| {
-                        rows.iter()
-                            .find(|r| r.rate_mbit == rate && r.mtu == mtu && r.op == op)
-                    })
-                    .copied()
-            };
-            let ours = |op: &str| find(op).map_or("-".into(), |r| number(r.mb_per_s));
-            let paper = |op: &str| find(op).map_or("-".into(), published_text);
-            table.row(vec![
-                crate::matrix::Rate(rate).to_string(),
-                mtu.to_string(),
-                ours("read"),
-                ours("write"),
-                ours("rewrite"),
-                paper("read"),
-                paper("write"),
-                paper("rewrite"),
-            ]);
+            // bonnie++ on ext4 first (as the seed ran it), then the request-level
+            // bonnie, then anything else measured on the bed.
+            let mut workloads: Vec<&str> = Vec::new();
+            for r in rows.iter().filter(|r| r.rate_mbit == rate && r.mtu == mtu) {
+                if !workloads.contains(&r.workload.as_str()) {
+                    workloads.push(&r.workload);
+                }
+            }
+            workloads.sort_by_key(|w| match *w {
+                "bonnie-fs" => 0,
+                "bonnie" => 1,
+                _ => 2,
+            });
+            for workload in workloads {
+                let find = |op: &str| {
+                    rows.iter()
+                        .find(|r| {
+                            r.rate_mbit == rate
+                                && r.mtu == mtu
+                                && r.op == op
+                                && r.workload == workload
+                        })
+                        .copied()
+                };
+                let ours = |op: &str| find(op).map_or("-".into(), |r| number(r.mb_per_s));
+                let paper = |op: &str| find(op).map_or("-".into(), published_text);
+                table.row(vec![
+                    crate::matrix::Rate(rate).to_string(),
+                    mtu.to_string(),
+                    how(workload).to_string(),
+                    ours("read"),
+                    ours("write"),
+                    ours("rewrite"),
+                    paper("read"),
+                    paper("write"),
+                    paper("rewrite"),
+                ]);
+            }
         }
         out.push_str(&table.render());
     }
