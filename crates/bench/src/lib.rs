@@ -179,6 +179,9 @@ pub fn run(request: &RunRequest, note: &mut dyn FnMut(&str)) -> Result<RunReport
             match &request.remote_device {
                 Some(device) if !storage.is_empty() => {
                     config.size = remote_size(device, request, &remote.uri)?;
+                    if remote.scheme == "nfs" {
+                        file_level_notes(&storage, note);
+                    }
                     if config.target_cpu.is_none() {
                         match target_cpu::discover(&remote, request.netserve_port) {
                             Some((source, line)) => {
@@ -187,6 +190,10 @@ pub fn run(request: &RunRequest, note: &mut dyn FnMut(&str)) -> Result<RunReport
                             }
                             None if remote.scheme == "rbd" => note(
                                 "target CPU: librbd runs in this process (its CPU is the client's)",
+                            ),
+                            None if remote.scheme == "nfs" => note(
+                                "target CPU: not seen (the NFS server is not on this host's \
+                                 loopback: give --target-pid with its PID, ganesha.nfsd's)",
                             ),
                             None if remote.scheme == "aoe" || remote.scheme == "stripe" => note(
                                 "target CPU: not seen (give --target-pid on the target's host)",
@@ -274,6 +281,15 @@ pub fn run(request: &RunRequest, note: &mut dyn FnMut(&str)) -> Result<RunReport
         results,
         warnings,
     })
+}
+
+/// What a file-level target (`nfs://`, one file on a server) cannot be measured
+/// on, said once: it is no block device, and names no directory.
+fn file_level_notes(storage: &[Workload], note: &mut dyn FnMut(&str)) {
+    note("nfs: a file on an NFS server, not a block device: reads, writes and COMMIT are measured; there is no trim and no allocation map");
+    if storage.contains(&Workload::Bonnie) {
+        note("bonnie: file create/stat/delete tests skipped (nfs:// names one file, not a directory)");
+    }
 }
 
 /// The data set on a remote device: `--size` (which must fit) or up to 1 GiB; a
@@ -401,7 +417,7 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let request = RunRequest {
-            target: "nfs://127.0.0.1/e/f".into(),
+            target: "smb://127.0.0.1/share".into(),
             netserve_port: Some(listener.local_addr().unwrap().port()),
             ..network_only(None, Duration::from_millis(300), 1)
         };
@@ -410,7 +426,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("does not speak nfs://") && err.contains("nbd://, "),
+            err.contains("does not speak smb://") && err.contains("nbd://, "),
             "{err}"
         );
         assert!(err.contains("iscsi://") && !err.contains('\n'), "{err}");

@@ -93,6 +93,7 @@ impl RemoteTarget {
             "nbd" | "nbds" => Some(NBD_PORT),
             "iscsi" => Some(ISCSI_PORT),
             "nvme+tcp" => Some(NVME_TCP_PORT),
+            "nfs" => Some(NFS_PORT),
             _ => None,
         })
     }
@@ -105,9 +106,13 @@ pub const ISCSI_PORT: u16 = 3260;
 /// NVMe/TCP's I/O port, the one `nvme+tcp://host/NQN` means (IANA, NVMe/TCP transport 1.0).
 pub const NVME_TCP_PORT: u16 = 4420;
 
+/// NFS's registered port, where NFSv4 (and, with our ganesha, NFSv3) is served:
+/// the port whose listener is the NFS server on this host.
+pub const NFS_PORT: u16 = 2049;
+
 /// The `scheme://` forms the bench measures; `stripe:`, `rbd:` and a bare `host:port`
 /// besides.
-pub const URI_SCHEMES: [&str; 8] = [
+pub const URI_SCHEMES: [&str; 9] = [
     "file",
     "nbd",
     "nbd+unix",
@@ -116,11 +121,12 @@ pub const URI_SCHEMES: [&str; 8] = [
     "aoe",
     "iscsi",
     "nvme+tcp",
+    "nfs",
 ];
 
 /// What the bench takes, in the words of the line that refuses anything else.
 pub const ACCEPTED: &str = "a path, file://, nbd://, nbd+unix://, nbds://, nbds+unix://, \
-aoe://, iscsi://, nvme+tcp://, stripe:CHUNK:URI,... or rbd:POOL/IMAGE to measure, or HOST:PORT for the \
+aoe://, iscsi://, nvme+tcp://, nfs://, stripe:CHUNK:URI,... or rbd:POOL/IMAGE to measure, or HOST:PORT for the \
 network alone";
 
 impl TargetSpec {
@@ -674,11 +680,12 @@ mod tests {
             "iscsi://h/iqn.2026-11.x:y/0",
             "stripe:64K:nbd://a/e,nbd://b/e",
             "rbd:pool/image",
+            "nfs://h/e/f?version=4",
             "storage-host:5201",
         ] {
             assert!(TargetSpec::parse(text).check().is_ok(), "{text}");
         }
-        for text in ["nfs://h/e/f", "http://h/", "tcp://h:5201", "smb://h/share"] {
+        for text in ["http://h/", "tcp://h:5201", "smb://h/share"] {
             let err = TargetSpec::parse(text).check().unwrap_err().to_string();
             let scheme = text.split("://").next().unwrap();
             assert!(

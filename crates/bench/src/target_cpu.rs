@@ -303,6 +303,8 @@ mod tests {
         );
         assert_eq!(remote("nbds://alice@h/e").tcp_port(), Some(10809));
         assert_eq!(remote("nbds://alice@h/e").host, "h");
+        assert_eq!(remote("nfs://h/e/f").tcp_port(), Some(2049));
+        assert_eq!(remote("nfs://h:2050/e/f?version=4").tcp_port(), Some(2050));
         assert_eq!(remote("aoe://eth0/e1.1").tcp_port(), None);
         assert_eq!(remote("nbd+unix:///e?socket=/s").tcp_port(), None);
         let Some((mut child, port)) = listener() else {

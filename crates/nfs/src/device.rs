@@ -60,6 +60,20 @@ impl NfsFile {
     /// Connects, mounts the export and opens the file on every connection of the
     /// pool (the first alone: it creates the file if asked; the rest in parallel).
     pub fn open(url: &NfsUrl, options: NfsOptions) -> std::result::Result<NfsFile, OpenError> {
+        NfsFile::open_pool(url, options).map_err(|mut error| {
+            // libnfs 4.0 documents its NFSv4 as unfinished; with ganesha 4.3 its
+            // OPEN and SETATTR fail (NFS4ERR_OLD_STATEID, NFS4ERR_OPENMODE).
+            let old_library = ffi::library_name() == Ok(ffi::LIBRARIES[0].0);
+            if url.version == 4 && old_library && error.stage == Stage::File {
+                error
+                    .message
+                    .push_str("; libnfs 4's NFSv4 is unfinished: try version=3");
+            }
+            error
+        })
+    }
+
+    fn open_pool(url: &NfsUrl, options: NfsOptions) -> std::result::Result<NfsFile, OpenError> {
         let name = url.to_string();
         ffi::check_loadable().map_err(|e| OpenError::new(&name, Stage::Library, e))?;
         probe(

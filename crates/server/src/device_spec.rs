@@ -2,7 +2,8 @@
 //! (`/srv/disk.img`, `file:///srv/disk.img`), an NBD URI (`nbd://host[:port]/export`,
 //! `nbd+unix:///export?socket=PATH`), an AoE URI (`aoe://eth0/e1.2`,
 //! `aoe://eth0,eth1/e1.2`), an iSCSI URI (`iscsi://[user@]host[:port]/IQN/LUN`), an
-//! NVMe/TCP URI (`nvme+tcp://host[:port]/NQN[/NSID]`), a Ceph
+//! NVMe/TCP URI (`nvme+tcp://host[:port]/NQN[/NSID]`), a file on an NFS server
+//! (`nfs://server[:port]/EXPORT/FILE[?version=3|4]`), a Ceph
 //! RBD image (`rbd:POOL[/NAMESPACE]/IMAGE[@SNAP][:id=NAME][:conf=PATH][:keyring=PATH]`)
 //! or a striped volume of any of them (`stripe:CHUNK:MEMBER,MEMBER,...`).
 //!
@@ -25,12 +26,13 @@ use blockwire_aoe::initiator::AoeUri;
 use blockwire_blockdev::size::{format_size, parse_size};
 use blockwire_iscsi::initiator::IscsiUri;
 use blockwire_nbd::initiator::NbdUri;
+use blockwire_nfs::NfsUrl;
 use blockwire_nvme::initiator::NvmeOptions;
 use blockwire_rbd::RbdSpec;
 
 /// Every form a device may be named in, for errors.
 pub const SCHEMES: &str = "a path, file://, nbd://, nbd+unix://, nbds://, nbds+unix://, \
-                           aoe://, iscsi://, nvme+tcp://, rbd:POOL/IMAGE or \
+                           aoe://, iscsi://, nvme+tcp://, nfs://, rbd:POOL/IMAGE or \
                            stripe:CHUNK:MEMBER,...";
 
 /// What a command line names.
@@ -44,6 +46,8 @@ pub enum Target {
     Nvme(NvmeOptions),
     /// A Ceph RBD image: `rbd:POOL[/NAMESPACE]/IMAGE[@SNAP][:KEY=VALUE]...`.
     Rbd(RbdSpec),
+    /// A file on an NFS server: `nfs://SERVER[:PORT]/EXPORT/FILE[?OPTIONS]`.
+    Nfs(NfsUrl),
     /// A striped volume: `stripe:CHUNK:MEMBER,MEMBER,...` (see stripe_spec.rs).
     Stripe(StripeSpec),
 }
@@ -82,6 +86,9 @@ impl Target {
                 bail!("'{spec}' names no subsystem: expected nvme+tcp://HOST[:PORT]/NQN[/NSID] (`blockwire info {spec}` lists the subsystems)");
             }
             return Ok(Target::Nvme(options));
+        }
+        if scheme == blockwire_nfs::SCHEME {
+            return Ok(Target::Nfs(NfsUrl::parse(spec).map_err(|e| anyhow!(e))?));
         }
         if let Some(path) = spec.strip_prefix("file://") {
             return Ok(Target::Path(PathBuf::from(path)));

@@ -1,7 +1,7 @@
 //! The device factory: the one place where a description becomes a device. What
-//! [`crate::device_spec`] parsed (a path, an NBD, AoE or iSCSI URI, a Ceph RBD image,
-//! a striped volume) is opened here for bench, copy, info and serve alike; serve's
-//! files (created sparse on request, never resized) too.
+//! [`crate::device_spec`] parsed (a path, an NBD, AoE or iSCSI URI, a file on an NFS
+//! server, a Ceph RBD image, a striped volume) is opened here for bench, copy, info
+//! and serve alike; serve's files (created sparse on request, never resized) too.
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
@@ -16,6 +16,7 @@ use blockwire_blockdev::size::format_size;
 use blockwire_blockdev::{Device, FileDevice, FileOptions, MemoryDevice, Stripe};
 use blockwire_iscsi::initiator::{IscsiClient, IscsiOptions};
 use blockwire_nbd::initiator::{ClientOptions, NbdClient};
+use blockwire_nfs::{NfsFile, NfsOptions, NfsUrl};
 use blockwire_nvme::initiator::NvmeClient;
 use blockwire_rbd::{RbdDevice, RbdSpec};
 
@@ -128,8 +129,53 @@ pub fn open(target: &Target, read_only: bool, remote: Remote) -> Result<Device> 
             Ok(device)
         }
         Target::Rbd(spec) => open_rbd(spec, read_only, remote),
+        Target::Nfs(url) => open_nfs(url, read_only, remote, None),
         Target::Stripe(spec) => spec.open(read_only, remote),
     }
+}
+
+/// Like [`open`], creating a file target that does not exist as `size` bytes when
+/// a size is given (the bench's `--size`), as the bench does with a local path.
+pub fn open_sized(
+    target: &Target,
+    read_only: bool,
+    remote: Remote,
+    size: Option<u64>,
+) -> Result<Device> {
+    match target {
+        Target::Nfs(url) if !read_only => open_nfs(url, false, remote, size),
+        _ => open(target, read_only, remote),
+    }
+}
+
+/// Opens a file on an NFS server. Connections: the URL's `connections=`, else
+/// `--connections` when above one, else the crate's default (4). `--timeout` is
+/// each RPC's timeout (default 30 s). A missing file is created only with a size.
+fn open_nfs(url: &NfsUrl, read_only: bool, remote: Remote, size: Option<u64>) -> Result<Device> {
+    let file = open_nfs_file(url, read_only, remote, size)?;
+    Ok(Device::new(Arc::new(file)))
+}
+
+fn open_nfs_file(
+    url: &NfsUrl,
+    read_only: bool,
+    remote: Remote,
+    size: Option<u64>,
+) -> Result<NfsFile> {
+    let mut url = url.clone();
+    if url.connections.is_none() && remote.connections > 1 {
+        url.connections = Some(remote.connections.min(blockwire_nfs::MAX_CONNECTIONS));
+    }
+    let options = NfsOptions {
+        read_only,
+        create_size: size,
+        timeout: remote.timeout,
+    };
+    let file = NfsFile::open(&url, options).map_err(|e| anyhow!("{e}"))?;
+    if !read_only && file.read_only_by_server() {
+        bail!("{}: the server allows reading only", file.url());
+    }
+    Ok(file)
 }
 
 /// Opens an RBD image; `--timeout` overrides the spec's (default 30 s).
@@ -171,6 +217,13 @@ pub fn open_destination(target: &Target, size: u64, remote: Remote) -> Result<(D
             create_sparse(path, size)?;
             return Ok((open_path(path, false)?, true));
         }
+    }
+    if let Target::Nfs(url) = target {
+        // Created (sparse, by truncation) when missing, and then known to read as
+        // zeroes; an existing file is written as it is.
+        let file = open_nfs_file(url, false, remote, Some(size))?;
+        let created = file.created();
+        return Ok((Device::new(Arc::new(file)), created));
     }
     Ok((open(target, false, remote)?, false))
 }
