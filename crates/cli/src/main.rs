@@ -16,6 +16,7 @@ mod info_stripe;
 mod lab;
 mod logging;
 mod manpages;
+mod mount;
 mod netserve;
 mod serve;
 mod serve_args;
@@ -68,6 +69,11 @@ enum Command {
     /// Network namespaces joined by veth channels with their MTU and rate limits;
     /// the protocol × MTU × rate × channels matrix.
     Lab(lab::LabArgs),
+    /// Show any device (a file, nbd://, iscsi://, nvme+tcp://, aoe://, rbd:, stripe:)
+    /// as one file DIR/disk through FUSE, until Ctrl-C.
+    ///
+    /// `losetup -f --show DIR/disk` then makes it a block device for mkfs and mount.
+    Mount(mount::MountArgs),
     /// Answer the bench's network test (TCP throughput both ways) on a target host.
     Netserve(netserve::NetserveArgs),
     /// Show what `serve --config FILE` would serve and where, or the file's first
@@ -104,6 +110,7 @@ fn main() -> ExitCode {
         Command::Info(args) => info::run(args),
         Command::Copy(args) => copy::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Mount(args) => mount::run(args),
         Command::Netserve(args) => netserve::run(args),
         Command::Lab(args) => lab::run(args),
         Command::CheckConfig(args) => check_config::run(args),

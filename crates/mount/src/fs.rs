@@ -9,7 +9,7 @@ use blockwire_blockdev::{Device, Error, ReadModifyWrite, WriteFlags, ZeroFlags};
 use fuser::{
     Errno, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, InitFlags, KernelConfig,
     LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 
 use crate::attr::{file_attr, fs_stats, root_attr, Owner, FILE, ROOT};
@@ -279,6 +279,22 @@ impl Filesystem for DeviceFile {
             Ok(()) => reply.ok(),
             Err(errno) => reply.error(errno),
         }
+    }
+
+    // No extended attributes: EOPNOTSUPP tells the kernel to stop asking.
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
+        reply.error(Errno::EOPNOTSUPP);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::EOPNOTSUPP);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

@@ -7,11 +7,12 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, SystemTime};
 
 use blockwire_blockdev::Device;
-use fuser::{BackgroundSession, Config, MountOption, Session};
+use fuser::{Config, MountOption, Session, SessionUnmounter};
 
 use crate::attr::Owner;
 use crate::fs::DeviceFile;
@@ -100,7 +101,8 @@ pub fn check_directory(dir: &Path) -> Result<(), MountError> {
 pub struct Mounted {
     dir: PathBuf,
     file: PathBuf,
-    session: BackgroundSession,
+    session: thread::JoinHandle<io::Result<()>>,
+    fuser_mount: Arc<Mutex<SessionUnmounter>>,
 }
 
 impl Mounted {
@@ -113,12 +115,15 @@ impl Mounted {
     pub fn unmounter(&self) -> Unmounter {
         Unmounter {
             dir: self.dir.clone(),
+            fuser_mount: self.fuser_mount.clone(),
         }
     }
 
     /// Blocks until the file system is unmounted and its threads are done.
     pub fn wait(self) -> io::Result<()> {
-        self.session.join()
+        self.session
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("a FUSE thread panicked")))
     }
 }
 
@@ -163,13 +168,18 @@ pub fn mount(device: Device, dir: &Path, options: &MountOptions) -> Result<Mount
     config.n_threads = Some(options.threads.max(1));
     // One /dev/fuse descriptor per thread: no thread waits on another's read.
     config.clone_fd = true;
-    let session = Session::new(filesystem, &dir, &config)
-        .and_then(Session::spawn)
-        .map_err(|e| MountError::Fuse(dir.clone(), e))?;
+    let fuse_error = |e| MountError::Fuse(dir.clone(), e);
+    let mut session = Session::new(filesystem, &dir, &config).map_err(fuse_error)?;
+    let fuser_mount = session.unmount_callable();
+    let session = thread::Builder::new()
+        .name("fuse-session".into())
+        .spawn(move || session.run())
+        .map_err(fuse_error)?;
     Ok(Mounted {
         file: dir.join(&options.name),
         dir,
         session,
+        fuser_mount: Arc::new(Mutex::new(fuser_mount)),
     })
 }
 
@@ -177,6 +187,8 @@ pub fn mount(device: Device, dir: &Path, options: &MountOptions) -> Result<Mount
 #[derive(Debug, Clone)]
 pub struct Unmounter {
     dir: PathBuf,
+    /// fuser's handle: it unmounts once and is spent, even when that failed.
+    fuser_mount: Arc<Mutex<SessionUnmounter>>,
 }
 
 /// Why an unmount did not happen.
@@ -214,6 +226,21 @@ impl Unmounter {
     /// Unmounts, never lazily: a mount still in use stays, and its users keep
     /// working (a lazy unmount would cut a loop device off from its data).
     pub fn unmount(&self) -> Result<(), UnmountError> {
+        // fuser's handle first: once it has unmounted, the session's end does not try
+        // again (and warn). As root it is umount(2); as a user, `fusermount -u -z`.
+        let first = self
+            .fuser_mount
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unmount();
+        match first {
+            Ok(()) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(()),
+            Err(e) => return Err(UnmountError::Failed(self.dir.clone(), e.to_string())),
+        }
+        // Busy. Its handle is spent; try again ourselves for a moment (a loop device
+        // just detached lets go of the file a little later).
         let path = CString::new(self.dir.as_os_str().as_bytes())
             .map_err(|e| UnmountError::Failed(self.dir.clone(), e.to_string()))?;
         for attempt in 0..=BUSY_RETRIES {

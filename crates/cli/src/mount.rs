@@ -1,0 +1,92 @@
+//! `blockwire mount URI DIR`: any device blockwire opens, as the one file `DIR/disk`
+//! (FUSE), served in the foreground until SIGINT or SIGTERM unmounts it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use blockwire_mount::{check_directory, check_name, mount, MountOptions, UnmountError};
+use blockwire_server::device_spec::Target;
+use blockwire_server::factory::{open, parse_reconnect, parse_timeout, reconnect_setting, Remote};
+use blockwire_server::stop_signals;
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct MountArgs {
+    /// The device: a file or block device, nbd://, iscsi://, nvme+tcp://, aoe://,
+    /// rbd:POOL/IMAGE or stripe:CHUNK:MEMBER,...
+    pub uri: String,
+    /// An existing, empty directory; the device appears in it as one file.
+    pub dir: PathBuf,
+    /// The file's name in DIR.
+    #[arg(long, default_value = "disk")]
+    pub name: String,
+    /// Open the device read-only; the file is 0400 and refuses writes.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Threads serving FUSE requests: how many requests reach the device at once.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub threads: u16,
+    /// Connections per NBD URI (used when the server allows several).
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// Fail a request a remote target leaves unanswered this many seconds (default:
+    /// NBD, iSCSI and NVMe/TCP wait, AoE gives up after 10; rbd: 30).
+    #[arg(long, value_name = "SECS", value_parser = parse_timeout)]
+    pub timeout: Option<Duration>,
+    /// Keep reconnecting this many seconds when an NBD, iSCSI or NVMe/TCP connection
+    /// drops (a target restart), then send again what had no answer; requests wait
+    /// meanwhile and fail (EIO) only when it gives up. 0 fails at once. Default 30.
+    #[arg(long, value_name = "SECS", value_parser = parse_reconnect)]
+    pub reconnect: Option<Duration>,
+}
+
+pub fn run(args: MountArgs) -> Result<()> {
+    // Installed first, so a signal during start-up still unmounts.
+    let signals = stop_signals::install()?;
+    // Everything that can be refused is refused before anything is opened.
+    let target = Target::parse(&args.uri)?;
+    check_name(&args.name).map_err(|e| anyhow!("{e}"))?;
+    check_directory(&args.dir).map_err(|e| anyhow!("{e}"))?;
+    let remote = Remote {
+        connections: args.connections,
+        timeout: args.timeout,
+        reconnect: reconnect_setting(args.reconnect),
+    };
+    let device = open(&target, args.read_only, remote)?;
+    let size = device.size();
+    let options = MountOptions {
+        name: args.name,
+        read_only: args.read_only,
+        threads: usize::from(args.threads),
+    };
+    let mounted = mount(device, &args.dir, &options).map_err(|e| anyhow!("{e}"))?;
+    let file = mounted.file().display().to_string();
+    println!(
+        "{} is {file} ({size} bytes{}): `losetup -f --show {file}` makes it a block \
+         device; Ctrl-C unmounts",
+        args.uri,
+        if options.read_only { ", read-only" } else { "" }
+    );
+    let unmounter = mounted.unmounter();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut signals = signals;
+            for signal in signals.forever() {
+                tracing::info!("received signal {signal}: unmounting");
+                match unmounter.unmount() {
+                    Ok(()) => break,
+                    // Still in use: unmounting now would cut its user off from the
+                    // data. Keep serving; the next signal tries again.
+                    Err(e @ UnmountError::Busy(_)) => {
+                        eprintln!("blockwire: {e}; still serving, signal again to retry")
+                    }
+                    Err(e) => eprintln!("blockwire: {e}"),
+                }
+            }
+        })
+        .context("cannot start the signal thread")?;
+    mounted.wait().context("the FUSE session failed")?;
+    Ok(())
+}
