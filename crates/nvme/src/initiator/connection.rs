@@ -7,7 +7,7 @@
 //! reader never blocks on a full socket while the target blocks on ours.
 
 use std::collections::HashMap;
-use std::io::{BufReader, IoSlice, Read, Write};
+use std::io::{BufRead, BufReader, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -409,7 +409,11 @@ impl Connection {
     /// Reads and acts on one PDU; an error ends the connection. C2HData data is
     /// read straight into its command's buffer, everything else through the
     /// codec.
-    fn read_one(&self, reader: &mut impl Read, buf: &mut Vec<u8>) -> Result<(), String> {
+    fn read_one<R: Read>(
+        &self,
+        reader: &mut BufReader<R>,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), String> {
         let framing = &self.negotiated.framing;
         let io = |e: std::io::Error| e.to_string();
         buf.resize(COMMON_HEADER_LEN, 0);
@@ -441,9 +445,9 @@ impl Connection {
 
     /// Reads a C2HData's data into its command's buffer (taken out of the
     /// table meanwhile, so submitters are not held up by the socket).
-    fn receive_c2h(
+    fn receive_c2h<R: Read>(
         &self,
-        reader: &mut impl Read,
+        reader: &mut BufReader<R>,
         header: C2HHeader,
         scratch: &mut Vec<u8>,
     ) -> Result<(), String> {
@@ -466,9 +470,7 @@ impl Connection {
             }
             std::mem::replace(&mut pending.payload, Payload::None)
         };
-        let mut result = reader
-            .read_exact(&mut payload.as_mut_slice()[start..end])
-            .map_err(io);
+        let mut result = read_data(reader, &mut payload.as_mut_slice()[start..end]).map_err(io);
         if result.is_ok() && header.data_digest {
             let mut stored = [0u8; DIGEST_LEN];
             result = reader.read_exact(&mut stored).map_err(io).and_then(|()| {
@@ -592,6 +594,24 @@ impl Connection {
         });
         Ok(())
     }
+}
+
+/// Data at least this long is read past the reader's buffer, straight from the
+/// socket into the command's buffer; shorter data comes through the buffer,
+/// whose one read also brings the PDUs behind it.
+const DIRECT_READ_MIN: usize = 64 * 1024;
+
+/// Reads exactly `data.len()` bytes of PDU data: what the reader holds first,
+/// then, for large data, the rest straight from the socket (BufReader would pass
+/// a tail shorter than its capacity through its own buffer: a copy more).
+fn read_data<R: Read>(reader: &mut BufReader<R>, data: &mut [u8]) -> std::io::Result<()> {
+    if data.len() < DIRECT_READ_MIN {
+        return reader.read_exact(data);
+    }
+    let held = reader.buffer().len().min(data.len());
+    data[..held].copy_from_slice(&reader.buffer()[..held]);
+    reader.consume(held);
+    reader.get_mut().read_exact(&mut data[held..])
 }
 
 /// PDUs at least this long are written from their own buffer, not copied

@@ -184,6 +184,44 @@ pub struct NvmeTarget {
     discovery_addrs: Vec<SocketAddr>,
 }
 
+/// A discovery address another program holds, most likely another target's
+/// discovery controller on the conventional port 8009 (its io::Error's kind is
+/// `AddrInUse`; callers that know their flags add how to choose another).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiscoveryInUse {
+    pub addr: SocketAddr,
+}
+
+impl std::fmt::Display for DiscoveryInUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cannot listen for NVMe/TCP discovery on {}: the address is in use (by another target's discovery controller?)",
+            self.addr
+        )
+    }
+}
+
+impl std::error::Error for DiscoveryInUse {}
+
+/// Binds the discovery listeners; an address in use is a [`DiscoveryInUse`].
+fn bind_discovery(addrs: &[SocketAddr]) -> std::io::Result<Vec<TcpListener>> {
+    addrs
+        .iter()
+        .map(|&addr| {
+            TcpListener::bind(addr).map_err(|e| match e.kind() {
+                std::io::ErrorKind::AddrInUse => {
+                    std::io::Error::new(e.kind(), DiscoveryInUse { addr })
+                }
+                _ => std::io::Error::new(
+                    e.kind(),
+                    format!("cannot listen for NVMe/TCP discovery on {addr}: {e}"),
+                ),
+            })
+        })
+        .collect()
+}
+
 fn bind_all(addrs: &[SocketAddr]) -> std::io::Result<Vec<TcpListener>> {
     addrs
         .iter()
@@ -217,7 +255,7 @@ impl NvmeTarget {
             ));
         }
         let io_listeners = bind_all(&config.listen)?;
-        let discovery_listeners = bind_all(&config.discovery_listen)?;
+        let discovery_listeners = bind_discovery(&config.discovery_listen)?;
         let local_addrs: Vec<SocketAddr> = io_listeners
             .iter()
             .filter_map(|l| l.local_addr().ok())

@@ -108,17 +108,31 @@ impl Writer {
 
     /// Sends `pdus`, behind whatever is queued. An error: the connection failed.
     pub fn send(&self, pdus: &[Pdu]) -> std::io::Result<()> {
+        self.push(self.pdus_frame(pdus));
+        self.send_queued();
+        self.health()
+    }
+
+    /// [`send`](Self::send) from the connection thread while more PDUs wait to
+    /// be read (an R2T in a burst of writes): queued to leave with the burst's
+    /// other answers at the next [`flush`](Self::flush), in one system call.
+    pub fn send_later(&self, pdus: &[Pdu]) -> std::io::Result<()> {
+        if self.push(self.pdus_frame(pdus)) {
+            self.send_queued();
+        }
+        self.health()
+    }
+
+    fn pdus_frame(&self, pdus: &[Pdu]) -> Frame {
         let mut head = Vec::with_capacity(pdus.iter().map(|p| p.data().len() + 96).sum());
         for pdu in pdus {
             pdu.encode(&self.framing, &mut head);
         }
-        self.push(Frame {
+        Frame {
             head,
             body: Body::None,
             tail: Vec::new(),
-        });
-        self.send_queued();
-        self.health()
+        }
     }
 
     /// Whether a read may be sent from the file's mapping: not when a data
