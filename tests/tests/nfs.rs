@@ -175,6 +175,17 @@ fn bench_measures_a_file_on_nfs() {
     }
     let notes = text(&output.stderr);
     assert!(notes.contains("not a block device"), "{notes}");
+
+    // On the server's own host (its namespace) the bench finds ganesha by its port.
+    let here = netns::command_in(bed.pair.target_ns(), blockwire_bin())
+        .args(["bench", &url, "--size", "16M", "--workload", "sequential"])
+        .args(["--time", "0.3"])
+        .output()
+        .expect("run blockwire bench in the target namespace");
+    assert_success(&here);
+    let notes = text(&here.stderr);
+    let found = format!("target CPU: process {ganesha} (ganesha.nfsd)");
+    assert!(notes.contains(&found), "{notes}");
 }
 
 #[test]

@@ -76,7 +76,10 @@ pub fn discover(remote: &RemoteTarget, netserve_port: Option<u16>) -> Option<(Ta
             port: netserve_port,
         })
     };
-    if remote.host.is_empty() || is_loopback(&remote.host) {
+    // An NFS server on this host is often named by one of its own addresses
+    // rather than loopback (ganesha binds one address); its listener is here too.
+    let nfs_here = remote.scheme == "nfs" && is_own_address(&remote.host);
+    if remote.host.is_empty() || is_loopback(&remote.host) || nfs_here {
         let (pid, place) = local_listener(remote)?;
         if pid == std::process::id() {
             // The target runs inside the bench (`blockwire demo`): its CPU is already
@@ -131,6 +134,13 @@ fn is_loopback(host: &str) -> bool {
         || host
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Whether `host` is an address of this host (in this network namespace): binding a
+/// socket to it succeeds only then.
+fn is_own_address(host: &str) -> bool {
+    host.parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| std::net::TcpListener::bind((ip, 0)).is_ok())
 }
 
 /// The `socket=PATH` of an `nbd+unix://` URI.
@@ -303,6 +313,9 @@ mod tests {
         );
         assert_eq!(remote("nbds://alice@h/e").tcp_port(), Some(10809));
         assert_eq!(remote("nbds://alice@h/e").host, "h");
+        assert!(is_own_address("127.0.0.1"));
+        assert!(!is_own_address("192.0.2.1"));
+        assert!(!is_own_address("not-an-address"));
         assert_eq!(remote("nfs://h/e/f").tcp_port(), Some(2049));
         assert_eq!(remote("nfs://h:2050/e/f?version=4").tcp_port(), Some(2050));
         assert_eq!(remote("aoe://eth0/e1.1").tcp_port(), None);
