@@ -109,7 +109,7 @@ pub struct ServeArgs {
     /// iSCSI: serve on this TCP address (repeatable), e.g. 127.0.0.1:3260 or
     /// 0.0.0.0:3260; port 0 takes a free port. The export is LUN 0 of one target.
     /// Without --listen or --socket, NBD is then not served.
-    #[arg(help_heading = "iSCSI", long, value_name = "HOST:PORT")]
+    #[arg(help_heading = "iSCSI", long, value_name = "HOST:PORT", value_parser = iscsi_address)]
     pub iscsi: Vec<String>,
 
     /// iSCSI: the target name (default iqn.2026-11.dev.blockwire:NAME).
@@ -156,25 +156,38 @@ pub struct ServeArgs {
     /// NVMe/TCP: serve on this TCP address (repeatable; port 4420 when none is
     /// given, 127.0.0.1:4420 without a value); port 0 takes a free port. The export
     /// is namespace 1 of one subsystem. Without --listen or --socket, NBD is then
-    /// not served.
+    /// not served. A file's path is not an address: `serve FILE --nvme`.
     #[arg(
         help_heading = "NVMe/TCP",
         long,
         value_name = "HOST[:PORT]",
         num_args = 0..=1,
-        default_missing_value = blockwire_server::defaults::NVME_LISTEN
+        default_missing_value = blockwire_server::defaults::NVME_LISTEN,
+        value_parser = nvme_address
     )]
     pub nvme: Vec<String>,
 
     /// NVMe/TCP: the discovery controller's address (repeatable; port 8009 when none
-    /// is given). Default: port 8009 on each --nvme host.
+    /// is given). Default: port 8009 on each --nvme host, where `nvme discover`
+    /// looks; a second target on the same host needs another address or none.
     #[arg(
         help_heading = "NVMe/TCP",
         long,
         value_name = "HOST[:PORT]",
-        requires = "nvme"
+        requires = "nvme",
+        value_parser = nvme_discovery_address
     )]
     pub nvme_discovery: Vec<String>,
+
+    /// NVMe/TCP: no discovery controller on a port of its own (the --nvme ports
+    /// answer discovery too): for a second target on a host whose 8009 is taken.
+    #[arg(
+        help_heading = "NVMe/TCP",
+        long,
+        requires = "nvme",
+        conflicts_with = "nvme_discovery"
+    )]
+    pub no_nvme_discovery: bool,
 
     /// NVMe/TCP: the subsystem NQN (default nqn.2026-11.dev.blockwire:NAME).
     #[arg(help_heading = "NVMe/TCP", long, value_name = "NQN", requires = "nvme")]
@@ -211,6 +224,79 @@ pub struct ServeArgs {
     pub tls: TlsArgs,
 }
 
+/// `--nvme`'s value: HOST[:PORT], never a file's path (the flag's value is
+/// optional, so `serve --nvme disk.img` would otherwise take the file for a host).
+fn nvme_address(text: &str) -> Result<String, String> {
+    address(text, "--nvme", blockwire_server::defaults::NVME_PORT)
+}
+
+/// `--nvme-discovery`'s value, checked as `--nvme`'s.
+fn nvme_discovery_address(text: &str) -> Result<String, String> {
+    address(
+        text,
+        "--nvme-discovery",
+        blockwire_server::defaults::NVME_DISCOVERY_PORT,
+    )
+}
+
+/// `--iscsi`'s value, checked as `--nvme`'s (`serve --iscsi disk.img` names no
+/// address either).
+fn iscsi_address(text: &str) -> Result<String, String> {
+    address(text, "--iscsi", 3260)
+}
+
+/// `text` when it reads as HOST[:PORT] (names are resolved later, at bind time);
+/// otherwise why not, with an example on the protocol's own port.
+fn address(text: &str, flag: &str, port: u16) -> Result<String, String> {
+    let example = format!("e.g. 127.0.0.1:{port}, [::1]:{port} or 0.0.0.0");
+    if text.contains('/') || std::path::Path::new(text).exists() {
+        return Err(format!(
+            "'{text}' is a file's path, not an address: give the file first \
+             (blockwire serve {text} {flag}) or an address to {flag} ({example})"
+        ));
+    }
+    if is_host_port(text) {
+        Ok(text.to_string())
+    } else {
+        Err(format!("'{text}' is not HOST[:PORT] ({example})"))
+    }
+}
+
+/// Whether `text` is an IP address, `[IPv6]`, or a host name, each with an
+/// optional `:PORT`.
+fn is_host_port(text: &str) -> bool {
+    use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+    if text.parse::<SocketAddr>().is_ok() || text.parse::<IpAddr>().is_ok() {
+        return true;
+    }
+    let port_ok = |port: Option<&str>| port.is_none_or(|p| p.parse::<u16>().is_ok());
+    if let Some(rest) = text.strip_prefix('[') {
+        let Some((ip, after)) = rest.split_once(']') else {
+            return false;
+        };
+        let port = match after {
+            "" => None,
+            _ => match after.strip_prefix(':') {
+                Some(port) => Some(port),
+                None => return false,
+            },
+        };
+        return ip.parse::<Ipv6Addr>().is_ok() && port_ok(port);
+    }
+    let (host, port) = match text.split_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (text, None),
+    };
+    let name_ok = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && !label.starts_with('-')
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        });
+    name_ok && port_ok(port)
+}
+
 /// `--aoe-xdp HOOK`: its values listed with their meaning, for help, manual pages and
 /// shell completions.
 fn xdp_parser() -> impl clap::builder::TypedValueParser<Value = XdpChoice> {
@@ -218,4 +304,108 @@ fn xdp_parser() -> impl clap::builder::TypedValueParser<Value = XdpChoice> {
     let values = XdpChoice::NAMES.map(|(name, help)| PossibleValue::new(name).help(help));
     PossibleValuesParser::new(values)
         .map(|name| XdpChoice::from_name(&name).expect("one of the listed hooks"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<ServeArgs, String> {
+        Cli::try_parse_from(std::iter::once("serve").chain(args.iter().copied()))
+            .map(|cli| cli.serve)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn addresses_with_and_without_ports_are_taken() {
+        for text in [
+            "127.0.0.1",
+            "127.0.0.1:0",
+            "0.0.0.0:4420",
+            "::1",
+            "[::1]",
+            "[::1]:4420",
+            "localhost",
+            "host-a.example.com:4420",
+        ] {
+            assert!(is_host_port(text), "{text}");
+        }
+        for text in [
+            "",
+            ":4420",
+            "a:b",
+            "[::1",
+            "[::1]4420",
+            "x:99999",
+            "a..b",
+            "-a",
+            "a b",
+        ] {
+            assert!(!is_host_port(text), "{text}");
+        }
+    }
+
+    /// `serve --nvme disk.img` names a file where an address may follow: refused
+    /// with how to say it, never taken for a host on NBD's port.
+    #[test]
+    fn a_path_after_nvme_is_refused_with_how_to_say_it() {
+        let dir = std::env::temp_dir().join(format!("serve-args-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let disk = dir.join("disk.img");
+        std::fs::write(&disk, b"").unwrap();
+        let disk = disk.to_str().unwrap();
+        let error = parse(&["--nvme", disk]).unwrap_err();
+        assert!(
+            error.contains("is a file's path, not an address"),
+            "{error}"
+        );
+        assert!(
+            error.contains(&format!("blockwire serve {disk} --nvme")),
+            "{error}"
+        );
+        assert!(error.contains(":4420"), "{error}");
+        assert!(!error.contains("10809"), "{error}");
+        // A file named without a slash: tests run in the package's folder.
+        let bare = parse(&["--nvme", "Cargo.toml"]).unwrap_err();
+        assert!(bare.contains("is a file's path"), "{bare}");
+        let iscsi = parse(&["--iscsi", disk]).unwrap_err();
+        assert!(
+            iscsi.contains(&format!("blockwire serve {disk} --iscsi")),
+            "{iscsi}"
+        );
+        assert!(iscsi.contains(":3260"), "{iscsi}");
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        let bad = parse(&["--nvme", "no such host"]).unwrap_err();
+        assert!(bad.contains("is not HOST[:PORT]"), "{bad}");
+        assert!(bad.contains("127.0.0.1:4420"), "{bad}");
+        let discovery = parse(&["--nvme", "--nvme-discovery", "a:b"]).unwrap_err();
+        assert!(discovery.contains("127.0.0.1:8009"), "{discovery}");
+    }
+
+    #[test]
+    fn nvme_takes_an_optional_address_and_the_file_comes_first_or_last() {
+        let args = parse(&["disk.img", "--nvme"]).unwrap();
+        assert_eq!(args.path.as_deref(), Some(std::path::Path::new("disk.img")));
+        assert_eq!(args.nvme, [blockwire_server::defaults::NVME_LISTEN]);
+        let args = parse(&["--nvme", "127.0.0.1:0", "disk.img"]).unwrap();
+        assert_eq!(args.nvme, ["127.0.0.1:0"]);
+        assert_eq!(args.path.as_deref(), Some(std::path::Path::new("disk.img")));
+        let args = parse(&["disk.img", "--nvme", "--no-nvme-discovery"]).unwrap();
+        assert!(args.no_nvme_discovery);
+        let both = parse(&[
+            "--nvme",
+            "--no-nvme-discovery",
+            "--nvme-discovery",
+            "127.0.0.1",
+        ]);
+        assert!(both.is_err());
+    }
 }

@@ -165,6 +165,6 @@ pub fn nvme_section(args: &ServeArgs) -> NvmeSection {
     NvmeSection {
         listen: args.nvme.clone(),
         discovery_listen: args.nvme_discovery.clone(),
-        discovery: None,
+        discovery: args.no_nvme_discovery.then_some(false),
     }
 }

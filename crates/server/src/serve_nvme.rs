@@ -5,8 +5,9 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use blockwire_blockdev::{Device, SessionMeter};
+use blockwire_nvme::target::DiscoveryInUse;
 use blockwire_nvme::{NvmeConfig, NvmeTarget, Subsystem};
 
 use crate::config::{Config, ExportSection, NvmeSection};
@@ -114,7 +115,27 @@ pub fn bind(plan: NvmePlan) -> Result<NvmeTarget> {
     config.discovery_listen = plan.discovery_listen;
     config.workers = plan.workers;
     config.sessions = plan.sessions;
-    NvmeTarget::bind(config, subsystems).context("cannot start the NVMe/TCP target")
+    NvmeTarget::bind(config, subsystems).map_err(|e| match discovery_in_use(&e) {
+        Some(busy) => anyhow!("{}", discovery_hint(busy)),
+        None => anyhow!(e).context("cannot start the NVMe/TCP target"),
+    })
+}
+
+fn discovery_in_use(error: &std::io::Error) -> Option<DiscoveryInUse> {
+    error.get_ref()?.downcast_ref::<DiscoveryInUse>().copied()
+}
+
+/// One line for a discovery address in use. Hosts look for discovery on 8009
+/// (`nvme discover` without --trsvcid), so the target does not move to a free
+/// port behind the user's back: a second target chooses another port or none
+/// (its I/O port answers discovery too). Not an `AddrInUse` io::Error any more,
+/// so the I/O listeners' hint (--nvme) is not added to it.
+fn discovery_hint(busy: DiscoveryInUse) -> String {
+    format!(
+        "{busy}: give this target's discovery controller another address with \
+         --nvme-discovery HOST:PORT, or none with --no-nvme-discovery \
+         ([nvme] discovery_listen or discovery = false in a config file)"
+    )
 }
 
 /// `HOST:PORT`, bracketing an IPv6 address.
@@ -175,6 +196,38 @@ mod tests {
                 "nvme discovery: nvme+tcp://127.0.0.1:8009",
             ]
         );
+    }
+
+    #[test]
+    fn a_discovery_address_in_use_says_how_to_choose_another() {
+        let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let busy = holder.local_addr().unwrap();
+        let plan = NvmePlan {
+            listen: vec!["127.0.0.1:0".parse().unwrap()],
+            discovery_listen: vec![busy],
+            exports: vec![NvmeExport {
+                name: "a".into(),
+                device: Device::from_device(MemoryDevice::new(1 << 20)),
+                nqn: default_nqn("a"),
+                hosts: Vec::new(),
+            }],
+            workers: 1,
+            sessions: None,
+        };
+        // As serve reports it, through the I/O listeners' hint, which must not
+        // apply: the flag to change is --nvme-discovery, not --nvme.
+        let error = crate::serve_start::busy_hint(
+            bind(plan).err().unwrap(),
+            "NVMe/TCP",
+            "--nvme",
+            "[nvme] listen",
+        );
+        let error = format!("{error:#}");
+        assert!(error.contains(&format!("discovery on {busy}")), "{error}");
+        assert!(error.contains("--nvme-discovery HOST:PORT"), "{error}");
+        assert!(error.contains("--no-nvme-discovery"), "{error}");
+        assert!(!error.contains("--nvme HOST:PORT"), "{error}");
+        assert!(!error.contains('\n'), "{error}");
     }
 
     #[test]
