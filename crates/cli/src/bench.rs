@@ -13,7 +13,9 @@ use blockwire_blockdev::size::parse_size;
 use clap::Args;
 
 use blockwire_server::device_spec::Target;
-use blockwire_server::factory::{open, parse_reconnect, parse_timeout, reconnect_setting, Remote};
+use blockwire_server::factory::{
+    open_sized, parse_reconnect, parse_timeout, reconnect_setting, Remote,
+};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -224,7 +226,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 timeout: args.timeout,
                 reconnect: reconnect_setting(args.reconnect),
             };
-            Some(open(&parsed, false, remote)?)
+            // --size creates a missing file on an NFS server, as it does locally.
+            Some(open_sized(&parsed, false, remote, args.size)?)
         }
         // A URI of a scheme the bench speaks that does not parse (iscsi://host with
         // no IQN): the storage workloads cannot run, and the parser says why.
