@@ -299,6 +299,89 @@ fn a_busy_nvme_port_names_its_flag_and_starts_nothing() {
     );
 }
 
+/// `serve --nvme disk.img`: --nvme's value is optional, but a file is not an
+/// address; the error says how to write it, on NVMe/TCP's port, not NBD's.
+#[test]
+fn a_file_after_nvme_is_not_taken_for_an_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = sparse_file(dir.path(), "disk.img", MIB);
+    let error = blockwire_err(&["serve", "--nvme", path_str(&disk)]);
+    assert!(
+        error.contains("is a file's path, not an address"),
+        "{error}"
+    );
+    assert!(
+        error.contains(&format!("blockwire serve {} --nvme", path_str(&disk))),
+        "{error}"
+    );
+    assert!(
+        error.contains("4420") && !error.contains("10809"),
+        "{error}"
+    );
+    let bad = blockwire_err(&["serve", path_str(&disk), "--nvme", "not an address"]);
+    assert!(
+        bad.contains("is not HOST[:PORT]") && bad.contains("4420"),
+        "{bad}"
+    );
+}
+
+/// Two targets on one host: the second cannot have the first's discovery port
+/// (hosts look for discovery on 8009, so it does not move elsewhere on its own);
+/// it fails in one line naming the flags that choose another address or none,
+/// and with --no-nvme-discovery it serves, discovery answered on its I/O port.
+#[test]
+fn a_second_target_on_a_taken_discovery_port_says_how_to_choose_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a_disk, b_disk) = (
+        sparse_file(dir.path(), "a.img", MIB),
+        sparse_file(dir.path(), "b.img", MIB),
+    );
+    let first = serve_nvme_file(&a_disk, "a", &[]);
+    let taken = first.nvme_discovery.clone().expect("a discovery address");
+    let taken = taken
+        .trim_start_matches("nvme+tcp://")
+        .trim_end_matches('/');
+    let output = Command::new(blockwire_bin())
+        .args(["serve", path_str(&b_disk), "--name", "b"])
+        .args(["--nvme", "127.0.0.1:0", "--nvme-discovery", taken])
+        .output()
+        .expect("run blockwire serve");
+    assert_eq!(output.status.code(), Some(1));
+    assert!(output.stdout.is_empty(), "{}", text(&output.stdout));
+    let error = text(&output.stderr);
+    assert_eq!(error.trim().lines().count(), 1, "{error}");
+    assert!(error.contains(&format!("discovery on {taken}")), "{error}");
+    assert!(error.contains("--nvme-discovery HOST:PORT"), "{error}");
+    assert!(error.contains("--no-nvme-discovery"), "{error}");
+
+    let second = Served::start_ready(
+        &[
+            path_str(&b_disk),
+            "--name",
+            "b",
+            "--nvme",
+            "127.0.0.1:0",
+            "--no-nvme-discovery",
+        ],
+        "b",
+    );
+    assert_eq!(second.nvme.len(), 1, "{:?}", second.nvme);
+    assert!(
+        second.nvme_discovery.is_none(),
+        "{:?}",
+        second.nvme_discovery
+    );
+    let uri = second.nvme[0].clone();
+    let info = blockwire_ok(&["info", &uri]);
+    assert!(info.contains(&format!("size: {MIB}")), "{info}");
+    // The I/O port answers discovery: its log lists the subsystem.
+    let io_port = uri.rsplit_once('/').unwrap().0;
+    let listed = blockwire_ok(&["info", io_port]);
+    assert!(listed.contains(&uri), "{listed}");
+    stop(second);
+    stop(first);
+}
+
 #[test]
 fn bench_measures_an_nvme_namespace_like_any_target() {
     let dir = tempfile::tempdir().unwrap();
