@@ -3,7 +3,7 @@
 //!
 //! A device that can pipeline requests itself (an initiator with a connection that
 //! takes many requests at once) offers a [`RequestQueue`] through
-//! [`BlockDevice::queue`](crate::BlockDevice::queue). The queue owns each request's
+//! [`FastPath::queue`](crate::FastPath::queue). The queue owns each request's
 //! buffer ([`IoBuf`]) from submission to completion, so nothing borrowed can be
 //! touched after its owner gave up on it, and hands the buffer back with the result.
 //! Devices without one are driven by threads, as before.

@@ -4,10 +4,10 @@
 //! librados and librbd are loaded at run time ([`ffi`], the crate's only `unsafe`),
 //! so the build needs no Ceph headers and the binary runs without Ceph installed.
 //! Every request is one librbd asynchronous call; one poller thread per image takes
-//! the completions from an eventfd (see `poller.rs`), and a [`BlockDevice::queue`]
+//! the completions from an eventfd (see `poller.rs`), and a [`FastPath::queue`]
 //! keeps many requests in flight from one thread.
 //!
-//! [`BlockDevice::queue`]: blockwire_blockdev::BlockDevice::queue
+//! [`FastPath::queue`]: blockwire_blockdev::FastPath::queue
 
 mod device;
 mod errors;
