@@ -102,7 +102,7 @@ pub struct Mounted {
     dir: PathBuf,
     file: PathBuf,
     session: thread::JoinHandle<io::Result<()>>,
-    fuser_mount: Arc<Mutex<SessionUnmounter>>,
+    fuser_mount: Arc<Mutex<Option<SessionUnmounter>>>,
 }
 
 impl Mounted {
@@ -179,7 +179,7 @@ pub fn mount(device: Device, dir: &Path, options: &MountOptions) -> Result<Mount
         file: dir.join(&options.name),
         dir,
         session,
-        fuser_mount: Arc::new(Mutex::new(fuser_mount)),
+        fuser_mount: Arc::new(Mutex::new(Some(fuser_mount))),
     })
 }
 
@@ -187,8 +187,9 @@ pub fn mount(device: Device, dir: &Path, options: &MountOptions) -> Result<Mount
 #[derive(Debug, Clone)]
 pub struct Unmounter {
     dir: PathBuf,
-    /// fuser's handle: it unmounts once and is spent, even when that failed.
-    fuser_mount: Arc<Mutex<SessionUnmounter>>,
+    /// fuser's handle: it unmounts once and is spent, even when that failed (and
+    /// then answers every later call with a success that unmounted nothing).
+    fuser_mount: Arc<Mutex<Option<SessionUnmounter>>>,
 }
 
 /// Why an unmount did not happen.
@@ -228,16 +229,18 @@ impl Unmounter {
     pub fn unmount(&self) -> Result<(), UnmountError> {
         // fuser's handle first: once it has unmounted, the session's end does not try
         // again (and warn). As root it is umount(2); as a user, `fusermount -u -z`.
-        let first = self
+        let fuser_mount = self
             .fuser_mount
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .unmount();
-        match first {
-            Ok(()) => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(()),
-            Err(e) => return Err(UnmountError::Failed(self.dir.clone(), e.to_string())),
+            .take();
+        if let Some(mut fuser_mount) = fuser_mount {
+            match fuser_mount.unmount() {
+                Ok(()) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(()),
+                Err(e) => return Err(UnmountError::Failed(self.dir.clone(), e.to_string())),
+            }
         }
         // Busy. Its handle is spent; try again ourselves for a moment (a loop device
         // just detached lets go of the file a little later).
