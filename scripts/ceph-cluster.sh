@@ -6,10 +6,12 @@
 # (bench/lib/rbd_gateway.py) share.
 #
 # usage: scripts/ceph-cluster.sh start DIR [--block-size BYTES] [--pgs N]
-#                                          [--cache-size BYTES|auto]
+#                                          [--cache-size BYTES|auto] [--block-in-ram]
 #          makes and starts the cluster in DIR (created if missing, must be empty),
-#          waits until the OSD is up, and prints the path of its ceph.conf
-#        scripts/ceph-cluster.sh stop DIR       stops the OSD, then the monitor
+#          waits until the OSD is up, and prints the path of its ceph.conf;
+#          --block-in-ram puts the OSD's disk in /dev/shm, allocated whole at start
+#        scripts/ceph-cluster.sh stop DIR       stops the OSD, then the monitor (and
+#                                               frees a --block-in-ram disk)
 #        scripts/ceph-cluster.sh kill-osd DIR   SIGKILLs the OSD (a crash) and marks
 #                                               it down, so clients notice at once
 #        scripts/ceph-cluster.sh start-osd DIR  starts the OSD again, waits until up
@@ -18,6 +20,12 @@
 # process group: an interrupted test run takes them along); their PIDs are in
 # DIR/pid/. Every ceph command is bounded: without a manager some wait forever.
 # Logs are in DIR/log/. stop leaves DIR for the caller to remove.
+#
+# Without --block-in-ram the OSD's disk is a sparse file in DIR, which BlueStore
+# writes with O_DIRECT: every write to a part of it not written before makes the
+# host's file system allocate blocks first, and BlueStore writes new data to fresh
+# space, so write benchmarks keep paying that (and the host disk's own noise) round
+# after round. In RAM and allocated whole, every round writes the same kind of space.
 set -euo pipefail
 
 LIMIT=120 # seconds one command, or a daemon's start, may take
@@ -28,7 +36,7 @@ die() {
 }
 
 usage() {
-  sed -n '8,16p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '8,18p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -72,6 +80,18 @@ osd_up() {
   ceph_cmd osd stat --format json 2>/dev/null | grep -q '"num_up_osds":1'
 }
 
+# free_ram_block: removes the /dev/shm directory a --block-in-ram OSD's disk is in
+# (the OSD must be stopped); nothing for a disk in DIR.
+free_ram_block() {
+  local link="$dir/osd/block" target
+  [ -L "$link" ] || return 0
+  target=$(dirname "$(readlink "$link")")
+  case $target in
+    /dev/shm/ceph-cluster-*) rm -rf "$target" ;;
+  esac
+  rm -f "$link"
+}
+
 # stop_daemon NAME SIGNAL: signals the daemon, waits up to 10 s, then SIGKILLs it.
 stop_daemon() {
   local pidfile="$dir/pid/$1" pid
@@ -93,8 +113,10 @@ start_osd() {
 }
 
 write_config() {
-  local port=$1 fsid=$2 block_size=$3 cache_size=$4
-  local cache
+  local port=$1 fsid=$2 block_size=$3 cache_size=$4 block_in_ram=$5
+  local cache prealloc=""
+  # Allocating a RAM disk whole costs a second; a sparse file on disk stays sparse.
+  [ "$block_in_ram" = 0 ] || prealloc="bluestore block preallocate file = true"
   if [ "$cache_size" = auto ]; then
     cache="bluestore cache autotune = true"
   else
@@ -132,6 +154,7 @@ bluestore block create = true
 bluestore block size = $block_size
 bluestore block db create = false
 bluestore block wal create = false
+$prealloc
 $cache
 [osd]
 keyring = $dir/osd/\$cluster-\$id/keyring
@@ -139,9 +162,10 @@ CONF
 }
 
 start() {
-  local block_size=10737418240 pgs=8 cache_size=134217728
+  local block_size=10737418240 pgs=8 cache_size=134217728 block_in_ram=0
   while [ $# -gt 0 ]; do
     case $1 in
+      --block-in-ram) block_in_ram=1; shift ;;
       --block-size) block_size=$2; shift 2 ;;
       --pgs) pgs=$2; shift 2 ;;
       --cache-size) cache_size=$2; shift 2 ;;
@@ -155,10 +179,19 @@ start() {
   mkdir -p "$dir"
   [ -z "$(ls -A "$dir")" ] || die "$dir is not empty"
   mkdir -p "$dir"/{mon/ceph-a,osd/ceph-0,run,log,pid}
+  if [ "$block_in_ram" = 1 ]; then
+    local avail ram
+    avail=$(df --output=avail -B1 /dev/shm | tail -1)
+    [ "$avail" -gt "$block_size" ] ||
+      die "--block-in-ram: /dev/shm has $avail bytes free, the OSD needs $block_size"
+    ram=$(mktemp -d /dev/shm/ceph-cluster-XXXXXX)
+    # BlueStore creates (and preallocates) the file through the link.
+    ln -s "$ram/block" "$dir/osd/block"
+  fi
   local port fsid
   port=$(free_port)
   fsid=$(cat /proc/sys/kernel/random/uuid)
-  write_config "$port" "$fsid" "$block_size" "$cache_size"
+  write_config "$port" "$fsid" "$block_size" "$cache_size" "$block_in_ram"
 
   bounded ceph-authtool --create-keyring "$dir/mon.keyring" --gen-key -n mon. \
     --cap mon 'allow *' >/dev/null
@@ -195,7 +228,7 @@ shift 2
 case $command in
   start)
     # A failed start leaves nothing running.
-    trap 'stop_daemon osd TERM; stop_daemon mon TERM' EXIT
+    trap 'stop_daemon osd TERM; stop_daemon mon TERM; free_ram_block' EXIT
     start "$@"
     trap - EXIT
     ;;
@@ -203,6 +236,7 @@ case $command in
     # The OSD first, then the monitor (clients are the caller's to stop first).
     stop_daemon osd TERM
     stop_daemon mon TERM
+    free_ram_block
     ;;
   kill-osd)
     stop_daemon osd KILL
