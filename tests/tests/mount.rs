@@ -337,6 +337,67 @@ fn the_file_behaves_like_a_block_device_at_any_offset_and_at_its_end() {
 }
 
 #[test]
+fn unaligned_writes_over_4k_iscsi_blocks_keep_their_neighbours() {
+    require_fuse!();
+    let tmp = tempfile::tempdir().unwrap();
+    let size = 8 * MIB;
+    let image = patterned_file(tmp.path(), "lun.img", size as usize, 21);
+    let served = Served::start_iscsi(&[path_str(&image), "--block-size", "4096"], "lun");
+    let dir = tmp.path().join("mnt");
+    std::fs::create_dir(&dir).unwrap();
+    let mount = FuseMount::start(served.iscsi_url(), &dir, &[]);
+    let mut expected = std::fs::read(&image).unwrap();
+    let fuse = open_rw(&mount.file);
+
+    // Partial 4 KiB blocks are read, merged and written whole.
+    for (offset, len, fill) in [
+        (1u64, 1usize, 0x11u8),
+        (4095, 3, 0x22),
+        (12345, 10_000, 0x33),
+    ] {
+        assert_eq!(fuse.write_at(&vec![fill; len], offset).unwrap(), len);
+        expected[offset as usize..offset as usize + len].fill(fill);
+    }
+    // Eight writers, each on its own bytes of the same few blocks, at once.
+    thread::scope(|s| {
+        for writer in 0..8u64 {
+            let fuse = &fuse;
+            s.spawn(move || {
+                for round in 0..32u64 {
+                    let offset = 40_000 + round * 1000 + writer * 100;
+                    fuse.write_all_at(&[0x80 | writer as u8; 100], offset)
+                        .unwrap();
+                }
+            });
+        }
+    });
+    for writer in 0..8u64 {
+        for round in 0..32u64 {
+            let at = (40_000 + round * 1000 + writer * 100) as usize;
+            expected[at..at + 100].fill(0x80 | writer as u8);
+        }
+    }
+    // A hole punched with unaligned edges: the whole blocks by the device, the
+    // edges by writing zeroes.
+    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: fallocate on an open descriptor we own.
+    let punched = unsafe { libc::fallocate(fuse.as_raw_fd(), mode, 100_000, 20_000) };
+    assert_eq!(punched, 0, "{}", std::io::Error::last_os_error());
+    expected[100_000..120_000].fill(0);
+    fuse.sync_all().unwrap();
+    drop(fuse);
+
+    let through_fuse = std::fs::read(&mount.file).unwrap();
+    let first_difference = |got: &[u8]| got.iter().zip(&expected).position(|(a, b)| a != b);
+    assert_eq!(first_difference(&through_fuse), None, "through FUSE");
+    assert_eq!(
+        first_difference(&std::fs::read(&image).unwrap()),
+        None,
+        "in the image"
+    );
+}
+
+#[test]
 fn a_read_only_mount_refuses_writes() {
     require_fuse!();
     let tmp = tempfile::tempdir().unwrap();

@@ -76,7 +76,9 @@ pub fn run(args: MountArgs) -> Result<()> {
             for signal in signals.forever() {
                 tracing::info!("received signal {signal}: unmounting");
                 match unmounter.unmount() {
-                    Ok(()) => break,
+                    // The session ends and `wait` returns; a later signal finds
+                    // nothing mounted and changes nothing.
+                    Ok(()) => {}
                     // Still in use: unmounting now would cut its user off from the
                     // data. Keep serving; the next signal tries again.
                     Err(e @ UnmountError::Busy(_)) => {

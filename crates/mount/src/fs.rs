@@ -180,8 +180,11 @@ impl Filesystem for DeviceFile {
         // write-through (no FUSE_WRITEBACK_CACHE): each reaches the device before the
         // writer returns, and fsync reaches it as a flush. Not FOPEN_KEEP_CACHE: an
         // open drops cached pages, so changes made on the target by someone else
-        // are seen by whoever opens the file next.
-        reply.opened(FileHandle(0), FopenFlags::empty());
+        // are seen by whoever opens the file next. PARALLEL_DIRECT_WRITES: O_DIRECT
+        // writes (losetup --direct-io=on) are not serialised on the inode lock, so
+        // a loop device keeps several in flight; the device takes concurrent writes
+        // (the read-modify-write layer locks the blocks it merges).
+        reply.opened(FileHandle(0), FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES);
     }
 
     fn read(
