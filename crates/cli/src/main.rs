@@ -69,10 +69,10 @@ enum Command {
     /// Network namespaces joined by veth channels with their MTU and rate limits;
     /// the protocol × MTU × rate × channels matrix.
     Lab(lab::LabArgs),
-    /// Show any device (a file, nbd://, iscsi://, nvme+tcp://, aoe://, rbd:, stripe:)
-    /// as one file DIR/disk through FUSE, until Ctrl-C.
+    /// Show any device as one file, DIR/disk, through FUSE until Ctrl-C.
     ///
-    /// `losetup -f --show DIR/disk` then makes it a block device for mkfs and mount.
+    /// A file, nbd://, iscsi://, nvme+tcp://, aoe://, rbd: or stripe:; `losetup -f
+    /// --show DIR/disk` then makes it a block device for mkfs and mount.
     Mount(mount::MountArgs),
     /// Answer the bench's network test (TCP throughput both ways) on a target host.
     Netserve(netserve::NetserveArgs),
