@@ -5,12 +5,16 @@
 //! is undone in reverse, on success, on failure and on SIGTERM alike.
 //!
 //! The seeds sized bonnie's data set at twice the client's RAM so that the page
-//! cache could not hold it. This host has far more RAM than a quick run moves, and
-//! a memory cgroup would be one beside the session's own; instead bonnie++ is told
-//! a RAM of half the data set (`-r`, which it requires: `-s` at least twice `-r`)
-//! and no cache is on the path: bonnie's block I/O is O_DIRECT (`-D`) and the loop
-//! device reads and writes its backing file with direct I/O. Every block bonnie
-//! moves crosses the network.
+//! cache could not hold it. This host has far more RAM than a quick run moves, so
+//! bonnie++ runs in a memory cgroup of its own, a child of the lab's (cgroup v1's
+//! `memory.limit_in_bytes` or v2's `memory.max`), limited to half the data set,
+//! and is told that RAM (`-r`): the data set is twice what it may cache, as the
+//! seeds had it. (bonnie++ 2.00's `-D` opens only the writing pass O_DIRECT; its
+//! rewrite and read go through the page cache, which without the limit answered
+//! the reads from memory.) Where no memory cgroup can be made, `-D` is the
+//! fallback and the run says so. The loop device reads and writes its backing
+//! file with direct I/O, so the only cache on the path is ext4's, inside the
+//! limit.
 //!
 //! The shell script does the work (one `ip netns exec`, so the FUSE mount, the loop
 //! device and the ext4 mount share one mount namespace, which ends with it); this
@@ -57,17 +61,19 @@ pub fn sizes(size: u64) -> Sizes {
 }
 
 /// The shell script, run as `sh -c SCRIPT sh URI DIR DATA_MIB RAM_MIB BINARY
-/// TARGET_PID`. It writes `DIR/bonnie.csv` (bonnie's CSV line), `DIR/cpu.txt`
-/// (uptime and the CPU ticks of the mount process and the target before and
-/// after bonnie) and tells what failed on stderr.
+/// TARGET_PID CGROUP LIMIT_FILE` (the last two empty without a memory cgroup). It
+/// writes `DIR/bonnie.csv` (bonnie's CSV line), `DIR/cpu.txt` (uptime and the CPU
+/// ticks of the mount process and the target before and after bonnie) and tells
+/// what failed on stderr.
 pub const SCRIPT: &str = r#"set -u
-uri=$1 dir=$2 data=$3 ram=$4 bin=$5 target=$6
+uri=$1 dir=$2 data=$3 ram=$4 bin=$5 target=$6 cg=$7 limit=$8
 fuse=$dir/fuse mnt=$dir/mnt
 mkdir -p "$fuse" "$mnt" || exit 1
-fusepid= loop= mounted= bonnie=
+fusepid= loop= mounted= bonnie= cgmade=
 down() {
     trap - EXIT INT TERM
     if [ -n "$bonnie" ]; then kill "$bonnie" 2>/dev/null; wait "$bonnie" 2>/dev/null; fi
+    if [ -n "$cgmade" ]; then rmdir "$cg"; fi
     if [ -n "$mounted" ]; then umount "$mnt" || umount -l "$mnt"; fi
     if [ -n "$loop" ]; then losetup -d "$loop"; fi
     if [ -n "$fusepid" ]; then
@@ -94,8 +100,17 @@ loop=$(losetup -f --show --direct-io=on "$fuse/disk") || { loop=; fail "losetup 
 mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0,nodiscard "$loop" 2>"$dir/mkfs.err" || fail "mkfs.ext4: $(tail -n 2 "$dir/mkfs.err")"
 mount -t ext4 "$loop" "$mnt" 2>"$dir/mount-ext4.err" || fail "mount: $(tail -n 2 "$dir/mount-ext4.err")"
 mounted=1
+if [ -n "$cg" ]; then
+    mkdir "$cg" || fail "cannot make the memory cgroup $cg"
+    cgmade=1
+    echo $((ram * 1048576)) >"$cg/$limit" || fail "cannot limit $cg to $ram MiB"
+    direct=
+else
+    direct=-D
+fi
 snap start
-bonnie++ -D -f -n 0 -u root -d "$mnt" -s "$data" -r "$ram" -q -m lab >"$dir/bonnie.csv" 2>"$dir/bonnie.txt" &
+sh -c 'if [ -n "$0" ]; then echo $$ >"$0/cgroup.procs" || exit 1; fi; exec "$@"' "$cg" \
+    bonnie++ $direct -f -n 0 -u root -d "$mnt" -s "$data" -r "$ram" -q -m lab >"$dir/bonnie.csv" 2>"$dir/bonnie.txt" &
 bonnie=$!
 wait "$bonnie"
 status=$?
@@ -224,6 +239,52 @@ pub fn phases(
         });
     }
     out
+}
+
+/// Where bonnie's memory cgroup goes: a child named `name` of this process's own
+/// memory cgroup, from `/proc/self/cgroup`'s text. cgroup v1's memory hierarchy
+/// (under `v1_root`) when this process is in one, else v2's (under `v2_root`) when
+/// the memory controller is enabled for its children (`cgroup.subtree_control`
+/// of the parent, read through `read`). Returns the directory and the name of
+/// its limit file.
+pub fn memory_cgroup(
+    self_cgroup: &str,
+    name: &str,
+    v1_root: &Path,
+    v2_root: &Path,
+    read: impl Fn(&Path) -> Option<String>,
+) -> Option<(std::path::PathBuf, &'static str)> {
+    let relative = |path: &str| path.trim_start_matches('/').to_string();
+    for line in self_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if controllers.split(',').any(|c| c == "memory") {
+            let parent = v1_root.join(relative(path));
+            return read(&parent.join("memory.limit_in_bytes"))
+                .map(|_| (parent.join(name), "memory.limit_in_bytes"));
+        }
+    }
+    let path = self_cgroup
+        .lines()
+        .find_map(|line| line.strip_prefix("0::"))?;
+    let parent = v2_root.join(relative(path));
+    let enabled = read(&parent.join("cgroup.subtree_control"))?;
+    enabled
+        .split_whitespace()
+        .any(|c| c == "memory")
+        .then(|| (parent.join(name), "memory.max"))
+}
+
+/// [`memory_cgroup`] for this process on this host.
+pub fn this_memory_cgroup(name: &str) -> Option<(std::path::PathBuf, &'static str)> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    memory_cgroup(
+        &text,
+        name,
+        Path::new("/sys/fs/cgroup/memory"),
+        Path::new("/sys/fs/cgroup"),
+        |p| std::fs::read_to_string(p).ok(),
+    )
 }
 
 /// Reads what a finished run left in `dir`: the rows, and notes on what is

@@ -423,7 +423,21 @@ fn run_fs_bonnie(
     let work = dir.join("bonnie");
     std::fs::create_dir(&work)?;
     let sizes = fs_bonnie::sizes(options.size);
-    let mut command = netns::command_in(bed.initiator_ns(), "sh");
+    let cgroup_name = work
+        .parent()
+        .and_then(|p| p.file_name())
+        .map(|cell| format!("{}{}", bed::namespace_prefix(), cell.to_string_lossy()))
+        .unwrap_or_else(|| format!("{}bonnie", bed::namespace_prefix()));
+    let cgroup = fs_bonnie::this_memory_cgroup(&cgroup_name);
+    let mut notes = Vec::new();
+    if cgroup.is_none() {
+        notes.push(format!(
+            "{}: no memory cgroup could be made: bonnie++ -D instead (its writing pass \
+             O_DIRECT; its rewrite and read may be answered by the page cache)",
+            fs_bonnie::LABEL
+        ));
+    }
+    let (mut command, _namespace) = private_mounts_in(bed.initiator_ns(), "sh")?;
     command
         .arg("-c")
         .arg(fs_bonnie::SCRIPT)
@@ -434,6 +448,8 @@ fn run_fs_bonnie(
         .arg(sizes.ram_mib.to_string())
         .arg(&options.binary)
         .arg(target_pid.to_string())
+        .arg(cgroup.as_ref().map_or(Path::new(""), |c| c.0.as_path()))
+        .arg(cgroup.as_ref().map_or("", |c| c.1))
         .stdout(Stdio::null());
     let mut script = Guarded::spawn(command, dir.join("bonnie.log"))?;
     match script.wait_for(options.cell_timeout)? {
@@ -453,7 +469,49 @@ fn run_fs_bonnie(
         }
         Some(_) => {}
     }
-    fs_bonnie::read_outcome(&work, sizes).map_err(std::io::Error::other)
+    let (rows, more) = fs_bonnie::read_outcome(&work, sizes).map_err(std::io::Error::other)?;
+    notes.extend(more);
+    Ok((rows, notes))
+}
+
+/// A command that runs `program` in network namespace `ns` and a mount namespace
+/// of its own, as `ip netns exec` does, but keeping this host's /sys (which `ip
+/// netns exec` mounts afresh, hiding the cgroup hierarchies bonnie's memory limit
+/// needs): the FUSE mount, the loop device's ext4 and anything else the program
+/// mounts stay private to it and end with it. The namespace file must stay open
+/// until the command is spawned: it is returned with it.
+fn private_mounts_in(
+    ns: &str,
+    program: &str,
+) -> std::io::Result<(std::process::Command, std::fs::File)> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let file = std::fs::File::open(Path::new("/run/netns").join(ns))?;
+    let fd = file.as_raw_fd();
+    let mut command = std::process::Command::new(program);
+    // SAFETY: between fork and exec only async-signal-safe system calls run
+    // (setns, unshare, mount), on a descriptor the parent holds open.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) < 0 || libc::unshare(libc::CLONE_NEWNS) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Mounts made here must not reach the host's namespace.
+            let root = c"/";
+            let rc = libc::mount(
+                std::ptr::null(),
+                root.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_SLAVE,
+                std::ptr::null(),
+            );
+            if rc < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok((command, file))
 }
 
 /// An NFS cell's server: nfs-ganesha in the target namespace on channel 0's
