@@ -188,13 +188,20 @@ pub(crate) fn run(
 ) {
     if cmd.is_read() && cmd.len() >= MAPPED_MIN && writer.sends_mapped() {
         if let Some(range) = cmd.mapped_read() {
-            writer.reply_mapped(
-                cmd.cqe,
-                range,
-                cmd.device().clone(),
-                answer.sq_flow_control_disabled,
-                inline == Inline::Batch,
-            );
+            let no_flow = answer.sq_flow_control_disabled;
+            writer.queue_mapped(cmd.cqe, range, cmd.device().clone(), no_flow);
+            if inline == Inline::Batch {
+                // The send is the read's one copy: a worker makes it, so that
+                // the connection thread reads on (and queues more) while the
+                // socket drains, instead of sleeping in sendmsg with them unread.
+                let writer = writer.clone();
+                engine.offload(pool, Request::other(), move |slot| {
+                    writer.flush();
+                    drop(slot);
+                });
+            } else {
+                writer.flush();
+            }
             return;
         }
     }

@@ -143,16 +143,16 @@ impl Writer {
         !self.framing.digests.data
     }
 
-    /// Sends a successful read's completion with its data taken from `range` of
-    /// `device`'s mapping ([`sends_mapped`](Self::sends_mapped) must be true);
-    /// `later`: held back as [`reply_later`](Self::reply_later) does.
-    pub fn reply_mapped(
+    /// Queues a successful read's completion with its data taken from `range` of
+    /// `device`'s mapping ([`sends_mapped`](Self::sends_mapped) must be true), to
+    /// leave at the next [`flush`](Self::flush) (or at once when a batch is full
+    /// and the socket free).
+    pub fn queue_mapped(
         &self,
         cqe: Cqe,
         range: MappedRange,
         device: Device,
         sq_flow_control_disabled: bool,
-        later: bool,
     ) {
         debug_assert!(self.sends_mapped());
         let success = sq_flow_control_disabled && cqe.result == 0;
@@ -168,7 +168,7 @@ impl Writer {
         if !success {
             Pdu::CapsuleResp(CapsuleResp { cqe }).encode(&self.framing, &mut tail);
         }
-        let full = self.push(Frame {
+        self.push(Frame {
             head,
             body: Body::Mapped {
                 range,
@@ -176,9 +176,6 @@ impl Writer {
             },
             tail,
         });
-        if full || !later {
-            self.send_queued();
-        }
     }
 
     /// Sends a completion: for a successful command with data for the host,
@@ -662,13 +659,8 @@ mod tests {
             };
             let writer = super::Writer::new(server, framing);
             assert!(writer.sends_mapped());
-            writer.reply_mapped(
-                Cqe::new(9, Status::SUCCESS),
-                range,
-                device.clone(),
-                success,
-                false,
-            );
+            writer.queue_mapped(Cqe::new(9, Status::SUCCESS), range, device.clone(), success);
+            writer.flush();
             drop(writer);
             let mut bytes = Vec::new();
             client.read_to_end(&mut bytes).unwrap();
