@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # What blockwire costs in front of Ceph: one throwaway one-node cluster (one mon,
-# one BlueStore OSD on a sparse file, cephx on, everything in a temp dir), one
+# one BlueStore OSD whose disk is in RAM, allocated whole: --osd-disk file for a
+# sparse file on the host's disk, where every write round pays the file system's
+# allocation; cephx on, everything in a temp dir), one
 # prefilled image, and in interleaved rounds: fio's rbd engine (librbd in-process,
 # the most any client gets from this cluster: the ceiling), blockwire serving the
 # image over NBD (fio's nbd engine) and over iSCSI (libiscsi's iscsi-perf for reads,
@@ -9,11 +11,15 @@
 # finds the OSD's cache in the same state. Jobs: 4 KiB random
 # read and write at QD32, 1 MiB sequential read and write at QD16. Prints medians,
 # the ratios to the ceiling and to tgt-rbd, and each server's CPU seconds per GB
-# moved; writes JSON (bench/results/rbd-gateway.json). Needs root (tgtd's control
-# socket). Not a test: shared machines are noisy.
+# moved, and which rounds land more than 2x from their median (fio's runs also keep
+# their MB/s per 500 ms, where a stall shows); writes JSON
+# (bench/results/rbd-gateway.json). --pin CLUSTER,CLIENT[,GATEWAY] puts the cluster,
+# the clients and the gateways on cores of their own (taskset). Needs root (tgtd's
+# control socket). Not a test: shared machines are noisy.
 #
-# usage: bench/rbd-gateway.sh [--size 1G] [--time 10] [--rounds 3]
-#                             [--servers direct,nbd,iscsi,tgt-rbd] [--json FILE]
+# usage: bench/rbd-gateway.sh [--size 1G] [--time 10] [--rounds 3] [--osd-disk ram|file]
+#                             [--servers direct,nbd,iscsi,tgt-rbd] [--pin 0,1[,GW]]
+#                             [--json FILE]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
