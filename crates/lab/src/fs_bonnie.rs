@@ -14,7 +14,11 @@
 //! the reads from memory.) Where no memory cgroup can be made, `-D` is the
 //! fallback and the run says so. The loop device reads and writes its backing
 //! file with direct I/O, so the only cache on the path is ext4's, inside the
-//! limit.
+//! limit. A memory cgroup v1 does not throttle its writers' dirty pages: bonnie
+//! wrote faster than the link drained them, filled its limit with pages reclaim
+//! could not drop, and was OOM-killed; so the loop device's own dirty pages are
+//! held to a quarter of the limit (its bdi's `max_bytes` with `strict_limit`,
+//! restored before the device is released).
 //!
 //! The shell script does the work (one `ip netns exec`, so the FUSE mount, the loop
 //! device and the ext4 mount share one mount namespace, which ends with it); this
@@ -69,12 +73,16 @@ pub const SCRIPT: &str = r#"set -u
 uri=$1 dir=$2 data=$3 ram=$4 bin=$5 target=$6 cg=$7 limit=$8
 fuse=$dir/fuse mnt=$dir/mnt
 mkdir -p "$fuse" "$mnt" || exit 1
-fusepid= loop= mounted= bonnie= cgmade=
+fusepid= loop= mounted= bonnie= cgmade= bdiset=
 down() {
     trap - EXIT INT TERM
     if [ -n "$bonnie" ]; then kill "$bonnie" 2>/dev/null; wait "$bonnie" 2>/dev/null; fi
     if [ -n "$cgmade" ]; then rmdir "$cg"; fi
     if [ -n "$mounted" ]; then umount "$mnt" || umount -l "$mnt"; fi
+    if [ -n "$bdiset" ]; then
+        echo "$ratio" >"$bdi/max_ratio_fine"
+        echo "$strict" >"$bdi/strict_limit"
+    fi
     if [ -n "$loop" ]; then losetup -d "$loop"; fi
     if [ -n "$fusepid" ]; then
         kill -INT "$fusepid" 2>/dev/null
@@ -97,6 +105,10 @@ while [ ! -f "$fuse/disk" ]; do
     sleep 0.1
 done
 loop=$(losetup -f --show --direct-io=on "$fuse/disk") || { loop=; fail "losetup failed"; }
+bdi=/sys/class/bdi/$(cat "/sys/block/${loop#/dev/}/dev")
+ratio=$(cat "$bdi/max_ratio_fine") strict=$(cat "$bdi/strict_limit") || fail "no $bdi"
+bdiset=1
+echo $((ram * 262144)) >"$bdi/max_bytes" && echo 1 >"$bdi/strict_limit" || fail "cannot limit $bdi's dirty bytes"
 mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0,nodiscard "$loop" 2>"$dir/mkfs.err" || fail "mkfs.ext4: $(tail -n 2 "$dir/mkfs.err")"
 mount -t ext4 "$loop" "$mnt" 2>"$dir/mount-ext4.err" || fail "mount: $(tail -n 2 "$dir/mount-ext4.err")"
 mounted=1
@@ -402,6 +414,7 @@ mod tests {
         let order: Vec<usize> = [
             "kill \"$bonnie\"",
             "umount \"$mnt\"",
+            "echo \"$strict\"",
             "losetup -d",
             "kill -INT \"$fusepid\"",
         ]

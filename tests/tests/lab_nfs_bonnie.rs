@@ -1,0 +1,213 @@
+//! `blockwire lab` with an NFS cell (nfs-ganesha and rpcbind in the target
+//! namespace, our libnfs client in the initiator's) and with a bonnie++ cell on
+//! ext4 over `blockwire mount`, end to end, and nothing left behind: no namespace,
+//! process (ganesha, rpcbind, bonnie++, the mount), loop device, memory cgroup or
+//! work directory.
+//! Needs root; skipped with a reason when ganesha or bonnie++ is missing.
+
+use std::collections::BTreeSet;
+use std::process::{Command, Stdio};
+
+use blockwire_tests::{blockwire_bin, require, require_root, text};
+
+/// PIDs of the processes whose name (comm) is `name`.
+fn pids_named(name: &str) -> BTreeSet<u32> {
+    let mut out = BTreeSet::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(comm) = std::fs::read_to_string(entry.path().join("comm")) {
+            if comm.trim() == name {
+                out.insert(pid);
+            }
+        }
+    }
+    out
+}
+
+/// Processes named `name` that are not in `before` and run in a network namespace
+/// that has no name any more (not this one, not one under /run/netns): what a lab
+/// leaves when it deletes its namespaces but not their processes. (Other tests on
+/// the host may run their own, in namespaces that still have their names.)
+fn orphans_named(name: &str, before: &BTreeSet<u32>) -> Vec<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let inode = |path: &std::path::Path| std::fs::metadata(path).ok().map(|m| m.ino());
+    let mut named: BTreeSet<u64> = std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| inode(&e.path()))
+        .collect();
+    named.extend(inode(std::path::Path::new("/proc/self/ns/net")));
+    pids_named(name)
+        .difference(before)
+        .copied()
+        .filter(|pid| {
+            inode(std::path::Path::new(&format!("/proc/{pid}/ns/net")))
+                .is_some_and(|ns| !named.contains(&ns))
+        })
+        .collect()
+}
+
+/// What a lab run of `pid` left: namespaces, processes whose command line names
+/// its work directory, loop devices backed by a file in it, and the directory.
+fn leftovers(pid: u32) -> Vec<String> {
+    let prefix = format!("bwlab-{pid}-");
+    let mut found = Vec::new();
+    if let Ok(entries) = std::fs::read_dir("/run/netns") {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&prefix) {
+                found.push(format!("namespace {name}"));
+            }
+        }
+    }
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(&prefix) {
+            found.push(format!("process {:?}: {cmdline}", entry.file_name()));
+        }
+    }
+    let loops = Command::new("losetup").arg("-a").output().unwrap();
+    for line in text(&loops.stdout).lines() {
+        if line.contains(&prefix) {
+            found.push(format!("loop device {line}"));
+        }
+    }
+    // bonnie's memory cgroup is a child of the lab's, which is this test's.
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    if let Some(path) = cgroups
+        .lines()
+        .find_map(|l| l.split_once(":memory:").map(|(_, p)| p.to_string()))
+    {
+        let dir = format!("/sys/fs/cgroup/memory{path}");
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&prefix) {
+                found.push(format!("memory cgroup {name}"));
+            }
+        }
+    }
+    for entry in std::fs::read_dir(std::env::temp_dir()).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&prefix) {
+            found.push(format!("directory {name}"));
+        }
+    }
+    found
+}
+
+/// Runs `blockwire lab ARGS --json FILE`; returns the report and the lab's PID.
+fn lab(args: &[&str]) -> (serde_json::Value, u32) {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("lab.json");
+    let child = Command::new(blockwire_bin())
+        .arg("lab")
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        text(&output.stdout),
+        text(&output.stderr)
+    );
+    let report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (report, pid)
+}
+
+#[test]
+fn one_nfs_cell_over_a_shaped_link_and_no_ganesha_or_rpcbind_left() {
+    require_root!();
+    require!("ganesha.nfsd", "rpcbind");
+    let ganesha_before = pids_named("ganesha.nfsd");
+    let rpcbind_before = pids_named("rpcbind");
+    let (report, pid) = lab(&[
+        "--protocols",
+        "nfs",
+        "--rate",
+        "1g",
+        "--mtu",
+        "1500",
+        "--size",
+        "64M",
+    ]);
+    assert!(report["notes"].as_array().unwrap().is_empty(), "{report:#}");
+    let cells = report["cells"].as_array().unwrap();
+    let ops: Vec<&str> = cells.iter().map(|c| c["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["write", "read"], "{report:#}");
+    for cell in cells {
+        assert_eq!(cell["protocol"], "nfs", "{cell:#}");
+        // The link, not a throttle, is NFS's maximum; ganesha's CPU is the target's.
+        assert!(cell["disk_mb_per_s"].is_null(), "{cell:#}");
+        let network = cell["network_mb_per_s"].as_f64().unwrap();
+        assert!(network > 60.0 && network < 140.0, "{cell:#}");
+        let efficiency = cell["efficiency"].as_f64().unwrap();
+        assert!(efficiency > 0.5 && efficiency <= 1.1, "{cell:#}");
+        assert!(cell["target_cpu_pct"].as_f64().unwrap() > 0.0, "{cell:#}");
+    }
+    let left = leftovers(pid);
+    assert!(left.is_empty(), "left behind: {left:#?}");
+    assert_eq!(
+        orphans_named("ganesha.nfsd", &ganesha_before),
+        Vec::<u32>::new(),
+        "a ganesha left"
+    );
+    assert_eq!(
+        orphans_named("rpcbind", &rpcbind_before),
+        Vec::<u32>::new(),
+        "an rpcbind left"
+    );
+}
+
+#[test]
+fn bonnie_on_ext4_over_blockwire_mount_gives_block_rows_and_leaves_nothing() {
+    require_root!();
+    require!("bonnie++", "losetup", "mkfs.ext4");
+    if !std::path::Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: no /dev/fuse");
+        return;
+    }
+    // 200 Mbit: bonnie's 64 MiB then take a few seconds per test, long enough for
+    // it to time each one (it prints "+++++" for what ends too soon).
+    let (report, pid) = lab(&[
+        "--protocols",
+        "nbd",
+        "--workloads",
+        "bonnie-fs",
+        "--rate",
+        "200m",
+        "--mtu",
+        "1500",
+        "--size",
+        "64M",
+    ]);
+    let cells = report["cells"].as_array().unwrap();
+    let ops: Vec<&str> = cells.iter().map(|c| c["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["write", "rewrite", "read", "seeks"], "{report:#}");
+    for cell in cells {
+        assert_eq!(cell["workload"], "bonnie-fs", "{cell:#}");
+        if cell["op"] != "seeks" {
+            let mb = cell["mb_per_s"].as_f64().unwrap();
+            // Every block crossed the 25 MB/s link: no cache answered.
+            assert!(mb > 1.0 && mb < 30.0, "{cell:#}");
+        } else {
+            assert!(cell["iops"].as_f64().unwrap() > 0.0, "{cell:#}");
+        }
+        assert!(cell["target_cpu_pct"].as_f64().is_some(), "{cell:#}");
+    }
+    // bonnie++ and the mount name the work directory on their command lines.
+    let left = leftovers(pid);
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
