@@ -597,7 +597,7 @@ fn run_cell(
         let (phases, notes) = run_fs_bonnie(bed, spec, options, target.pid(), &cell_dir.0)?;
         drop(target);
         for note in &notes {
-            events(Event::Note(note));
+            events(Event::Note(&format!("{}: {note}", spec.label())));
         }
         return Ok(phases
             .iter()

@@ -13,6 +13,27 @@ use crate::results::{CellResult, LabReport, NetworkBaseline};
 
 /// One line per finished cell, for progress while the run goes on.
 pub fn progress_line(index: usize, total: usize, label: &str, rows: &[CellResult]) -> String {
+    // A sweep has a hundred rows: its best write and read stand for them.
+    if rows.len() > 16 {
+        let best = |op: &str| {
+            rows.iter()
+                .filter(|r| r.op == op)
+                .max_by(|a, b| a.mb_per_s.total_cmp(&b.mb_per_s))
+                .map(|r| {
+                    format!(
+                        "{op} up to {} MB/s ({})",
+                        number(r.mb_per_s),
+                        block_text(r.block_size)
+                    )
+                })
+        };
+        let figures: Vec<String> = ["write", "read"].iter().filter_map(|op| best(op)).collect();
+        return format!(
+            "[{index}/{total}] {label}: {} rows; {}",
+            rows.len(),
+            figures.join(", ")
+        );
+    }
     // Every row: a random cell has no efficiency, and a line with none of its
     // figures would say nothing.
     let figures: Vec<String> = rows
@@ -424,11 +445,15 @@ fn seed_004(report: &LabReport) -> String {
                 .iter()
                 .any(|r| r.workload == crate::fs_bonnie::WORKLOAD && r.rate_mbit == rate);
             if protocol == Protocol::Nfs && fs_bonnie_ran {
-                table.row(vec![
+                let mut row = vec![
                     protocol.display_name().to_string(),
-                    how(crate::fs_bonnie::WORKLOAD).to_string(),
-                    "n/a: no NFS client in this kernel".into(),
-                ]);
+                    format!(
+                        "{}: n/a, no NFS client in this kernel",
+                        how(crate::fs_bonnie::WORKLOAD)
+                    ),
+                ];
+                row.extend(std::iter::repeat_n("-".to_string(), 9));
+                table.row(row);
             }
         }
         out.push_str(&table.render());
@@ -744,6 +769,25 @@ mod tests {
             .skip_while(|l| !l.starts_with("Table 1"))
             .take_while(|l| !l.starts_with("Table 2"));
         assert!(!table_1.any(|l| l.starts_with("nvme")), "{text}");
+    }
+
+    #[test]
+    fn a_sweeps_progress_line_gives_its_best_write_and_read() {
+        use crate::matrix::LabWorkload::Sweep;
+        let phases: Vec<(&str, u64, f64)> = (0..10u64)
+            .flat_map(|k| {
+                [
+                    ("write", 4096 << k, 10.0 * k as f64),
+                    ("read", 4096 << k, 50.0 - k as f64),
+                ]
+            })
+            .collect();
+        let rows = cell_rows(Seed::S002, Protocol::Nbd, 1500, 10, Sweep, &phases);
+        let line = progress_line(1, 4, "nbd sweep", &rows);
+        assert_eq!(
+            line,
+            "[1/4] nbd sweep: 20 rows; write up to 90.0 MB/s (2M), read up to 50.0 MB/s (4K)"
+        );
     }
 
     #[test]
