@@ -357,6 +357,33 @@ mod tests {
     }
 
     #[test]
+    fn a_sweep_is_plotted_by_record_size_not_by_mtu() {
+        let mut report = report();
+        let base = report.cells[0].clone();
+        report.cells.clear();
+        for (k, op) in [(0u32, "write"), (1, "write"), (0, "read")] {
+            report.cells.push(CellResult {
+                workload: "sweep".into(),
+                op: op.into(),
+                block_size: 4096 << (4 * k),
+                ..base.clone()
+            });
+        }
+        let page = page(&report);
+        assert!(
+            page.contains("<title>sweep write: MB/s by record size, 1 Gbit</title>"),
+            "{page}"
+        );
+        assert!(page.contains("sweep read: MB/s by record size"));
+        assert!(
+            !page.contains("by MTU"),
+            "one point per record size, not per MTU"
+        );
+        assert!(page.contains(">64K</text>"), "record sizes on the axis");
+        assert!(page.contains("<td>64K</td>"), "the matrix's bs column");
+    }
+
+    #[test]
     fn efficiencies_above_100_percent_are_explained_in_both_outputs() {
         let over = mixed();
         assert!(over.cells.iter().any(|r| r.efficiency.unwrap_or(0.0) > 1.0));

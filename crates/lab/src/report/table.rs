@@ -772,6 +772,35 @@ mod tests {
     }
 
     #[test]
+    fn seed_000_gives_bonnie_on_ext4_first_and_the_request_level_bonnie_second() {
+        use crate::matrix::LabWorkload::{Bonnie, BonnieFs};
+        let ops = [
+            ("read", 8192, 100.0),
+            ("write", 8192, 110.0),
+            ("rewrite", 8192, 50.0),
+        ];
+        let mut cells = cell_rows(Seed::S000, Protocol::Aoe, 4132, 1, Bonnie, &ops);
+        cells.extend(cell_rows(
+            Seed::S000,
+            Protocol::Aoe,
+            4132,
+            1,
+            BonnieFs,
+            &ops,
+        ));
+        let text = seed_tables(&with_rows("000", cells), Seed::S000);
+        let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("1 Gbit")).collect();
+        assert_eq!(rows.len(), 2, "{text}");
+        assert!(rows[0].contains("bonnie++ -f on ext4"), "{}", rows[0]);
+        assert!(rows[1].contains("bonnie (request-level)"), "{}", rows[1]);
+        // Both beside the seed's AoE at 1 Gbit, MTU 4132: 106 / 114 / 51.
+        for row in rows {
+            let columns: Vec<&str> = row.split_whitespace().collect();
+            assert_eq!(columns[columns.len() - 3..], ["106", "114", "51"], "{row}");
+        }
+    }
+
+    #[test]
     fn a_sweeps_progress_line_gives_its_best_write_and_read() {
         use crate::matrix::LabWorkload::Sweep;
         let phases: Vec<(&str, u64, f64)> = (0..10u64)
