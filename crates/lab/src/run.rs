@@ -135,7 +135,7 @@ pub fn run(options: &LabOptions, events: &mut dyn FnMut(Event<'_>)) -> Result<La
         for spec in &plan.cells {
             index += 1;
             events(Event::CellStart { index, total, spec });
-            match run_cell(&bed, spec, options, work.path(), index, events) {
+            match run_cell(&bed, spec, options, work.path(), index, events, &mut notes) {
                 Ok(rows) => {
                     events(Event::CellDone {
                         index,
@@ -578,6 +578,7 @@ fn run_cell(
     dir: &Path,
     index: usize,
     events: &mut dyn FnMut(Event<'_>),
+    notes: &mut Vec<String>,
 ) -> std::io::Result<Vec<CellResult>> {
     // The cell's own directory: its file-backed exports start empty and go with it.
     let cell_dir = CellDir::new(dir.join(format!("cell-{index}")))?;
@@ -594,10 +595,12 @@ fn run_cell(
     )?;
     events(Event::Network { baseline: &network });
     if spec.workload == LabWorkload::BonnieFs {
-        let (phases, notes) = run_fs_bonnie(bed, spec, options, target.pid(), &cell_dir.0)?;
+        let (phases, cell_notes) = run_fs_bonnie(bed, spec, options, target.pid(), &cell_dir.0)?;
         drop(target);
-        for note in &notes {
-            events(Event::Note(&format!("{}: {note}", spec.label())));
+        for note in cell_notes {
+            let note = format!("{}: {note}", spec.label());
+            events(Event::Note(&note));
+            notes.push(note);
         }
         return Ok(phases
             .iter()
