@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
-use blockwire_mount::{check_directory, check_name, mount, MountOptions, UnmountError};
+use blockwire_mount::{check_directory, check_name, mount, MountOptions, UnmountError, Unmounter};
 use blockwire_server::device_spec::Target;
 use blockwire_server::factory::{open, parse_reconnect, parse_timeout, reconnect_setting, Remote};
 use blockwire_server::stop_signals;
@@ -73,22 +73,40 @@ pub fn run(args: MountArgs) -> Result<()> {
         .name("signals".into())
         .spawn(move || {
             let mut signals = signals;
-            for signal in signals.forever() {
+            if let Some(signal) = signals.forever().next() {
                 tracing::info!("received signal {signal}: unmounting");
-                match unmounter.unmount() {
-                    // The session ends and `wait` returns; a later signal finds
-                    // nothing mounted and changes nothing.
-                    Ok(()) => {}
-                    // Still in use: unmounting now would cut its user off from the
-                    // data. Keep serving; the next signal tries again.
-                    Err(e @ UnmountError::Busy(_)) => {
-                        eprintln!("blockwire: {e}; still serving, signal again to retry")
-                    }
-                    Err(e) => eprintln!("blockwire: {e}"),
-                }
+                unmount_once_free(&unmounter);
             }
         })
         .context("cannot start the signal thread")?;
     mounted.wait().context("the FUSE session failed")?;
     Ok(())
+}
+
+/// How often a busy mount is tried again.
+const BUSY_RETRY: Duration = Duration::from_millis(500);
+
+/// Unmounts; while the file is still in use (a loop device, which lets go of it a
+/// moment after `losetup -d`, or later if something else holds the loop device),
+/// keeps serving and tries again until it is free. Unmounting in use would cut its
+/// user off from the data.
+fn unmount_once_free(unmounter: &Unmounter) {
+    let mut told = false;
+    loop {
+        match unmounter.unmount() {
+            // The session ends and `wait` returns.
+            Ok(()) => return,
+            Err(e @ UnmountError::Busy(_)) => {
+                if !told {
+                    eprintln!("blockwire: {e}; still serving, unmounting once it is free");
+                    told = true;
+                }
+                std::thread::sleep(BUSY_RETRY);
+            }
+            Err(e) => {
+                eprintln!("blockwire: {e}");
+                return;
+            }
+        }
+    }
 }

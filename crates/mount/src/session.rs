@@ -220,8 +220,8 @@ impl std::error::Error for UnmountError {}
 
 /// How long an unmount keeps trying while the mount is busy: a loop device just
 /// detached lets go of the file a moment later.
-const BUSY_RETRIES: u32 = 10;
-const BUSY_PAUSE: Duration = Duration::from_millis(200);
+const BUSY_RETRIES: u32 = 5;
+const BUSY_PAUSE: Duration = Duration::from_millis(100);
 
 impl Unmounter {
     /// Unmounts, never lazily: a mount still in use stays, and its users keep
