@@ -316,8 +316,22 @@ struct Connection {
 
 impl Connection {
     fn run(&mut self) -> Ending {
+        let ending = self.serve_pdus();
+        // A Logout Response may be among the held answers.
+        let _ = self.session.writer.release();
+        ending
+    }
+
+    fn serve_pdus(&mut self) -> Ending {
         let mut idle = Duration::ZERO;
         loop {
+            if !self.reader.header_buffered() {
+                // The next read may wait for the network: the answers held so far
+                // go now.
+                if let Err(e) = self.session.writer.release() {
+                    return Ending::Failed(e);
+                }
+            }
             // The read timeout is set again only when it would fire late by more
             // than an eighth: setting it costs a system call, and an early wake-up
             // only asks the phase whether a timer is due.
@@ -341,7 +355,11 @@ impl Connection {
                     idle = Duration::ZERO;
                     Ok(())
                 }
-                Ok(Incoming::Header { bhs, ahs }) => self.feed(&bhs, &ahs),
+                Ok(Incoming::Header { bhs, ahs }) => {
+                    // Answers to commands that arrived together leave together.
+                    self.session.writer.hold();
+                    self.feed(&bhs, &ahs)
+                }
                 Err(e) => return e.into(),
             };
             if let Err(ending) = result.and_then(|()| self.drain()) {
@@ -386,6 +404,8 @@ impl Connection {
                     self.dispatcher.run(job, || reader.more_waiting());
                 }
                 Work::Quiesce { task, reset } => {
+                    // Nothing held waits behind a wait for other threads.
+                    self.session.writer.release()?;
                     self.session.wait_executing(task);
                     if let (Some(kind), Some(scsi)) = (reset, &self.session.scsi) {
                         scsi.reset(kind, &self.session.nexus);

@@ -11,6 +11,7 @@ use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
+use std::thread::{self, ThreadId};
 use std::time::Duration;
 
 use crate::pdu::frame::{Batch, Digests};
@@ -70,6 +71,12 @@ impl PduReader {
         self.header_digest = header_digest;
         self.data_digest = data_digest;
         self.max_data = max_data;
+    }
+
+    /// Whether a whole header already sits in the buffer (reading it will not
+    /// wait for the network).
+    pub fn header_buffered(&self) -> bool {
+        self.stream.buffer().len() >= BHS_LEN
     }
 
     /// Whether the initiator has sent more already: a header waiting in the buffer
@@ -216,7 +223,14 @@ struct WriterState {
     stream: TcpStream,
     stat_sn: u32,
     scratch: Vec<u8>,
+    /// The thread whose small sends are held (see [`PduWriter::hold`]).
+    holder: Option<ThreadId>,
+    /// PDUs held, encoded, in send order.
+    held: Vec<u8>,
 }
+
+/// Held PDUs go out once they reach this many bytes; a larger send is not held.
+const HOLD_LIMIT: usize = 64 * 1024;
 
 /// The send half of a connection, shared by every thread that answers on it.
 pub struct PduWriter {
@@ -242,6 +256,8 @@ impl PduWriter {
                 stream,
                 stat_sn,
                 scratch: Vec::new(),
+                holder: None,
+                held: Vec::new(),
             }),
             header_digest: AtomicBool::new(false),
             data_digest: AtomicBool::new(false),
@@ -310,13 +326,144 @@ impl PduWriter {
             pdu.bhs.put_u32(32, max_cmd_sn);
             batch.push_parts(&pdu.bhs, pdu.ahs, pdu.data, digests);
         }
-        let sent = batch.send(&mut state.stream);
+        let bytes: usize = pdus
+            .iter()
+            .map(|pdu| BHS_LEN + pdu.ahs.len() + padded(pdu.data.len()) + 2 * DIGEST_LEN)
+            .sum();
+        let state = &mut *state;
+        let holds =
+            state.holder == Some(thread::current().id()) && state.held.len() + bytes <= HOLD_LIMIT;
+        let sent = if holds {
+            batch.send(&mut state.held)
+        } else {
+            // Whatever was held goes first: the wire keeps StatSN order.
+            Self::send_held(state).and_then(|()| batch.send(&mut state.stream))
+        };
         state.scratch = batch.into_scratch();
+        sent
+    }
+
+    /// Holds this thread's small sends until [`release`](Self::release): a
+    /// connection thread answering a run of commands that arrived together sends
+    /// the answers in one system call, and the initiator reads them in one. Sends
+    /// by other threads are not held (they push out what was held first).
+    pub fn hold(&self) {
+        self.lock().holder = Some(thread::current().id());
+    }
+
+    /// Sends what was held and stops holding.
+    pub fn release(&self) -> io::Result<()> {
+        let mut state = self.lock();
+        state.holder = None;
+        Self::send_held(&mut state)
+    }
+
+    fn send_held(state: &mut WriterState) -> io::Result<()> {
+        if state.held.is_empty() {
+            return Ok(());
+        }
+        let sent = io::Write::write_all(&mut state.stream, &state.held);
+        state.held.clear();
         sent
     }
 
     /// Closes both directions of the socket (wakes a blocked reader too).
     pub fn shutdown(&self) {
         let _ = self.lock().stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    struct FixedWindow;
+
+    impl Window for FixedWindow {
+        fn window(&self) -> (u32, u32) {
+            (1, 10)
+        }
+    }
+
+    /// A writer on one end of a loopback connection, and the other end.
+    fn pair() -> (PduWriter, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (ours, _) = listener.accept().unwrap();
+        (PduWriter::new(ours, 7), peer)
+    }
+
+    fn send(writer: &PduWriter, data: &[u8]) {
+        let pdu = Outgoing {
+            bhs: Bhs::default(),
+            ahs: &[],
+            stat_sn: StatSn::Advance,
+            data,
+        };
+        writer.send(pdu, &FixedWindow).unwrap();
+    }
+
+    /// Whether the peer has bytes to read now.
+    fn readable(peer: &TcpStream) -> bool {
+        peer.set_nonblocking(true).unwrap();
+        let mut byte = [0u8; 1];
+        let ready = peer.peek(&mut byte).is_ok();
+        peer.set_nonblocking(false).unwrap();
+        ready
+    }
+
+    /// The StatSN of each of `count` PDUs of `data_len` bytes the peer reads.
+    fn stat_sns(peer: &mut TcpStream, count: usize, data_len: usize) -> Vec<u32> {
+        let mut out = Vec::new();
+        for _ in 0..count {
+            let mut bhs = Bhs::default();
+            peer.read_exact(&mut bhs.0).unwrap();
+            let mut data = vec![0u8; padded(data_len)];
+            peer.read_exact(&mut data).unwrap();
+            out.push(bhs.u32_at(24));
+        }
+        out
+    }
+
+    #[test]
+    fn held_answers_leave_together_when_released() {
+        let (writer, mut peer) = pair();
+        writer.hold();
+        for _ in 0..3 {
+            send(&writer, &[1u8; 6]);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!readable(&peer), "held PDUs were sent before the release");
+        writer.release().unwrap();
+        assert_eq!(stat_sns(&mut peer, 3, 6), [7, 8, 9]);
+        // Released: the next send leaves at once.
+        send(&writer, &[2u8; 4]);
+        assert_eq!(stat_sns(&mut peer, 1, 4), [10]);
+    }
+
+    #[test]
+    fn another_threads_send_pushes_out_what_was_held_first() {
+        let (writer, mut peer) = pair();
+        writer.hold();
+        send(&writer, &[1u8; 8]);
+        std::thread::scope(|s| {
+            s.spawn(|| send(&writer, &[2u8; 8]));
+        });
+        // Both on the wire, in StatSN order, without a release.
+        assert_eq!(stat_sns(&mut peer, 2, 8), [7, 8]);
+    }
+
+    #[test]
+    fn a_large_answer_is_not_held() {
+        let (writer, mut peer) = pair();
+        writer.hold();
+        send(&writer, &[1u8; 4]);
+        let large = vec![3u8; HOLD_LIMIT];
+        send(&writer, &large);
+        assert_eq!(stat_sns(&mut peer, 1, 4), [7]);
+        assert_eq!(stat_sns(&mut peer, 1, HOLD_LIMIT), [8]);
     }
 }
