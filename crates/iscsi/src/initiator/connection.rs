@@ -109,6 +109,10 @@ pub(crate) struct Shared {
     pub(super) writer: Mutex<Link>,
     pub(super) window: Mutex<Window>,
     pub(super) window_moved: Condvar,
+    /// Senders waiting on `window_moved`, counted under the window's lock: the
+    /// reader notifies only when there is one (a notify is a system call, and
+    /// nearly every PDU moves the window).
+    pub(super) window_waiters: AtomicUsize,
     pub(super) tasks: Mutex<Tasks>,
     /// The reader thread has ended.
     pub(super) ended: Mutex<bool>,
@@ -272,6 +276,7 @@ impl Connection {
             timing,
             tick,
             window_moved: Condvar::new(),
+            window_waiters: AtomicUsize::new(0),
             tasks: Mutex::new(Tasks {
                 next_itt: 1,
                 ..Tasks::default()
@@ -415,11 +420,13 @@ impl Shared {
                         pending.clear();
                         return;
                     }
+                    self.window_waiters.fetch_add(1, Ordering::Relaxed);
                     window = self
                         .window_moved
                         .wait_timeout(window, Duration::from_millis(100))
                         .unwrap_or_else(|e| e.into_inner())
                         .0;
+                    self.window_waiters.fetch_sub(1, Ordering::Relaxed);
                 }
             }
             let mut link = lock(&self.writer);

@@ -16,7 +16,7 @@ use blockwire_blockdev::{Error, ErrorKind};
 use super::connection::{lock, Closed, Shared, MAX_SENSE, PING_TAG};
 use super::recovery::recover;
 use super::session::{self, Outcome};
-use super::task::Task;
+use super::task::{Gathered, Task};
 use super::wire::{PduReader, WireError};
 use crate::pdu::{
     AsyncMessage, DataIn, DataOut, NopIn, NopOut, Pdu, R2t, Reject, ScsiResponse, RESERVED_TAG,
@@ -59,12 +59,18 @@ fn overdue(shared: &Shared, limit: Duration) -> Option<End> {
 /// The reader thread.
 pub(super) fn read_loop(shared: &Arc<Shared>, mut reader: PduReader) {
     let _fail_on_panic = FailOnPanic(shared);
+    // Completions wait here while more PDUs sit read in the buffer.
+    let mut gathered = Gathered::default();
     let end = loop {
         let mut heard = Instant::now();
         let mut pinged: Option<Instant> = None;
         let mut checked = Instant::now();
         let end = loop {
-            match read_one(shared, &mut reader) {
+            if !reader.header_buffered() {
+                // The next read may block: what is done goes now.
+                gathered.flush();
+            }
+            match read_one(shared, &mut reader, &mut gathered) {
                 Ok(()) => {
                     heard = Instant::now();
                     pinged = None;
@@ -96,6 +102,7 @@ pub(super) fn read_loop(shared: &Arc<Shared>, mut reader: PduReader) {
                 }
             }
         };
+        gathered.flush();
         // Only a broken transport is worth a reconnect: a target that breaks the
         // protocol or logs us out would do it again.
         let transport = matches!(end, End::Wire(_));
@@ -189,9 +196,14 @@ fn find(shared: &Shared, itt: u32, finish: bool) -> Result<Arc<Task>, End> {
 
 /// Completes a task taken out of the table; logs out if the target asked and this
 /// was the last one.
-fn finish(shared: &Shared, task: Arc<Task>, result: Result<Outcome, Error>) {
+fn finish(
+    shared: &Shared,
+    task: Arc<Task>,
+    result: Result<Outcome, Error>,
+    gathered: &mut Gathered,
+) {
     shared.in_flight.fetch_sub(1, Ordering::Relaxed);
-    task.complete(result);
+    task.complete_gathered(result, gathered);
     logout_if_drained(shared);
 }
 
@@ -226,7 +238,7 @@ fn ping(shared: &Shared) {
 }
 
 /// Reads one PDU and acts on it.
-fn read_one(shared: &Shared, reader: &mut PduReader) -> Result<(), End> {
+fn read_one(shared: &Shared, reader: &mut PduReader, gathered: &mut Gathered) -> Result<(), End> {
     let (bhs, ahs) = reader.read_header().map_err(End::Wire)?;
     let pdu = Pdu::decode(&bhs, &ahs).map_err(|e| End::Violation(format!("{e}")))?;
     let data_len = bhs.data_len();
@@ -238,12 +250,12 @@ fn read_one(shared: &Shared, reader: &mut PduReader) -> Result<(), End> {
             if data_in.status.is_some() {
                 status_sn = Some(data_in.stat_sn);
             }
-            data_in_pdu(shared, reader, &data_in, data_len)?;
+            data_in_pdu(shared, reader, &data_in, data_len, gathered)?;
         }
         Pdu::ScsiResponse(response) => {
             status_sn = Some(response.stat_sn);
             let data = reader.read_data_vec(data_len).map_err(End::Wire)?;
-            scsi_response(shared, &response, &data)?;
+            scsi_response(shared, &response, &data, gathered)?;
         }
         Pdu::R2t(r2t) => {
             skip(reader, data_len)?;
@@ -259,7 +271,7 @@ fn read_one(shared: &Shared, reader: &mut PduReader) -> Result<(), End> {
         Pdu::Reject(reject) => {
             status_sn = Some(reject.stat_sn);
             let data = reader.read_data_vec(data_len).map_err(End::Wire)?;
-            rejected(shared, &reject, &data)?;
+            rejected(shared, &reject, &data, gathered)?;
         }
         Pdu::AsyncMessage(message) => {
             status_sn = Some(message.stat_sn);
@@ -286,7 +298,9 @@ fn read_one(shared: &Shared, reader: &mut PduReader) -> Result<(), End> {
     if let Some(stat_sn) = status_sn {
         window.status(stat_sn);
     }
-    if window.update(exp_cmd_sn, max_cmd_sn) {
+    // The waiter count is read under the window's lock, where waiters count
+    // themselves in: no wake-up is lost.
+    if window.update(exp_cmd_sn, max_cmd_sn) && shared.window_waiters.load(Ordering::Relaxed) > 0 {
         shared.window_moved.notify_all();
     }
     Ok(())
@@ -318,6 +332,7 @@ fn data_in_pdu(
     reader: &mut PduReader,
     data_in: &DataIn,
     len: u32,
+    gathered: &mut Gathered,
 ) -> Result<(), End> {
     let itt = data_in.initiator_task_tag;
     let task = find(shared, itt, false)?;
@@ -341,20 +356,25 @@ fn data_in_pdu(
             residual: data_in.residual,
             received: task.received(),
         };
-        finish(shared, task, Ok(outcome));
+        finish(shared, task, Ok(outcome), gathered);
     }
     Ok(())
 }
 
 /// SCSI Response (§11.4): status, sense, residuals.
-fn scsi_response(shared: &Shared, response: &ScsiResponse, data: &[u8]) -> Result<(), End> {
+fn scsi_response(
+    shared: &Shared,
+    response: &ScsiResponse,
+    data: &[u8],
+    gathered: &mut Gathered,
+) -> Result<(), End> {
     let task = find(shared, response.initiator_task_tag, true)?;
     if response.response != 0 {
         let error = Error::new(ErrorKind::Io, task.op, task.offset, task.len).with_detail(format!(
             "{}: the target reports a target failure (iSCSI response {:#04x})",
             shared.name, response.response
         ));
-        finish(shared, task, Err(error));
+        finish(shared, task, Err(error), gathered);
         return Ok(());
     }
     // The data segment is SenseLength (2 bytes) then the sense data (§11.4.7).
@@ -375,7 +395,7 @@ fn scsi_response(shared: &Shared, response: &ScsiResponse, data: &[u8]) -> Resul
         residual: response.residual,
         received: task.received(),
     };
-    finish(shared, task, Ok(outcome));
+    finish(shared, task, Ok(outcome), gathered);
     Ok(())
 }
 
@@ -430,7 +450,12 @@ fn nop_in(shared: &Shared, nop: &NopIn, data: &[u8]) {
 
 /// Reject (§11.17): the data segment is the rejected PDU's header; the command it
 /// belonged to fails. A Reject of anything else ends the connection.
-fn rejected(shared: &Shared, reject: &Reject, data: &[u8]) -> Result<(), End> {
+fn rejected(
+    shared: &Shared,
+    reject: &Reject,
+    data: &[u8],
+    gathered: &mut Gathered,
+) -> Result<(), End> {
     let reason = format!(
         "the target rejected a PDU (reason {:#04x})",
         reject.reason.code()
@@ -446,7 +471,7 @@ fn rejected(shared: &Shared, reject: &Reject, data: &[u8]) -> Result<(), End> {
         Some(task) => {
             let error = Error::new(ErrorKind::Io, task.op, task.offset, task.len)
                 .with_detail(format!("{}: {reason}", shared.name));
-            finish(shared, task, Err(error));
+            finish(shared, task, Err(error), gathered);
             Ok(())
         }
         None => Err(End::Violation(format!("{reason} for no command in flight"))),

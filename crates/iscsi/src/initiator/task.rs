@@ -50,6 +50,28 @@ enum Waiter {
     },
 }
 
+/// Completions of queued tasks the reader thread has not handed over yet: one
+/// wake-up of a queue's thread for everything read in one go, instead of one per
+/// command. Handed over by [`flush`](Gathered::flush), and when dropped.
+#[derive(Default)]
+pub(crate) struct Gathered(Vec<(Sender<Completion>, Completion)>);
+
+impl Gathered {
+    /// Hands every gathered completion to its queue.
+    pub fn flush(&mut self) {
+        for (done, completion) in self.0.drain(..) {
+            // A queue dropped with requests in flight frees the buffer.
+            let _ = done.send(completion);
+        }
+    }
+}
+
+impl Drop for Gathered {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
 /// A command waiting for its status.
 pub(crate) struct Task {
     /// For error messages: the operation and byte range the command serves.
@@ -246,16 +268,61 @@ impl Task {
     /// Delivers the result (first call only): wakes the caller, or hands the
     /// completion with its buffer to the queue — once no sender reads the buffer.
     pub fn complete(&self, result: Result<Outcome, Error>) {
-        {
-            let mut lent = lock(&self.lent);
-            if lent.0 > 0 {
-                if lent.1.is_none() {
-                    lent.1 = Some(result);
-                }
-                return;
+        if let Some(result) = self.unless_lent(result) {
+            self.deliver(result);
+        }
+    }
+
+    /// [`complete`](Self::complete), except that a queued task's completion joins
+    /// `gathered`, which the reader thread hands over when it has read everything
+    /// that arrived: the queue's thread then wakes once for the lot.
+    pub fn complete_gathered(&self, result: Result<Outcome, Error>, gathered: &mut Gathered) {
+        let Some(result) = self.unless_lent(result) else {
+            return;
+        };
+        if let Some((done, completion)) = self.queued_completion(result) {
+            gathered.0.push((done.clone(), completion));
+        }
+    }
+
+    /// The result, unless a sender still reads the buffer: then it waits for
+    /// [`unlend`](Self::unlend).
+    fn unless_lent(&self, result: Result<Outcome, Error>) -> Option<Result<Outcome, Error>> {
+        let mut lent = lock(&self.lent);
+        if lent.0 > 0 {
+            if lent.1.is_none() {
+                lent.1 = Some(result);
+            }
+            return None;
+        }
+        Some(result)
+    }
+
+    /// For a queued task, its completion (first call only) and where it goes; a
+    /// waiting caller is woken here instead.
+    fn queued_completion(
+        &self,
+        result: Result<Outcome, Error>,
+    ) -> Option<(&Sender<Completion>, Completion)> {
+        match &self.waiter {
+            Waiter::Thread { .. } => {
+                self.deliver(result);
+                None
+            }
+            Waiter::Queue { done, tag, buf } => {
+                let buf = lock(buf).take()?;
+                let result = result
+                    .and_then(|outcome| scsi::check_io(&outcome, self.op, self.offset, self.len));
+                Some((
+                    done,
+                    Completion {
+                        tag: *tag,
+                        buf,
+                        result,
+                    },
+                ))
             }
         }
-        self.deliver(result);
     }
 
     fn deliver(&self, result: Result<Outcome, Error>) {
@@ -270,19 +337,12 @@ impl Task {
                     ready.notify_one();
                 }
             }
-            Waiter::Queue { done, tag, buf } => {
-                let Some(buf) = lock(buf).take() else {
-                    return;
-                };
-                let result = result
-                    .and_then(|outcome| scsi::check_io(&outcome, self.op, self.offset, self.len));
-                // The queue may be gone (dropped with requests in flight): then
-                // the buffer is simply freed.
-                let _ = done.send(Completion {
-                    tag: *tag,
-                    buf,
-                    result,
-                });
+            Waiter::Queue { .. } => {
+                if let Some((done, completion)) = self.queued_completion(result) {
+                    // The queue may be gone (dropped with requests in flight): then
+                    // the buffer is simply freed.
+                    let _ = done.send(completion);
+                }
             }
         }
     }
@@ -328,5 +388,44 @@ mod tests {
             ..Outcome::default()
         }));
         assert_eq!(completions.try_recv().unwrap().tag, 8);
+    }
+
+    #[test]
+    fn gathered_completions_wait_for_the_flush() {
+        let (done, completions) = crossbeam_channel::unbounded();
+        let mut gathered = Gathered::default();
+        for tag in 0..3 {
+            let task = Task::queued(Op::Read, 0, IoBuf::new(512), false, done.clone(), tag);
+            task.complete_gathered(
+                Ok(Outcome {
+                    received: 512,
+                    ..Outcome::default()
+                }),
+                &mut gathered,
+            );
+            // A second completion of the same task is ignored.
+            task.complete_gathered(Ok(Outcome::default()), &mut gathered);
+        }
+        assert!(
+            completions.try_recv().is_err(),
+            "delivered before the flush"
+        );
+        gathered.flush();
+        let tags: Vec<u64> = completions.try_iter().map(|c| c.tag).collect();
+        assert_eq!(tags, [0, 1, 2]);
+        // Dropping hands over what is left, so no queue waits forever.
+        let mut gathered = Gathered::default();
+        let task = Task::queued(Op::Read, 0, IoBuf::new(512), false, done, 9);
+        task.complete_gathered(Ok(Outcome::default()), &mut gathered);
+        drop(gathered);
+        assert_eq!(completions.try_recv().unwrap().tag, 9);
+    }
+
+    #[test]
+    fn a_waiting_caller_is_woken_at_once_by_a_gathered_completion() {
+        let task = Task::new(Op::Read, 0, 0, None, None);
+        let mut gathered = Gathered::default();
+        task.complete_gathered(Ok(Outcome::default()), &mut gathered);
+        assert!(task.wait().is_ok());
     }
 }

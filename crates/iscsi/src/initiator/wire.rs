@@ -86,6 +86,12 @@ impl PduReader {
         Ok((bhs, ahs))
     }
 
+    /// Whether a whole header already sits in the buffer (reading it will not
+    /// wait for the network).
+    pub fn header_buffered(&self) -> bool {
+        self.input.buffer().len() >= BHS_LEN
+    }
+
     /// Reads a data segment of exactly `buf.len()` bytes into `buf`, then its padding
     /// and digest.
     pub fn read_data(&mut self, buf: &mut [u8]) -> Result<(), WireError> {
