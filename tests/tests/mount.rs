@@ -398,6 +398,28 @@ fn unaligned_writes_over_4k_iscsi_blocks_keep_their_neighbours() {
 }
 
 #[test]
+fn an_nvme_tcp_namespace_reads_and_writes_through_the_file() {
+    require_fuse!();
+    let tmp = tempfile::tempdir().unwrap();
+    let image = patterned_file(tmp.path(), "ns.img", (8 * MIB) as usize, 17);
+    let served = Served::start_nvme(&[path_str(&image)], "ns");
+    let uri = served
+        .nvme
+        .first()
+        .expect("an NVMe/TCP subsystem announced")
+        .clone();
+    let dir = tmp.path().join("mnt");
+    std::fs::create_dir(&dir).unwrap();
+    let mount = FuseMount::start(&uri, &dir, &[]);
+    assert!(std::fs::read(&mount.file).unwrap() == std::fs::read(&image).unwrap());
+    let fuse = open_rw(&mount.file);
+    let data: Vec<u8> = (0..300_000).map(|i| (i % 199) as u8).collect();
+    fuse.write_all_at(&data, 777).unwrap();
+    fuse.sync_all().unwrap();
+    assert!(read_all_at(&File::open(&image).unwrap(), 777, data.len()) == data);
+}
+
+#[test]
 fn a_read_only_mount_refuses_writes() {
     require_fuse!();
     let tmp = tempfile::tempdir().unwrap();
