@@ -420,6 +420,30 @@ fn an_nvme_tcp_namespace_reads_and_writes_through_the_file() {
 }
 
 #[test]
+fn a_striped_volume_is_one_file_across_its_members() {
+    require_fuse!();
+    let tmp = tempfile::tempdir().unwrap();
+    let a = sparse_file(tmp.path(), "a.img", 4 * MIB);
+    let b = sparse_file(tmp.path(), "b.img", 4 * MIB);
+    let uri = format!("stripe:64K:{},{}", path_str(&a), path_str(&b));
+    let dir = tmp.path().join("mnt");
+    std::fs::create_dir(&dir).unwrap();
+    let mount = FuseMount::start(&uri, &dir, &[]);
+    assert_eq!(std::fs::metadata(&mount.file).unwrap().len(), 8 * MIB);
+    // 256 KiB from offset 0: chunks 0 and 2 on a, 1 and 3 on b.
+    let data: Vec<u8> = (0..256 * 1024).map(|i| (i / 1000) as u8 | 1).collect();
+    let fuse = open_rw(&mount.file);
+    fuse.write_all_at(&data, 0).unwrap();
+    fuse.sync_all().unwrap();
+    let chunk = 64 * 1024;
+    let (a, b) = (File::open(&a).unwrap(), File::open(&b).unwrap());
+    assert!(read_all_at(&a, 0, chunk) == data[..chunk]);
+    assert!(read_all_at(&b, 0, chunk) == data[chunk..2 * chunk]);
+    assert!(read_all_at(&a, chunk as u64, chunk) == data[2 * chunk..3 * chunk]);
+    assert!(read_all_at(&b, chunk as u64, chunk) == data[3 * chunk..]);
+}
+
+#[test]
 fn a_read_only_mount_refuses_writes() {
     require_fuse!();
     let tmp = tempfile::tempdir().unwrap();
