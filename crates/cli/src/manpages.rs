@@ -202,11 +202,21 @@ fn examples(subcommand: Option<&str>) -> Vec<(&'static str, &'static str)> {
                 "blockwire copy iscsi://host/iqn.2026-11.dev.blockwire:disk/0 disk.img",
             ),
         ],
+        Some("mount") => vec![(
+            "A remote export as a file, for losetup -f --show /mnt/remote/disk (root):",
+            "blockwire mount nbd://host/disk /mnt/remote",
+        )],
         Some("check-config") => vec![(
             "What a file would serve, or its first error:",
             "blockwire check-config /etc/blockwire/blockwire.toml",
         )],
-        Some("lab") => vec![("The seed 003 bed (root):", "blockwire lab --seed 003")],
+        Some("lab") => vec![
+            ("The seed 003 bed (root):", "blockwire lab --seed 003"),
+            (
+                "Seed 004: NFS beside the block protocols (root):",
+                "blockwire lab --seed 004",
+            ),
+        ],
         Some("netserve") => vec![(
             "On the target host:",
             "blockwire netserve --listen 0.0.0.0:10810",
