@@ -6,7 +6,9 @@
 //! Needs root; skipped with a reason when ganesha or bonnie++ is missing.
 
 use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use blockwire_tests::{blockwire_bin, require, require_root, text};
 
@@ -210,4 +212,73 @@ fn bonnie_on_ext4_over_blockwire_mount_gives_block_rows_and_leaves_nothing() {
     // bonnie++ and the mount name the work directory on their command lines.
     let left = leftovers(pid);
     assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+#[test]
+fn sigint_while_bonnie_runs_on_ext4_unmounts_and_releases_everything() {
+    require_root!();
+    require!("bonnie++", "losetup", "mkfs.ext4");
+    if !std::path::Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: no /dev/fuse");
+        return;
+    }
+    // 256 MiB over 200 Mbit: bonnie's write alone takes about ten seconds.
+    let mut child = Command::new(blockwire_bin())
+        .args([
+            "lab",
+            "--protocols",
+            "nbd",
+            "--workloads",
+            "bonnie-fs",
+            "--rate",
+            "200m",
+            "--mtu",
+            "1500",
+            "--size",
+            "256M",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let lines = BufReader::new(child.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in lines.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    // After the network line: the mount, mkfs and bonnie++ in turn.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut bonnie_running = false;
+    while Instant::now() < deadline && !bonnie_running {
+        while rx.try_recv().is_ok() {}
+        bonnie_running = leftovers(pid)
+            .iter()
+            .any(|l| l.contains("bonnie++") && l.starts_with("process"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    if !bonnie_running {
+        let _ = child.kill();
+        panic!("bonnie++ did not start: {:#?}", leftovers(pid));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let during = leftovers(pid);
+    assert!(
+        during.iter().any(|l| l.starts_with("loop device"))
+            && during.iter().any(|l| l.starts_with("memory cgroup")),
+        "the loop device and bonnie's cgroup should exist now: {during:#?}"
+    );
+    // SAFETY: kill(2) on the child we started and have not reaped.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(130), "{status:?}\n{stderr}");
+    let left = leftovers(pid);
+    assert!(
+        left.is_empty(),
+        "left behind after SIGINT: {left:#?}\n{stderr}"
+    );
 }

@@ -52,12 +52,14 @@ impl Registry {
         self.dirs.retain(|d| d != dir);
     }
 
-    /// Stops every child (SIGTERM, then SIGKILL after a grace period), deletes every
-    /// namespace (which deletes the veth pairs in it) and removes the directories.
-    /// Returns what it removed, for the user.
+    /// Stops every child (SIGTERM, then SIGKILL after a grace period), newest first
+    /// (a bench, or bonnie's script, which still unmounts and flushes through the
+    /// target, before the target), deletes every namespace (which deletes the veth
+    /// pairs in it) and removes the directories. Returns what it removed, for the
+    /// user.
     pub fn tear_down(&mut self) -> Vec<String> {
         let mut removed = Vec::new();
-        for pid in self.children.drain(..) {
+        for pid in self.children.drain(..).rev() {
             stop_process(pid, Duration::from_secs(3));
             removed.push(format!("process {pid}"));
         }
