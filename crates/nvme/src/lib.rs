@@ -7,6 +7,7 @@
 
 pub mod controller;
 pub mod cqe;
+mod data_read;
 pub mod fabrics;
 pub mod initiator;
 pub mod opcodes;

@@ -7,7 +7,7 @@
 //! reader never blocks on a full socket while the target blocks on ours.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, IoSlice, Read, Write};
+use std::io::{BufReader, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -21,6 +21,7 @@ use super::frame::{
     DATA_HEADER_LEN,
 };
 use crate::cqe::{Cqe, Status};
+use crate::data_read::read_data;
 use crate::pdu::digest::digest_matches;
 use crate::pdu::{
     decode, pdu_len, Digests, Framing, IcReq, Pdu, PduType, COMMON_HEADER_LEN, DIGEST_LEN,
@@ -594,24 +595,6 @@ impl Connection {
         });
         Ok(())
     }
-}
-
-/// Data at least this long is read past the reader's buffer, straight from the
-/// socket into the command's buffer; shorter data comes through the buffer,
-/// whose one read also brings the PDUs behind it.
-const DIRECT_READ_MIN: usize = 64 * 1024;
-
-/// Reads exactly `data.len()` bytes of PDU data: what the reader holds first,
-/// then, for large data, the rest straight from the socket (BufReader would pass
-/// a tail shorter than its capacity through its own buffer: a copy more).
-fn read_data<R: Read>(reader: &mut BufReader<R>, data: &mut [u8]) -> std::io::Result<()> {
-    if data.len() < DIRECT_READ_MIN {
-        return reader.read_exact(data);
-    }
-    let held = reader.buffer().len().min(data.len());
-    data[..held].copy_from_slice(&reader.buffer()[..held]);
-    reader.consume(held);
-    reader.get_mut().read_exact(&mut data[held..])
 }
 
 /// PDUs at least this long are written from their own buffer, not copied

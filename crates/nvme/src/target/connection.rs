@@ -4,7 +4,7 @@
 //! C2HTermReq and ends this connection only.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufReader, Read};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,6 +17,7 @@ use super::writer::Writer;
 use super::{SessionGuard, Shared};
 use crate::controller::{Action, Queue};
 use crate::cqe::{Cqe, Status};
+use crate::data_read::read_data;
 use crate::pdu::{
     self, fes, CapsuleCmd, Digests, Framing, IcResp, Pdu, PduError, PduType, TermReq,
     COMMON_HEADER_LEN, R2T, TERM_REQ_MAX_DATA,
@@ -110,24 +111,6 @@ fn terminate(writer: &Writer, fes: u16, fei: u32, header: Vec<u8>) {
         fei,
         data: header,
     })]);
-}
-
-/// Data at least this long is read past the reader's buffer, straight from the
-/// socket into the write's buffer; shorter data comes through the buffer, whose
-/// one read also brings the PDUs behind it.
-const DIRECT_READ_MIN: usize = 64 * 1024;
-
-/// Reads exactly `data.len()` bytes of H2CData: what the reader holds first,
-/// then, for large data, the rest straight from the socket (BufReader would pass
-/// a tail shorter than its capacity through its own buffer: a copy more).
-fn read_data<R: Read>(reader: &mut BufReader<R>, data: &mut [u8]) -> std::io::Result<()> {
-    if data.len() < DIRECT_READ_MIN {
-        return reader.read_exact(data);
-    }
-    let held = reader.buffer().len().min(data.len());
-    data[..held].copy_from_slice(&reader.buffer()[..held]);
-    reader.consume(held);
-    reader.get_mut().read_exact(&mut data[held..])
 }
 
 /// Reads one PDU into `buf`; `Ok(None)` at a clean end of the stream.
@@ -476,56 +459,6 @@ impl Connection {
             if let Some(meter) = &self.shared.config.sessions {
                 self.session = Some(SessionGuard::open(meter.clone(), subsystem.name.clone()));
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::read_data;
-    use std::io::{BufReader, Read};
-
-    /// A source that hands out at most `step` bytes per read, as a socket does.
-    struct Chunks {
-        bytes: Vec<u8>,
-        at: usize,
-        step: usize,
-    }
-
-    impl Read for Chunks {
-        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-            let n = buf.len().min(self.step).min(self.bytes.len() - self.at);
-            buf[..n].copy_from_slice(&self.bytes[self.at..self.at + n]);
-            self.at += n;
-            Ok(n)
-        }
-    }
-
-    /// Large data read past the buffer and small data read through it both
-    /// come out whole, and what follows them stays readable.
-    #[test]
-    fn data_reads_take_exactly_their_bytes() {
-        let bytes: Vec<u8> = (0..400_000u32).map(|i| (i % 249) as u8).collect();
-        for (len, step) in [
-            (300_000, 7000),
-            (300_000, 1 << 20),
-            (1000, 300),
-            (65_536, 4096),
-        ] {
-            let source = Chunks {
-                bytes: bytes.clone(),
-                at: 0,
-                step,
-            };
-            let mut reader = BufReader::with_capacity(32 * 1024, source);
-            let mut head = [0u8; 24];
-            reader.read_exact(&mut head).unwrap();
-            let mut data = vec![0u8; len];
-            read_data(&mut reader, &mut data).unwrap();
-            assert_eq!(data, &bytes[24..24 + len], "{len} bytes, {step} per read");
-            let mut next = [0u8; 16];
-            reader.read_exact(&mut next).unwrap();
-            assert_eq!(next, &bytes[24 + len..24 + len + 16]);
         }
     }
 }
