@@ -7,9 +7,10 @@
 # the most any client gets from this cluster: the ceiling), blockwire serving the
 # image over NBD (fio's nbd engine) and over iSCSI (libiscsi's iscsi-perf for reads,
 # blockwire's own initiator for writes), and tgtd with --bstype rbd (Debian tgt-rbd)
-# over iSCSI. The image is read once whole before the first round, so every round
-# finds the OSD's cache in the same state. Jobs: 4 KiB random
-# read and write at QD32, 1 MiB sequential read and write at QD16. Prints medians,
+# over iSCSI. The direct client runs without librbd's cache, as the gateway does
+# (--direct-cache on for fio's default). The image is read once whole before the
+# first round, so every round finds the OSD's cache in the same state. Jobs: 4 KiB
+# random read and write at QD32, 1 MiB sequential read and write at QD16. Prints medians,
 # the ratios to the ceiling and to tgt-rbd, and each server's CPU seconds per GB
 # moved, and which rounds land more than 2x from their median (fio's runs also keep
 # their MB/s per 500 ms, where a stall shows); writes JSON
@@ -19,6 +20,7 @@
 #
 # usage: bench/rbd-gateway.sh [--size 1G] [--time 10] [--rounds 3] [--osd-disk ram|file]
 #                             [--servers direct,nbd,iscsi,tgt-rbd] [--pin 0,1[,GW]]
+#                             [--direct-cache off|on]
 #                             [--json FILE]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
