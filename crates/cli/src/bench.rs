@@ -13,9 +13,9 @@ use blockwire_blockdev::size::parse_size;
 use clap::Args;
 
 use blockwire_server::device_spec::Target;
-use blockwire_server::factory::{
-    open_sized, parse_reconnect, parse_timeout, reconnect_setting, Remote,
-};
+use blockwire_server::factory::open_sized;
+
+use crate::remote_args::RemoteArgs;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -50,16 +50,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     pub connections: usize,
 
-    /// Fail when a remote target leaves a request unanswered this many seconds
-    /// (default: NBD and iSCSI wait, AoE gives up after 10; rbd: 30).
-    #[arg(long, value_name = "SECS", value_parser = parse_timeout)]
-    pub timeout: Option<Duration>,
-
-    /// Keep reconnecting this many seconds when an NBD or iSCSI connection drops
-    /// (a target restart), then send again what had no answer; 0 fails at once.
-    /// Default 30.
-    #[arg(long, value_name = "SECS", value_parser = parse_reconnect)]
-    pub reconnect: Option<Duration>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
     /// Bypass the page cache with O_DIRECT, and fail where the file system cannot.
     /// Without it (and without --buffered) direct I/O is still used where possible,
     /// and a file system without O_DIRECT is measured buffered, with a note.
@@ -221,11 +213,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         config.workloads.is_empty() || config.workloads.iter().any(|&w| w != Workload::Network);
     let remote_device = match parsed {
         Ok(parsed) if remote && wants_storage => {
-            let remote = Remote {
-                connections: args.connections,
-                timeout: args.timeout,
-                reconnect: reconnect_setting(args.reconnect),
-            };
+            let remote = args.remote.remote(args.connections);
             // --size creates a missing file on an NFS server, as it does locally.
             Some(open_sized(&parsed, false, remote, args.size)?)
         }

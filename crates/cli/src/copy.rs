@@ -1,7 +1,7 @@
 //! `blockwire copy SRC DST`: any path or NBD URI to any other, sparse-aware and
 //! parallel, with progress and an optional verify pass.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
 use blockwire_blockdev::copy::{compare, copy, CopyOptions};
@@ -10,9 +10,9 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use blockwire_server::device_spec::Target;
-use blockwire_server::factory::{
-    open, open_destination, parse_reconnect, parse_timeout, reconnect_setting, Remote,
-};
+use blockwire_server::factory::{open, open_destination};
+
+use crate::remote_args::RemoteArgs;
 
 #[derive(Args, Debug)]
 pub struct CopyArgs {
@@ -25,15 +25,8 @@ pub struct CopyArgs {
     /// Connections per NBD URI (used when the server allows several).
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
-    /// Fail when a remote target leaves a request unanswered this many seconds
-    /// (default: NBD and iSCSI wait, AoE gives up after 10; rbd: 30).
-    #[arg(long, value_name = "SECS", value_parser = parse_timeout)]
-    pub timeout: Option<Duration>,
-    /// Keep reconnecting this many seconds when an NBD, iSCSI or NVMe/TCP connection drops
-    /// (a target restart), then send again what had no answer; 0 fails at once.
-    /// Default 30.
-    #[arg(long, value_name = "SECS", value_parser = parse_reconnect)]
-    pub reconnect: Option<Duration>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
     /// Requests in flight.
     #[arg(long, default_value_t = 16)]
     pub requests: usize,
@@ -69,11 +62,7 @@ pub fn run(args: CopyArgs) -> Result<()> {
     if source_target == destination_target {
         bail!("source and destination are the same");
     }
-    let remote = Remote {
-        connections: args.connections,
-        timeout: args.timeout,
-        reconnect: reconnect_setting(args.reconnect),
-    };
+    let remote = args.remote.remote(args.connections);
     let source = open(&source_target, true, remote)?;
     let (destination, destination_is_zero) =
         open_destination(&destination_target, source.size(), remote)?;

@@ -18,6 +18,7 @@ mod logging;
 mod manpages;
 mod mount;
 mod netserve;
+mod remote_args;
 mod serve;
 mod serve_args;
 mod serve_args_check;

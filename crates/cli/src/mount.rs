@@ -7,9 +7,11 @@ use std::time::Duration;
 use anyhow::{anyhow, Context, Result};
 use blockwire_mount::{check_directory, check_name, mount, MountOptions, UnmountError, Unmounter};
 use blockwire_server::device_spec::Target;
-use blockwire_server::factory::{open, parse_reconnect, parse_timeout, reconnect_setting, Remote};
+use blockwire_server::factory::open;
 use blockwire_server::stop_signals;
 use clap::Args;
+
+use crate::remote_args::RemoteArgs;
 
 #[derive(Args, Debug)]
 pub struct MountArgs {
@@ -30,15 +32,8 @@ pub struct MountArgs {
     /// Connections per NBD URI (used when the server allows several).
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
-    /// Fail a request a remote target leaves unanswered this many seconds (default:
-    /// NBD, iSCSI and NVMe/TCP wait, AoE gives up after 10; rbd: 30).
-    #[arg(long, value_name = "SECS", value_parser = parse_timeout)]
-    pub timeout: Option<Duration>,
-    /// Keep reconnecting this many seconds when an NBD, iSCSI or NVMe/TCP connection
-    /// drops (a target restart), then send again what had no answer; requests wait
-    /// meanwhile and fail (EIO) only when it gives up. 0 fails at once. Default 30.
-    #[arg(long, value_name = "SECS", value_parser = parse_reconnect)]
-    pub reconnect: Option<Duration>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 pub fn run(args: MountArgs) -> Result<()> {
@@ -48,11 +43,7 @@ pub fn run(args: MountArgs) -> Result<()> {
     let target = Target::parse(&args.uri)?;
     check_name(&args.name).map_err(|e| anyhow!("{e}"))?;
     check_directory(&args.dir).map_err(|e| anyhow!("{e}"))?;
-    let remote = Remote {
-        connections: args.connections,
-        timeout: args.timeout,
-        reconnect: reconnect_setting(args.reconnect),
-    };
+    let remote = args.remote.remote(args.connections);
     let device = open(&target, args.read_only, remote)?;
     let size = device.size();
     let options = MountOptions {
