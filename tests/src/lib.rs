@@ -8,6 +8,7 @@ pub mod ceph;
 pub mod crash;
 pub mod http;
 pub mod iscsi;
+pub mod lab;
 pub mod netns;
 pub mod vm;
 

@@ -9,45 +9,8 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use blockwire_tests::lab::{leftovers, prefix};
 use blockwire_tests::{blockwire_bin, require_root, text};
-
-/// The names and paths a lab run of process `pid` makes all start with this.
-fn prefix(pid: u32) -> String {
-    format!("bwlab-{pid}-")
-}
-
-/// What a lab run of `pid` left: namespaces, processes and temporary directories
-/// whose names carry its prefix.
-fn leftovers(pid: u32) -> Vec<String> {
-    let prefix = prefix(pid);
-    let mut found = Vec::new();
-    if let Ok(entries) = std::fs::read_dir("/run/netns") {
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&prefix) {
-                found.push(format!("namespace {name}"));
-            }
-        }
-    }
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        // The targets and benches get their config and JSON paths in the work
-        // directory, whose name carries the prefix.
-        if cmdline.contains(&prefix) {
-            found.push(format!("process {:?}: {cmdline}", entry.file_name()));
-        }
-    }
-    for entry in std::fs::read_dir(std::env::temp_dir()).unwrap().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with(&prefix) {
-            found.push(format!("directory {name}"));
-        }
-    }
-    found
-}
 
 fn lab_command(args: &[&str]) -> Command {
     let mut command = Command::new(blockwire_bin());

@@ -10,6 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use blockwire_tests::lab::leftovers;
 use blockwire_tests::{blockwire_bin, require, require_root, text};
 
 /// PIDs of the processes whose name (comm) is `name`.
@@ -50,57 +51,6 @@ fn orphans_named(name: &str, before: &BTreeSet<u32>) -> Vec<u32> {
                 .is_some_and(|ns| !named.contains(&ns))
         })
         .collect()
-}
-
-/// What a lab run of `pid` left: namespaces, processes whose command line names
-/// its work directory, loop devices backed by a file in it, and the directory.
-fn leftovers(pid: u32) -> Vec<String> {
-    let prefix = format!("bwlab-{pid}-");
-    let mut found = Vec::new();
-    if let Ok(entries) = std::fs::read_dir("/run/netns") {
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&prefix) {
-                found.push(format!("namespace {name}"));
-            }
-        }
-    }
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if cmdline.contains(&prefix) {
-            found.push(format!("process {:?}: {cmdline}", entry.file_name()));
-        }
-    }
-    let loops = Command::new("losetup").arg("-a").output().unwrap();
-    for line in text(&loops.stdout).lines() {
-        if line.contains(&prefix) {
-            found.push(format!("loop device {line}"));
-        }
-    }
-    // bonnie's memory cgroup is a child of the lab's, which is this test's.
-    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-    if let Some(path) = cgroups
-        .lines()
-        .find_map(|l| l.split_once(":memory:").map(|(_, p)| p.to_string()))
-    {
-        let dir = format!("/sys/fs/cgroup/memory{path}");
-        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&prefix) {
-                found.push(format!("memory cgroup {name}"));
-            }
-        }
-    }
-    for entry in std::fs::read_dir(std::env::temp_dir()).unwrap().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with(&prefix) {
-            found.push(format!("directory {name}"));
-        }
-    }
-    found
 }
 
 /// Runs `blockwire lab ARGS --json FILE`; returns the report and the lab's PID.
