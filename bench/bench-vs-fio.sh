@@ -17,11 +17,20 @@
 # with one verdict line per job and target (met / not met); missing a target does not
 # make the script fail.
 #
-# usage: bench/bench-vs-fio.sh [--size 2G] [--time 5] [--rounds 2] [--dir DIR]
+# The NBD jobs run against `blockwire serve` and, when it is installed, nbdkit's file
+# plugin serving the same image (--nbd-servers blockwire,nbdkit picks).
+#
+# usage: [BLOCKWIRE_BIN=PATH] bench/bench-vs-fio.sh [--size 2G] [--time 5] [--rounds 2] [--dir DIR]
 #                              [--local-dir DIR] [--part all|local|nbd] [--json FILE]
+#                              [--nbd-servers blockwire,nbdkit]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 command -v fio >/dev/null || { echo "fio missing (apt-get install fio)" >&2; exit 1; }
-(cd "$root" && cargo build --release --quiet -p blockwire)
-exec python3 "$here/lib/bench_vs_fio.py" --blockwire "$root/target/release/blockwire" "$@"
+# BLOCKWIRE_BIN=PATH measures that binary as it is (no build): a copy taken aside
+# stays the same while others rebuild the tree.
+blockwire=${BLOCKWIRE_BIN:-$root/target/release/blockwire}
+if [ -z "${BLOCKWIRE_BIN:-}" ]; then
+  (cd "$root" && cargo build --release --quiet -p blockwire)
+fi
+exec python3 "$here/lib/bench_vs_fio.py" --blockwire "$blockwire" "$@"

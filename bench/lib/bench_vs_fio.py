@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -122,6 +123,15 @@ def exact_ratio(row):
     return row["blockwire_mb_per_s"] / row["fio_mb_per_s"] if row["fio_mb_per_s"] else float("nan")
 
 
+def stop_server(proc):
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def print_verdicts(local, remote):
     """One line per job and threshold. Informational only: a noisy machine can miss a
     target on one run, so the script reports and never fails on it."""
@@ -131,7 +141,36 @@ def print_verdicts(local, remote):
         print(f"  local {row['job']:<22} within {LOCAL_TOLERANCE:.0%}: {'met' if met else 'not met'} ({row['ratio']:.2f}x)")
     for row in remote:
         met = exact_ratio(row) >= NBD_MIN_RATIO
-        print(f"  nbd   {row['job']:<22} initiator >= fio+libnbd: {'met' if met else 'not met'} ({row['ratio']:.2f}x)")
+        server = row.get("server", "blockwire")
+        print(f"  nbd   {server:<9} {row['job']:<22} initiator >= fio+libnbd: {'met' if met else 'not met'} ({row['ratio']:.2f}x)")
+
+
+def start_server(kind, blockwire, image):
+    """An NBD server on a free loopback port serving `image`: `blockwire serve` or
+    nbdkit's file plugin. Returns the process and the export's URI."""
+    if kind == "nbdkit":
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        proc = subprocess.Popen(["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(port), "file", image],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise SystemExit("nbdkit did not start")
+                time.sleep(0.1)
+        return proc, f"nbd://127.0.0.1:{port}"
+    proc = subprocess.Popen([blockwire, "serve", image, "--name", "bench", "--listen", "127.0.0.1:0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    for line in proc.stdout:
+        m = re.search(r"nbd://127\.0\.0\.1:(\d+)/", line)
+        if m:
+            return proc, f"nbd://127.0.0.1:{m.group(1)}/bench"
+    raise SystemExit("blockwire serve did not print its NBD address")
 
 
 def main():
@@ -146,11 +185,16 @@ def main():
                         help="runs per job and tool, alternating which goes first; best kept")
     parser.add_argument("--part", choices=["all", "local", "nbd"], default="all",
                         help="run only the local-file or only the NBD jobs")
+    parser.add_argument("--nbd-servers", default=None,
+                        help="NBD servers to measure both clients against, comma-separated: blockwire, "
+                             "nbdkit (default: both when nbdkit is installed, else blockwire)")
     parser.add_argument("--json", default=None,
                         help="where the results go (default: bench/results/bench-vs-fio.json for a full run, "
                              "bench/results/bench-vs-fio-PART.json for a part, so a part run does not "
                              "overwrite the full run's figures)")
     args = parser.parse_args()
+    if args.nbd_servers is None:
+        args.nbd_servers = "blockwire,nbdkit" if shutil.which("nbdkit") else "blockwire"
     if args.json is None:
         suffix = "" if args.part == "all" else f"-{args.part}"
         results = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results")
@@ -178,18 +222,14 @@ def main():
             local = compare(args, f"local file {local_image} (direct I/O)", LOCAL_JOBS, local_image, False,
                             ["--direct"])
         if args.part in ("all", "nbd"):
-            server = subprocess.Popen([args.blockwire, "serve", image, "--name", "bench", "--listen", "127.0.0.1:0"],
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-            port = None
-            for line in server.stdout:
-                m = re.search(r"nbd://127\.0\.0\.1:(\d+)/", line)
-                if m:
-                    port = m.group(1)
-                    break
-            if port is None:
-                raise SystemExit("blockwire serve did not print its NBD address")
-            uri = f"nbd://127.0.0.1:{port}/bench"
-            remote = compare(args, f"NBD export {uri} (fio: libnbd; blockwire: its initiator)", NBD_JOBS, uri, True, [])
+            remote = []
+            for kind in args.nbd_servers.split(","):
+                server, uri = start_server(kind, args.blockwire, image)
+                title = f"NBD export {uri} of {kind} (fio: libnbd; blockwire: its initiator)"
+                rows = compare(args, title, NBD_JOBS, uri, True, [])
+                remote += [{"server": kind, **row} for row in rows]
+                stop_server(server)
+                server = None
         # A part run writes the same structure as a full one; the part that did not
         # run has no rows, and "part" says which ran so a reader cannot mistake the
         # empty list for a run without results.
@@ -201,8 +241,7 @@ def main():
         print_verdicts(local, remote)
     finally:
         if server:
-            server.send_signal(signal.SIGTERM)
-            server.wait(timeout=30)
+            stop_server(server)
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(local_work, ignore_errors=True)
 
