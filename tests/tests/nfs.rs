@@ -144,9 +144,7 @@ fn what_nfs_cp_writes_blockwire_copies_back() {
 fn bench_measures_a_file_on_nfs() {
     require_nfs!();
     let bed = Bed::start('c');
-    let file = std::fs::File::create(bed.export().join("bench.img")).unwrap();
-    file.set_len(64 * MIB).unwrap();
-    drop(file);
+    // No file yet: --size creates it on the server, as for a local path.
     let url = bed.server.url("bench.img");
     let ganesha = bed.server.pids()[0].to_string();
     let output = bed.blockwire(&[
@@ -164,6 +162,12 @@ fn bench_measures_a_file_on_nfs() {
         &ganesha,
     ]);
     assert_success(&output);
+    let created = std::fs::metadata(bed.export().join("bench.img")).unwrap();
+    assert_eq!(
+        created.len(),
+        64 * MIB,
+        "--size made the file on the server"
+    );
     let table = text(&output.stdout);
     for row in [
         "sequential  write",
