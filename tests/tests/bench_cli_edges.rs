@@ -36,7 +36,14 @@ fn a_scheme_bench_does_not_speak_is_refused_at_once_and_nothing_is_sent() {
     assert!(took < Duration::from_secs(2), "took {took:?}: {stderr}");
     let lines: Vec<&str> = stderr.lines().collect();
     assert_eq!(lines.len(), 1, "{stderr}");
-    for scheme in ["smb://", "nfs://", "nbd://", "aoe://", "iscsi://", "HOST:PORT"] {
+    for scheme in [
+        "smb://",
+        "nfs://",
+        "nbd://",
+        "aoe://",
+        "iscsi://",
+        "HOST:PORT",
+    ] {
         assert!(lines[0].contains(scheme), "{scheme} in {stderr}");
     }
     assert!(text(&output.stdout).is_empty(), "{}", text(&output.stdout));
