@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use blockwire_tests::lab::{leftovers, prefix};
-use blockwire_tests::{blockwire_bin, require_root, text};
+use blockwire_tests::{assert_success, blockwire_bin, require_root, text};
 
 fn lab_command(args: &[&str]) -> Command {
     let mut command = Command::new(blockwire_bin());
@@ -52,13 +52,7 @@ fn two_shaped_channels_one_cell_per_protocol_json_html_and_nothing_left() {
     .unwrap();
     let pid = child.id();
     let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        output.status,
-        text(&output.stdout),
-        text(&output.stderr)
-    );
+    assert_success(&output);
     eprintln!("lab run took {:?}", started.elapsed());
     let stdout = text(&output.stdout);
     assert!(stdout.contains("[6/6]"), "{stdout}");
@@ -322,13 +316,7 @@ fn file_backed_exports_and_one_aoe_export_over_both_channels() {
     .unwrap();
     let pid = child.id();
     let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        output.status,
-        text(&output.stdout),
-        text(&output.stderr)
-    );
+    assert_success(&output);
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert!(report["notes"].as_array().unwrap().is_empty(), "{report:#}");

@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use blockwire_tests::lab::leftovers;
-use blockwire_tests::{blockwire_bin, require, require_root, text};
+use blockwire_tests::{assert_success, blockwire_bin, require, require_root};
 
 /// PIDs of the processes whose name (comm) is `name`.
 fn pids_named(name: &str) -> BTreeSet<u32> {
@@ -68,13 +68,7 @@ fn lab(args: &[&str]) -> (serde_json::Value, u32) {
         .unwrap();
     let pid = child.id();
     let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        output.status,
-        text(&output.stdout),
-        text(&output.stderr)
-    );
+    assert_success(&output);
     let report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     (report, pid)
 }
