@@ -12,7 +12,7 @@ import tempfile
 import time
 
 from shaped_link import PIN_INITIATOR, PIN_TARGET, TARGET_IP, ShapedLink, in_ns, sh
-from procs import machine  # noqa: E402
+from procs import results_path, write_json  # noqa: E402
 
 SHELF, SLOT = 1, 1
 NBD_PORT = 10809
@@ -138,7 +138,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--servers", default="aoe,vblade,nbd")
     parser.add_argument("--dir", default="/var/tmp")
-    parser.add_argument("--json")
+    parser.add_argument("--json", help="where the results go (default: the next free "
+                        "bench/results/aoe-efficiency[-N].json)")
     parser.add_argument("--pingpong", help="frame_pingpong binary: adds the bare frame path")
     args = parser.parse_args()
     mtus = [int(m) for m in args.mtus.split(",")]
@@ -205,10 +206,8 @@ def main():
                 notes.append(f"AoE MB/s / NBD's: {aoe['mb_per_s'] / nbd['mb_per_s']:.2f}")
             if notes:
                 print(f"{'':>5} {'':18} " + "; ".join(notes))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine(), "rate_mbit": args.rate or None, "size": args.size, "rows": table}, f,
-                      indent=2)
+    write_json(args.json or results_path("aoe-efficiency"),
+               {"rate_mbit": args.rate or None, "size": args.size, "rows": table})
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ AF_PACKET and AF_XDP) beside blockwire's AoE sequential write at MTU 1500 and 90
 in the same namespaces and the same rounds; see aoe-frame-ceiling.sh."""
 
 import argparse
-import json
 import os
 import select
 import subprocess
@@ -12,7 +11,7 @@ import sys
 
 from aoe_vs_vblade import (INITIATOR_NS, PIN_INITIATOR, PIN_TARGET, TARGET_NS, URI, Lab,
                            fmt, in_ns, measure, median, sh, stop)
-from procs import machine  # noqa: E402
+from procs import results_path, write_json  # noqa: E402
 
 MODES = ["packet", "xdp", "xdp-generic"]
 LABELS = {
@@ -68,7 +67,8 @@ def main():
     parser.add_argument("--seconds", type=int, default=4, help="per frame-path run")
     parser.add_argument("--size", default="1G", help="blockwire's write")
     parser.add_argument("--dir", default="/var/tmp")
-    parser.add_argument("--json")
+    parser.add_argument("--json", help="where the results go (default: the next free "
+                        "bench/results/aoe-frame-ceiling[-N].json)")
     parser.add_argument("--blockwire", required=True)
     parser.add_argument("--pingpong", required=True)
     args = parser.parse_args()
@@ -103,10 +103,8 @@ def main():
         print(f"{label:42} {fmt(value, 0):>7}  {fmt(share, 0):>23}  {shown}")
         table.append({"path": key, "label": label, "mb_per_s": value,
                       "percent_of_mtu9000_write": share, "runs": runs[key]})
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine(), "rounds": args.rounds, "seconds": args.seconds, "size": args.size,
-                       "results": table}, f, indent=1)
+    write_json(args.json or results_path("aoe-frame-ceiling"),
+               {"rounds": args.rounds, "seconds": args.seconds, "size": args.size, "results": table})
 
 
 if __name__ == "__main__":

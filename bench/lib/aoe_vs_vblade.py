@@ -13,7 +13,7 @@ import tempfile
 import time
 
 from shaped_link import PIN_INITIATOR, PIN_TARGET, in_ns, sh  # noqa: F401 (re-exported)
-from procs import machine  # noqa: E402
+from procs import results_path, write_json  # noqa: E402
 
 TARGET_NS = "bwaoebench-t"
 INITIATOR_NS = "bwaoebench-i"
@@ -140,7 +140,8 @@ def main():
     parser.add_argument("--mtus", default="1500,9000")
     parser.add_argument("--settings", default="durable,buffered")
     parser.add_argument("--dir", default="/var/tmp")
-    parser.add_argument("--json")
+    parser.add_argument("--json", help="where the results go (default: the next free "
+                        "bench/results/aoe-vs-vblade[-N].json)")
     parser.add_argument("--blockwire", required=True)
     args = parser.parse_args()
 
@@ -209,10 +210,9 @@ def main():
             if small and large:
                 print(f"{server}: buffered seq write at MTU 1500 is {100 * small / large:.0f}% "
                       f"of its MTU 9000 figure")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine(), "rounds": args.rounds, "size": args.size,
-                       "durable_size": args.durable_size, "results": table}, f, indent=1)
+    write_json(args.json or results_path("aoe-vs-vblade"),
+               {"rounds": args.rounds, "size": args.size, "durable_size": args.durable_size,
+                "results": table})
 
 
 if __name__ == "__main__":

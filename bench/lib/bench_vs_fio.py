@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from procs import machine  # noqa: E402
+from procs import results_path, write_json  # noqa: E402
 
 # (label, fio rw, our op, block size, queue depth, our workload)
 LOCAL_JOBS = [
@@ -189,16 +189,15 @@ def main():
                         help="NBD servers to measure both clients against, comma-separated: blockwire, "
                              "nbdkit (default: both when nbdkit is installed, else blockwire)")
     parser.add_argument("--json", default=None,
-                        help="where the results go (default: bench/results/bench-vs-fio.json for a full run, "
-                             "bench/results/bench-vs-fio-PART.json for a part, so a part run does not "
-                             "overwrite the full run's figures)")
+                        help="where the results go (default: the next free bench/results/bench-vs-fio[-N].json "
+                             "for a full run, bench/results/bench-vs-fio-PART[-N].json for a part, so "
+                             "no run replaces another's figures)")
     args = parser.parse_args()
     if args.nbd_servers is None:
         args.nbd_servers = "blockwire,nbdkit" if shutil.which("nbdkit") else "blockwire"
     if args.json is None:
         suffix = "" if args.part == "all" else f"-{args.part}"
-        results = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results")
-        args.json = os.path.normpath(os.path.join(results, f"bench-vs-fio{suffix}.json"))
+        args.json = results_path(f"bench-vs-fio{suffix}")
     if args.local_dir is None:
         # The local jobs check that both tools measure the same thing the same way.
         # On this machine's virtual disk one tool's run swings by up to 1.6x from the
@@ -233,11 +232,8 @@ def main():
         # A part run writes the same structure as a full one; the part that did not
         # run has no rows, and "part" says which ran so a reader cannot mistake the
         # empty list for a run without results.
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine(), "size": args.size, "time_s": args.time, "local_dir": args.local_dir, "part": args.part,
-                       "local": local, "nbd": remote}, f, indent=2)
-        print(f"\nJSON written to {args.json}")
+        write_json(args.json, {"size": args.size, "time_s": args.time, "local_dir": args.local_dir,
+                               "part": args.part, "local": local, "nbd": remote})
         print_verdicts(local, remote)
     finally:
         if server:

@@ -18,7 +18,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from iscsi_vs_tgt import PIN_CLIENT, Blockwire, Tgtd, log, parse_size, perf, prefill  # noqa: E402
-from procs import machine  # noqa: E402
+from procs import results_path, write_json  # noqa: E402
 
 # (job, request bytes, requests in flight, random?)
 JOBS = [
@@ -60,7 +60,8 @@ def main():
     parser.add_argument("--time", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--targets", default="tgt,blockwire")
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--json", default=None, help="where the results go (default: the next free "
+                        "bench/results/iscsi-initiator-vs-libiscsi[-N].json)")
     args = parser.parse_args()
     size = parse_size(args.size)
     image = os.path.join(args.dir, "bw-iscsi-initiator-bench.img")
@@ -104,9 +105,7 @@ def main():
                       f"{m['iops']:8.0f} {shown:>6}")
             report["results"].append({"target": target_name, "job": job, "median": med,
                                       "ratio": round(ratio, 3)})
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine(), **report}, f, indent=2)
+    write_json(args.json or results_path("iscsi-initiator-vs-libiscsi"), report)
 
 
 if __name__ == "__main__":

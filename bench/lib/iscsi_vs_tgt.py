@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from procs import CLOCK_TICKS, cpu_seconds, free_port, log, parse_size, stop, write_json  # noqa: F401
+from procs import CLOCK_TICKS, cpu_seconds, free_port, log, parse_size, results_path, stop, write_json  # noqa: F401
 
 # (job name, request bytes, requests in flight, random?)
 JOBS = [
@@ -197,9 +197,8 @@ def main():
     ap.add_argument("--baseline", default=None,
                     help="another blockwire binary, served as " + BASELINE +
                     " (A/B; added to --servers after blockwire)")
-    ap.add_argument("--json", default=os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results",
-        "iscsi-vs-tgt.json"))
+    ap.add_argument("--json", default=None, help="where the results go (default: the next free "
+                    "bench/results/iscsi-vs-tgt[-N].json)")
     args = ap.parse_args()
     servers = [s for s in args.servers.split(",") if s]
     if args.baseline and BASELINE not in servers:
@@ -304,7 +303,7 @@ def main():
         "ratios_blockwire_over_baseline": baseline_ratios,
         "runs": runs,
     }
-    write_json(args.json, result)
+    write_json(args.json or results_path("iscsi-vs-tgt"), result)
 
 
 if __name__ == "__main__":

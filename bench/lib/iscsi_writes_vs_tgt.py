@@ -19,7 +19,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from iscsi_vs_tgt import PIN_CLIENT, Blockwire, Tgtd, log, parse_size, prefill  # noqa: E402
-from procs import machine  # noqa: E402
+from procs import results_path, write_json  # noqa: E402
 
 # (job, bench arguments, op and queue depth of the row to read)
 JOBS = [
@@ -62,9 +62,8 @@ def main():
     parser.add_argument("--time", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--servers", default="blockwire,tgt,tgt-null")
-    parser.add_argument("--json", default=os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-        "results", "iscsi-writes-vs-tgt.json"))
+    parser.add_argument("--json", default=None, help="where the results go (default: the next free "
+                        "bench/results/iscsi-writes-vs-tgt[-N].json)")
     args = parser.parse_args()
     size = parse_size(args.size)
     image = os.path.join(args.dir, "bw-iscsi-writes-bench.img")
@@ -111,12 +110,9 @@ def main():
                          f"{ours['mb_per_server_cpu_s'] / theirs['mb_per_server_cpu_s']:.2f}x")
             print(line)
     print("tgt-null drops every write: the client's ceiling.")
-    os.makedirs(os.path.dirname(args.json), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump({"machine": machine(), "size": args.size,
-                   "time_s": args.time, "rounds": args.rounds, "rows": table,
-                   "samples": {f"{s}/{j}": v for (s, j), v in samples.items()}}, f, indent=2)
-    print(f"JSON: {args.json}")
+    write_json(args.json or results_path("iscsi-writes-vs-tgt"),
+               {"size": args.size, "time_s": args.time, "rounds": args.rounds, "rows": table,
+                "samples": {f"{s}/{j}": v for (s, j), v in samples.items()}})
 
 
 if __name__ == "__main__":

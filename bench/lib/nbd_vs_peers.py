@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from procs import machine  # noqa: E402
+from procs import results_path, write_json  # noqa: E402
 
 JOBS = [
     # name, fio rw, block size, iodepth
@@ -253,7 +253,8 @@ def main():
     parser.add_argument("--size", default="4G")
     parser.add_argument("--runtime", type=int, default=10, help="seconds per run")
     parser.add_argument("--rounds", type=int, default=3, help="runs per server and job (median)")
-    parser.add_argument("--json", default="bench/results/nbd-vs-peers.json")
+    parser.add_argument("--json", default=None, help="where the results go (default: the next free "
+                        "bench/results/nbd-vs-peers[-N].json, with --tls nbd-vs-peers-tls[-N].json)")
     parser.add_argument("--dir", default=None, help="where the test image goes (default: a temp dir)")
     parser.add_argument("--servers", default=None,
                         help="default blockwire,nbdkit,qemu-nbd,nbd-server,nbdkit-null "
@@ -265,8 +266,8 @@ def main():
     if args.servers is None:
         args.servers = ("blockwire,nbdkit,qemu-nbd" if args.tls
                         else "blockwire,nbdkit,qemu-nbd,nbd-server,nbdkit-null")
-    if args.tls and args.json == parser.get_default("json"):
-        args.json = "bench/results/nbd-vs-peers-tls.json"
+    if args.json is None:
+        args.json = results_path("nbd-vs-peers-tls" if args.tls else "nbd-vs-peers")
 
     workdir = tempfile.mkdtemp(prefix="bw-bench-", dir=args.dir)
     image = os.path.join(workdir, "image.raw")
@@ -354,14 +355,11 @@ def main():
                 ratios[name]["client_ceiling_over_nbdkit"] = round(room, 2)
                 line += f"{room:>12.2f}x"
         print(line)
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump({"machine": machine(), "size": args.size, "runtime_s": args.runtime, "rounds": args.rounds,
-                   "client": ("nbdcopy (sequential), blockwire bench (random)" if args.tls
-                              else "fio ioengine=nbd"),
-                   "tls": "psk" if args.tls else None,
-                   "results": results, "ratios_blockwire_over_nbdkit": ratios}, f, indent=2)
-    print(f"\nJSON written to {args.json}")
+    write_json(args.json, {"size": args.size, "runtime_s": args.runtime, "rounds": args.rounds,
+                           "client": ("nbdcopy (sequential), blockwire bench (random)" if args.tls
+                                      else "fio ioengine=nbd"),
+                           "tls": "psk" if args.tls else None,
+                           "results": results, "ratios_blockwire_over_nbdkit": ratios})
 
 
 if __name__ == "__main__":

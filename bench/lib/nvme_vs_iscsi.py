@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 
-from procs import log, machine, parse_size, stop, write_json
+from procs import log, machine, parse_size, results_path, stop, write_json
 
 # (name, `blockwire bench` arguments): the two shapes.
 JOBS = [
@@ -103,8 +103,8 @@ def main():
     parser.add_argument("--time", type=float, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", default="/var/tmp")
-    parser.add_argument("--json", default=os.path.join(
-        os.path.dirname(__file__), "..", "results", "nvme-vs-iscsi.json"))
+    parser.add_argument("--json", default=None, help="where the results go (default: the next free "
+                        "bench/results/nvme-vs-iscsi[-N].json)")
     args = parser.parse_args()
     binaries = [("blockwire", args.blockwire)]
     if args.baseline:
@@ -176,7 +176,7 @@ def main():
                 print(f"{name:9} {job:19} {op:9} {fmt(r['mb_per_s']):>6} "
                       f"{fmt(r['initiator_cpu_ms_per_mb']):>10} "
                       f"{fmt(r['target_cpu_ms_per_mb']):>10}")
-    write_json(args.json, {
+    write_json(args.json or results_path("nvme-vs-iscsi"), {
         "machine": machine(),
         "config": {"size": args.size, "time": args.time, "rounds": args.rounds,
                    "pinned": bool(PIN_SERVER),

@@ -5,6 +5,7 @@ with the machine they were measured on."""
 import json
 import os
 import platform
+import re
 import signal
 import time
 import socket
@@ -12,6 +13,13 @@ import subprocess
 import sys
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+# Where every script keeps its runs by default: bench/results beside this directory.
+RESULTS_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results"))
+
+# A kept run's file name: its series (e.g. nbd-vs-peers, nbd-vs-peers-tls), then
+# -N from the second run on. A series name must not end in -DIGITS itself.
+RUN_FILE = re.compile(r"^(?P<series>.+?)(?:-(?P<number>[0-9]+))?\.json$")
 
 
 def log(*args):
@@ -68,6 +76,30 @@ def machine():
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def run_file(name):
+    """(series, run number) of a results file name: nbd-vs-peers.json is run 1 of
+    nbd-vs-peers, nbd-vs-peers-3.json run 3; None for a name that is not JSON."""
+    found = RUN_FILE.match(os.path.basename(name))
+    if not found:
+        return None
+    return found["series"], int(found["number"] or 1)
+
+
+def results_path(series, directory=RESULTS_DIR):
+    """Where a new run of `series` goes when no --json PATH is given: SERIES.json for
+    the first, then SERIES-N.json one past the highest number kept, so a rerun is
+    added beside the earlier ones instead of replacing them, and the numbers follow
+    the order the runs were made in."""
+    highest = 0
+    if os.path.isdir(directory):
+        for name in os.listdir(directory):
+            parsed = run_file(name)
+            if parsed and parsed[0] == series:
+                highest = max(highest, parsed[1])
+    name = f"{series}.json" if highest == 0 else f"{series}-{highest + 1}.json"
+    return os.path.join(directory, name)
 
 
 def write_json(path, result):

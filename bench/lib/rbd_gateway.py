@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 
-from procs import CLOCK_TICKS, cpu_seconds, free_port, log, parse_size, stop, write_json  # noqa: F401
+from procs import CLOCK_TICKS, cpu_seconds, free_port, log, parse_size, results_path, stop, write_json  # noqa: F401
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from iscsi_writes_vs_tgt import run_job  # noqa: E402
@@ -237,9 +237,8 @@ def main():
                     "iscsi-perf, blockwire bench: the direct client's librbd with them) "
                     "and the gateways (blockwire serve, tgtd; the client's core unless "
                     "given), e.g. 0,1")
-    ap.add_argument("--json", default=os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results",
-        "rbd-gateway.json"))
+    ap.add_argument("--json", default=None, help="where the results go (default: the next free "
+                    "bench/results/rbd-gateway[-N].json)")
     args = ap.parse_args()
     servers = [s for s in args.servers.split(",") if s]
     for s in servers:
@@ -376,7 +375,7 @@ def main():
         "medians": table,
         "runs": runs,
     }
-    write_json(args.json, result)
+    write_json(args.json or results_path("rbd-gateway"), result)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import subprocess
 import tempfile
 import time
 
-from procs import cpu_seconds, free_port, log, parse_size, stop, write_json
+from procs import cpu_seconds, free_port, log, parse_size, results_path, stop, write_json
 
 
 def wait_listening(port, deadline=10.0):
@@ -74,7 +74,8 @@ def main():
     parser.add_argument("--size", default="4G")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--settings", default="16M,0")
-    parser.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "..", "results", "write-behind.json"))
+    parser.add_argument("--json", default=None, help="where the results go (default: the next free "
+                        "bench/results/write-behind[-N].json)")
     args = parser.parse_args()
     size = parse_size(args.size)
     settings = args.settings.split(",")
@@ -100,8 +101,8 @@ def main():
               f"flush {a['flush_s'] / max(b['flush_s'], 1e-9):.2f}x, "
               f"to disk {a['stable_mb_s'] / b['stable_mb_s']:.2f}x, "
               f"server CPU {a['server_cpu_s'] / max(b['server_cpu_s'], 1e-9):.2f}x")
-    write_json(args.json, {"size": args.size, "rounds": args.rounds,
-                           "medians": medians, "runs": runs})
+    write_json(args.json or results_path("write-behind"),
+               {"size": args.size, "rounds": args.rounds, "medians": medians, "runs": runs})
 
 
 if __name__ == "__main__":
