@@ -2,8 +2,9 @@
 //! `NfsServer`) in a target namespace, our libnfs client and libnfs-utils'
 //! `nfs-cat`/`nfs-cp` in the initiator namespace across a veth pair. What
 //! `blockwire copy` writes, `nfs-cat` reads back, and the reverse; `blockwire
-//! bench` measures a file there; a missing libnfs, an unreachable server, a
-//! refused export and a missing file each fail in one line. Needs root; skipped
+//! bench` measures a file there; `blockwire info` describes one; a missing libnfs,
+//! an unreachable server, a refused export and a missing file each fail in one
+//! line. Needs root; skipped
 //! with a reason when ganesha, rpcbind, libnfs-utils or libnfs is missing.
 
 use std::path::Path;
@@ -190,6 +191,48 @@ fn bench_measures_a_file_on_nfs() {
     let notes = text(&here.stderr);
     let found = format!("target CPU: process {ganesha} (ganesha.nfsd)");
     assert!(notes.contains(&found), "{notes}");
+}
+
+#[test]
+fn info_describes_a_file_on_nfs() {
+    require_nfs!();
+    let bed = Bed::start('e');
+    // 5 MiB and 512 bytes: a size no default would give.
+    let size = 5 * MIB + 512;
+    std::fs::File::create(bed.export().join("info.img"))
+        .and_then(|f| f.set_len(size))
+        .expect("make the file on the server");
+    let url = bed.server.url("info.img");
+    let output = bed.blockwire(&["info", &url]);
+    assert_success(&output);
+    let stdout = text(&output.stdout);
+    for line in [
+        format!("file: {url}"),
+        format!("server: {}", netns::target_addr(0)),
+        "export: /blockwire".to_string(),
+        "path in export: /info.img".to_string(),
+        "NFS version: 3".to_string(),
+        format!("size: {size} (5.0M)"),
+        "block sizes: minimum 512, preferred 4096".to_string(),
+        "read-only: no".to_string(),
+        "operations: read write flush".to_string(),
+    ] {
+        assert!(stdout.contains(&line), "no '{line}' in:\n{stdout}");
+    }
+    let json = bed.blockwire(&["info", "--json", &url]);
+    assert_success(&json);
+    let value: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    assert_eq!(value["size"], size);
+    assert_eq!(value["nfs_version"], 3);
+    assert_eq!(value["read_only_by_server"], false);
+
+    // A missing file is one line, and info creates nothing.
+    let missing = bed.server.url("missing.img");
+    fails_in_one_line(
+        &bed.blockwire(&["info", &missing]),
+        &[&missing, "does not exist in export /blockwire"],
+    );
+    assert!(!bed.export().join("missing.img").exists());
 }
 
 #[test]

@@ -12,6 +12,8 @@ use clap::Args;
 
 use crate::info_format::{allocation_map, human, json_string, map_json, map_text};
 
+mod nfs;
+
 #[derive(Args, Debug)]
 pub struct InfoArgs {
     /// The export: nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH or
@@ -21,7 +23,9 @@ pub struct InfoArgs {
     /// subsystems of the discovery controller, port 8009 by default)
     /// or a striped volume, stripe:CHUNK:MEMBER,MEMBER,... (its members and layout)
     /// or a Ceph RBD image, rbd:POOL/IMAGE[@SNAP][:conf=PATH] (size, object size,
-    /// features, snapshots).
+    /// features, snapshots)
+    /// or a file on an NFS server, nfs://SERVER[:PORT]/EXPORT/FILE (size, block
+    /// sizes, operations, server, NFS version).
     pub uri: String,
 
     /// List the server's exports with their descriptions (the URI's export name is
@@ -54,6 +58,13 @@ pub fn run(args: InfoArgs) -> Result<()> {
     if args.uri.starts_with(blockwire_server::device_spec::PREFIX) {
         return crate::info_stripe::run(&args.uri, args.list, args.map, args.json);
     }
+    if args
+        .uri
+        .split_once("://")
+        .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("nfs"))
+    {
+        return nfs::run(&args.uri, args.list, args.map, args.json);
+    }
     if args.uri.starts_with("aoe://") {
         if args.map {
             bail!("--map needs NBD's block status; AoE has no allocation map");
@@ -69,7 +80,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
     {
         bail!(
             "'{}': not a URI blockwire info reads (expected nbd://, nbd+unix://, nbds://, \
-             nbds+unix://, aoe://, iscsi://, nvme+tcp://, rbd:POOL/IMAGE or \
+             nbds+unix://, aoe://, iscsi://, nvme+tcp://, nfs://, rbd:POOL/IMAGE or \
              stripe:CHUNK:MEMBER,...)",
             args.uri
         );
