@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::io::{BufReader, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -118,6 +119,10 @@ pub(crate) struct Connection {
     inline_max: usize,
     table: Mutex<Table>,
     freed: Condvar,
+    /// Submitters waiting on `freed` for a command ID, counted under the
+    /// table's lock: the reader notifies only when there is one (a notify is a
+    /// system call, and every answer frees an ID).
+    freed_waiters: AtomicUsize,
     /// PDUs the reader thread sends (H2CData), for the writer thread.
     out: Sender<Outgoing>,
     /// The socket's sending side: submitters write capsules to it directly,
@@ -246,6 +251,7 @@ impl Connection {
                 dead: false,
             }),
             freed: Condvar::new(),
+            freed_waiters: AtomicUsize::new(0),
             out,
             sending,
             stream,
@@ -279,7 +285,25 @@ impl Connection {
     /// Sends `sqe` (its command ID and data pointer are filled here) with
     /// `payload`; waits while every command ID is in use. The answer, or
     /// [`Lost`], goes to `sink` with `tag`.
-    pub fn submit(&self, mut sqe: Sqe, mut payload: Payload, tag: u64, sink: Sink) {
+    pub fn submit(&self, sqe: Sqe, payload: Payload, tag: u64, sink: Sink) {
+        let mut capsules = Vec::new();
+        self.enqueue(sqe, payload, tag, sink, &mut capsules);
+        self.send_capsules(&mut capsules);
+    }
+
+    /// Registers `sqe` with `payload` as [`submit`](Self::submit) does, but
+    /// appends its capsule to `capsules` instead of sending it: a request queue
+    /// sends what it gathered in one write ([`send_capsules`](Self::send_capsules)).
+    /// While every command ID is in use, the capsules gathered so far are sent
+    /// first (the answers that free an ID may be waiting for them).
+    pub fn enqueue(
+        &self,
+        mut sqe: Sqe,
+        mut payload: Payload,
+        tag: u64,
+        sink: Sink,
+        capsules: &mut Vec<u8>,
+    ) {
         let direction = sqe.direction();
         let mut table = self.lock();
         let cid = loop {
@@ -295,30 +319,34 @@ impl Connection {
             if let Some(cid) = table.free.pop() {
                 break cid;
             }
+            if !capsules.is_empty() {
+                drop(table);
+                self.send_capsules(capsules);
+                table = self.lock();
+                continue;
+            }
+            self.freed_waiters.fetch_add(1, Ordering::Relaxed);
             table = self.freed.wait(table).unwrap_or_else(|e| e.into_inner());
+            self.freed_waiters.fetch_sub(1, Ordering::Relaxed);
         };
         sqe.set_cid(cid);
         let len = payload.len();
         let in_capsule = direction == Direction::ToController && len > 0 && len <= self.inline_max
             || sqe.opcode() == crate::opcodes::admin::FABRICS;
-        let mut bytes = Vec::new();
         if in_capsule {
             sqe.set_sgl(SglDescriptor::in_capsule(len as u32));
-            put_capsule(
-                &mut bytes,
-                &self.negotiated.framing,
-                &sqe,
-                payload.as_slice(),
-            );
+            put_capsule(capsules, &self.negotiated.framing, &sqe, payload.as_slice());
         } else {
             sqe.set_sgl(SglDescriptor::transport(len as u32));
-            put_capsule(&mut bytes, &self.negotiated.framing, &sqe, &[]);
+            put_capsule(capsules, &self.negotiated.framing, &sqe, &[]);
             if direction == Direction::ToController {
                 if let Payload::Io(buf) = payload {
                     payload = Payload::Shared(Arc::new(buf));
                 }
             }
         }
+        // Once in the table, a fatal error (which drains it) answers the
+        // command even if its capsule is never sent.
         table.pending.insert(
             cid,
             Pending {
@@ -328,19 +356,24 @@ impl Connection {
                 direction,
             },
         );
-        // Once in the table, a fatal error (which drains it) answers the
-        // command even if the write below never happens.
-        drop(table);
-        // Written here when the socket is free; otherwise queued for the
-        // writer thread, which gathers what piles up into fewer writes.
+    }
+
+    /// Sends the capsules [`enqueue`](Self::enqueue) gathered, and empties
+    /// `capsules`: written here when the socket is free, otherwise queued for
+    /// the writer thread, which gathers what piles up into fewer writes.
+    pub fn send_capsules(&self, capsules: &mut Vec<u8>) {
+        if capsules.is_empty() {
+            return;
+        }
         let written = match self.sending.try_lock() {
-            Ok(mut stream) => stream.write_all(&bytes),
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().write_all(&bytes),
+            Ok(mut stream) => stream.write_all(capsules),
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().write_all(capsules),
             Err(std::sync::TryLockError::WouldBlock) => self
                 .out
-                .send(Outgoing::Bytes(bytes))
+                .send(Outgoing::Bytes(std::mem::take(capsules)))
                 .map_err(|_| std::io::Error::other("the sending thread is gone")),
         };
+        capsules.clear();
         if written.is_err() {
             self.fail();
         }
@@ -398,12 +431,18 @@ impl Connection {
     fn read_loop(self: Arc<Connection>, stream: TcpStream) {
         let mut reader = BufReader::with_capacity(256 * 1024, stream);
         let mut buf = Vec::new();
+        let mut gathered = Gathered::default();
         loop {
-            if let Err(reason) = self.read_one(&mut reader, &mut buf) {
+            if reader.buffer().len() < COMMON_HEADER_LEN {
+                // The next read may wait for the network: what is done goes now.
+                gathered.flush();
+            }
+            if let Err(reason) = self.read_one(&mut reader, &mut buf, &mut gathered) {
                 tracing::debug!("NVMe/TCP {}: connection ended: {reason}", self.address);
                 break;
             }
         }
+        gathered.flush();
         self.fail();
     }
 
@@ -414,6 +453,7 @@ impl Connection {
         &self,
         reader: &mut BufReader<R>,
         buf: &mut Vec<u8>,
+        gathered: &mut Gathered,
     ) -> Result<(), String> {
         let framing = &self.negotiated.framing;
         let io = |e: std::io::Error| e.to_string();
@@ -431,14 +471,14 @@ impl Connection {
                 .read_exact(&mut buf[COMMON_HEADER_LEN..])
                 .map_err(io)?;
             let header = parse_c2h_header(buf, framing)?;
-            return self.receive_c2h(reader, header, buf);
+            return self.receive_c2h(reader, header, buf, gathered);
         }
         buf.resize(len.max(COMMON_HEADER_LEN), 0);
         reader
             .read_exact(&mut buf[COMMON_HEADER_LEN..])
             .map_err(io)?;
         match decode(buf, framing) {
-            Ok(Some((pdu, _))) => self.handle(pdu),
+            Ok(Some((pdu, _))) => self.handle(pdu, gathered),
             Ok(None) => Err("truncated PDU".into()),
             Err(e) => Err(format!("bad PDU from the target: {e}")),
         }
@@ -451,6 +491,7 @@ impl Connection {
         reader: &mut BufReader<R>,
         header: C2HHeader,
         scratch: &mut Vec<u8>,
+        gathered: &mut Gathered,
     ) -> Result<(), String> {
         let io = |e: std::io::Error| e.to_string();
         scratch.resize(header.padding, 0);
@@ -487,15 +528,15 @@ impl Connection {
         }
         result?;
         if header.success {
-            return self.finish(cid, Cqe::new(cid, Status::SUCCESS));
+            return self.finish(cid, Cqe::new(cid, Status::SUCCESS), gathered);
         }
         Ok(())
     }
 
     /// Acts on one PDU from the target; an error ends the connection.
-    fn handle(&self, pdu: Pdu) -> Result<(), String> {
+    fn handle(&self, pdu: Pdu, gathered: &mut Gathered) -> Result<(), String> {
         match pdu {
-            Pdu::CapsuleResp(resp) => self.finish(resp.cqe.cid, resp.cqe),
+            Pdu::CapsuleResp(resp) => self.finish(resp.cqe.cid, resp.cqe, gathered),
             Pdu::R2T(r2t) => {
                 let table = self.lock();
                 let pending = table
@@ -577,23 +618,52 @@ impl Connection {
         }
     }
 
-    fn finish(&self, cid: u16, cqe: Cqe) -> Result<(), String> {
-        let pending = {
+    /// Frees the command's ID and gathers its answer for its sink.
+    fn finish(&self, cid: u16, cqe: Cqe, gathered: &mut Gathered) -> Result<(), String> {
+        let (pending, waiters) = {
             let mut table = self.lock();
             let pending = table
                 .pending
                 .remove(&cid)
                 .ok_or_else(|| format!("completion for unknown command {cid}"))?;
             table.free.push(cid);
-            pending
+            // Read under the lock waiters count themselves in under: no
+            // wake-up is lost.
+            (pending, self.freed_waiters.load(Ordering::Relaxed))
         };
-        self.freed.notify_one();
-        (pending.sink)(Done {
-            tag: pending.tag,
-            result: Ok(cqe),
-            payload: pending.payload,
-        });
+        if waiters > 0 {
+            self.freed.notify_one();
+        }
+        gathered.0.push((
+            pending.sink,
+            Done {
+                tag: pending.tag,
+                result: Ok(cqe),
+                payload: pending.payload,
+            },
+        ));
         Ok(())
+    }
+}
+
+/// Answers the reader thread has read but not yet handed to their sinks: they
+/// go together once everything that arrived has been read, so a queue's thread
+/// wakes once per burst instead of once per command. Handed over by
+/// [`flush`](Gathered::flush), and when dropped.
+#[derive(Default)]
+struct Gathered(Vec<(Sink, Done)>);
+
+impl Gathered {
+    fn flush(&mut self) {
+        for (sink, done) in self.0.drain(..) {
+            sink(done);
+        }
+    }
+}
+
+impl Drop for Gathered {
+    fn drop(&mut self) {
+        self.flush();
     }
 }
 
@@ -715,3 +785,7 @@ fn write_loop(sending: Arc<Mutex<TcpStream>>, queued: Receiver<Outgoing>) {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "connection_tests.rs"]
+mod tests;

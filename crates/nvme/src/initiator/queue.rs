@@ -1,6 +1,11 @@
 //! The initiator's [`RequestQueue`]: many commands in flight from one thread,
 //! spread over the I/O queues, completions collected in any order. A command
 //! whose connection is lost is sent again on the new association.
+//!
+//! Capsules submitted since the queue last sent are gathered per connection and
+//! leave in one write when the queue's thread asks for completions, or once a
+//! connection's gathered capsules reach [`SEND_COMMANDS`] or [`SEND_BYTES`]: one
+//! system call (and one wake-up of the target) per burst, not per command.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver};
@@ -14,10 +19,22 @@ use blockwire_blockdev::{
 };
 
 use super::commands;
-use super::connection::{Done, Lost, Payload, Sink};
+use super::connection::{Connection, Done, Lost, Payload, Sink};
 use super::device::{disconnected, outcome, NvmeClient};
 use super::session::Session;
 use crate::sqe::Sqe;
+
+/// Gathered capsules for one connection are sent once there are this many...
+const SEND_COMMANDS: usize = 8;
+/// ...or they take this many bytes (in-capsule write data included).
+const SEND_BYTES: usize = 256 * 1024;
+
+/// Capsules gathered for one connection and not sent yet.
+struct Unsent {
+    connection: Arc<Connection>,
+    capsules: Vec<u8>,
+    commands: usize,
+}
 
 /// What a command in flight was, so it can be sent again and reported.
 struct Flight {
@@ -41,6 +58,7 @@ pub struct NvmeQueue<'a> {
     sink: Sink,
     flights: HashMap<u64, Flight>,
     ready: Vec<Completion>,
+    unsent: Vec<Unsent>,
 }
 
 impl<'a> NvmeQueue<'a> {
@@ -62,6 +80,7 @@ impl<'a> NvmeQueue<'a> {
             sink,
             flights: HashMap::new(),
             ready: Vec::new(),
+            unsent: Vec::new(),
         }
     }
 
@@ -72,7 +91,40 @@ impl<'a> NvmeQueue<'a> {
         flight.session = session;
         let sqe = flight.sqe;
         self.flights.insert(tag, flight);
-        queue.submit(sqe, payload, tag, self.sink.clone());
+        let at = match self
+            .unsent
+            .iter()
+            .position(|u| Arc::ptr_eq(&u.connection, &queue))
+        {
+            Some(at) => at,
+            None => {
+                self.unsent.push(Unsent {
+                    connection: queue,
+                    capsules: Vec::new(),
+                    commands: 0,
+                });
+                self.unsent.len() - 1
+            }
+        };
+        let unsent = &mut self.unsent[at];
+        unsent
+            .connection
+            .enqueue(sqe, payload, tag, self.sink.clone(), &mut unsent.capsules);
+        unsent.commands += 1;
+        if unsent.commands >= SEND_COMMANDS || unsent.capsules.len() >= SEND_BYTES {
+            unsent.connection.send_capsules(&mut unsent.capsules);
+            unsent.commands = 0;
+        }
+    }
+
+    /// Sends every gathered capsule.
+    fn send_unsent(&mut self) {
+        for unsent in &mut self.unsent {
+            unsent.connection.send_capsules(&mut unsent.capsules);
+            unsent.commands = 0;
+        }
+        // A connection of an association that was replaced is let go.
+        self.unsent.retain(|u| !u.connection.is_dead());
     }
 
     fn may_retry(&self, flight: &Flight) -> bool {
@@ -176,7 +228,13 @@ impl RequestQueue for NvmeQueue<'_> {
         while let Ok(done) = self.done_rx.try_recv() {
             self.finish(done);
         }
-        while self.ready.len() < min && !self.flights.is_empty() {
+        loop {
+            // Nothing gathered may wait behind this thread's sleep (a command
+            // sent again after a reconnect included).
+            self.send_unsent();
+            if self.ready.len() >= min || self.flights.is_empty() {
+                break;
+            }
             match self.done_rx.recv() {
                 Ok(done) => self.finish(done),
                 Err(_) => break,

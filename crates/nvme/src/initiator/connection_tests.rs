@@ -1,0 +1,187 @@
+//! Gathered sends and answers of one connection, against a fake target that
+//! watches the wire.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use super::*;
+use crate::initiator::commands;
+use crate::pdu::{CapsuleResp, IcResp};
+
+/// A capsule without in-capsule data and without digests.
+const CAPSULE_LEN: usize = 72;
+
+/// A connection to a fake target that has answered ICReq, and the target's end.
+fn connected(depth: u16) -> (Arc<Connection>, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let target = thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut icreq = [0u8; 128];
+        stream.read_exact(&mut icreq).unwrap();
+        let resp = Pdu::IcResp(IcResp {
+            maxh2cdata: 65536,
+            ..IcResp::default()
+        });
+        stream
+            .write_all(&resp.to_bytes(&Framing::default()))
+            .unwrap();
+        stream
+    });
+    let connection = Connection::open(
+        &addr.to_string(),
+        Digests::default(),
+        depth,
+        0,
+        1 << 20,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    (connection, target.join().unwrap())
+}
+
+/// Whether the target has bytes to read within `wait`.
+fn readable(stream: &TcpStream, wait: Duration) -> bool {
+    stream.set_read_timeout(Some(wait)).unwrap();
+    let mut byte = [0u8; 1];
+    let ready = stream.peek(&mut byte).is_ok_and(|n| n > 0);
+    stream.set_read_timeout(None).unwrap();
+    ready
+}
+
+/// Reads `count` capsules; their command IDs.
+fn capsule_ids(stream: &mut TcpStream, count: usize) -> Vec<u16> {
+    // A capsule that never comes fails the test instead of hanging it.
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    (0..count)
+        .map(|_| {
+            let mut capsule = [0u8; CAPSULE_LEN];
+            stream.read_exact(&mut capsule).unwrap();
+            assert_eq!(capsule[0], PduType::CapsuleCmd as u8);
+            u16::from_le_bytes([capsule[10], capsule[11]])
+        })
+        .collect()
+}
+
+fn answer(stream: &mut TcpStream, cids: &[u16]) {
+    let mut bytes = Vec::new();
+    for &cid in cids {
+        Pdu::CapsuleResp(CapsuleResp {
+            cqe: Cqe::new(cid, Status::SUCCESS),
+        })
+        .encode(&Framing::default(), &mut bytes);
+    }
+    stream.write_all(&bytes).unwrap();
+}
+
+fn sink() -> (Sink, mpsc::Receiver<Done>) {
+    let (tx, rx) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    let sink: Sink = Arc::new(move |done: Done| {
+        let _ = tx.lock().unwrap().send(done);
+    });
+    (sink, rx)
+}
+
+#[test]
+fn gathered_capsules_leave_only_when_sent_and_then_together() {
+    let (connection, mut target) = connected(8);
+    let (sink, done) = sink();
+    let mut capsules = Vec::new();
+    for tag in 0..3 {
+        connection.enqueue(
+            commands::read(1, tag, 1),
+            Payload::Owned(vec![0; 512]),
+            tag,
+            sink.clone(),
+            &mut capsules,
+        );
+    }
+    assert_eq!(connection.in_flight(), 3, "registered before being sent");
+    assert!(
+        !readable(&target, Duration::from_millis(100)),
+        "a gathered capsule left before send_capsules"
+    );
+    connection.send_capsules(&mut capsules);
+    assert!(capsules.is_empty());
+    let cids = capsule_ids(&mut target, 3);
+    answer(&mut target, &cids);
+    let mut tags: Vec<u64> = (0..3)
+        .map(|_| done.recv_timeout(Duration::from_secs(5)).unwrap())
+        .map(|d| {
+            assert!(d.result.is_ok());
+            d.tag
+        })
+        .collect();
+    tags.sort();
+    assert_eq!(tags, [0, 1, 2]);
+}
+
+#[test]
+fn waiting_for_a_command_id_sends_what_was_gathered_first() {
+    // Two IDs: the third command waits for an answer, which the target can
+    // only give once it has the two gathered capsules.
+    let (connection, mut target) = connected(2);
+    let (sink, done) = sink();
+    let submitter = {
+        let connection = connection.clone();
+        thread::spawn(move || {
+            let mut capsules = Vec::new();
+            for tag in 0..3 {
+                connection.enqueue(
+                    commands::read(1, tag, 1),
+                    Payload::Owned(vec![0; 512]),
+                    tag,
+                    sink.clone(),
+                    &mut capsules,
+                );
+            }
+            connection.send_capsules(&mut capsules);
+        })
+    };
+    let first = capsule_ids(&mut target, 2);
+    answer(&mut target, &first[..1]);
+    let third = capsule_ids(&mut target, 1);
+    assert_eq!(third, first[..1], "the freed ID is used again");
+    submitter.join().unwrap();
+    answer(&mut target, &[first[1], third[0]]);
+    for _ in 0..3 {
+        assert!(done
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap()
+            .result
+            .is_ok());
+    }
+}
+
+#[test]
+fn answers_read_in_one_go_all_reach_their_sinks_and_a_lost_connection_fails_the_rest() {
+    let (connection, mut target) = connected(8);
+    let (sink, done) = sink();
+    let mut capsules = Vec::new();
+    for tag in 0..4 {
+        connection.enqueue(
+            commands::read(1, tag, 1),
+            Payload::Owned(vec![0; 512]),
+            tag,
+            sink.clone(),
+            &mut capsules,
+        );
+    }
+    connection.send_capsules(&mut capsules);
+    let cids = capsule_ids(&mut target, 4);
+    answer(&mut target, &cids[..3]);
+    for _ in 0..3 {
+        let d = done.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(d.result.is_ok());
+    }
+    drop(target);
+    let last = done.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(last.result.unwrap_err(), Lost);
+    assert!(connection.is_dead());
+}
