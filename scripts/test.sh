@@ -116,6 +116,9 @@ cargo test --workspace --release --no-fail-fast 2>&1 | tee "$log" || status=$?
 # One closing line for the whole run (cargo prints one per test binary).
 awk '/^test result:/ { passed += $4; failed += $6; ignored += $8 }
      END { printf "tests: %d passed, %d failed, %d skipped\n", passed, failed, ignored }' "$log"
+# The bench scripts' own checks (how results are kept and ranged).
+echo "== bench/lib unit tests"
+python3 -m unittest discover -s bench/lib -p 'test_*.py' || status=1
 # Every parser that reads the network, fuzzed for a short while from the committed
 # seeds (docs/testing.md); a crash or a hang fails the run.
 echo "== fuzz (20 s per target)"
