@@ -228,10 +228,11 @@ fn info_describes_a_file_on_nfs() {
 
     // A missing file is one line, and info creates nothing.
     let missing = bed.server.url("missing.img");
-    fails_in_one_line(
+    let line = fails_in_one_line(
         &bed.blockwire(&["info", &missing]),
         &[&missing, "does not exist in export /blockwire"],
     );
+    assert!(!line.contains("give a size"), "info takes no size: {line}");
     assert!(!bed.export().join("missing.img").exists());
 }
 

@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use blockwire_blockdev::{Capabilities, Device, DeviceInfo, Support};
 use blockwire_server::device_spec::Target;
 use blockwire_server::factory::{self, Remote};
@@ -67,7 +67,10 @@ fn open(target: &Target) -> Result<(Device, bool)> {
         Err(e) if e.to_string().ends_with("the server allows reading only") => {
             Ok((factory::open(target, true, remote)?, true))
         }
-        Err(e) => Err(e),
+        // info takes no size: the hint to give one (to create the file) is not for it.
+        Err(e) => Err(anyhow!(e
+            .to_string()
+            .replace(" (give a size to create it)", ""))),
     }
 }
 
