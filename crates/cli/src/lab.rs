@@ -18,7 +18,8 @@ use clap::Args;
 #[derive(Args, Debug)]
 pub struct LabArgs {
     /// Rebuild a seed's bed: 003 (four 1 Gbit channels striped, MTU 1500/9000, AoE
-    /// vs iSCSI, NBD and NVMe/TCP, 210 MB/s disks), 000 (one link at 1 and 10 Gbit, MTU
+    /// vs iSCSI, NBD and NVMe/TCP, 210 MB/s disks, bonnie++ on ext4 over the four
+    /// striped channels), 000 (one link at 1 and 10 Gbit, MTU
     /// 1500/4132/4608/9000, AoE vs NBD, bonnie, a 256 MB/s disk), 001 (one 1 Gbit
     /// link, MTU 1500/9000, AoE vs iSCSI, dd-style 4 MiB direct writes, target CPU),
     /// 002 (10 Gbit, NFS vs iSCSI, NBD and AoE, record sizes 4K-16M) or 004 (10 and 1
