@@ -7,6 +7,14 @@ use std::io::{BufRead, BufReader, Read};
 /// one read also brings the PDUs behind it.
 const DIRECT_READ_MIN: usize = 64 * 1024;
 
+/// Capacity of the buffered reader each end reads PDUs through. One refill brings
+/// up to this much of what follows a header, and a large PDU's data that came in
+/// with it is copied out of the buffer once more: kept to the size past which
+/// data is read directly, so a 1 MiB read or write pays that copy on at most
+/// 64 KiB of it (a 256 KiB buffer cost a quarter of each megabyte), while a
+/// refill still brings a dozen 4 KiB answers at once.
+pub(crate) const READ_BUFFER: usize = DIRECT_READ_MIN;
+
 /// Reads exactly `data.len()` bytes of PDU data (H2CData on the target, C2HData on
 /// the initiator): what the reader holds first, then, for large data, the rest
 /// straight from the socket (BufReader would pass a tail shorter than its capacity

@@ -22,7 +22,7 @@ use super::frame::{
     DATA_HEADER_LEN,
 };
 use crate::cqe::{Cqe, Status};
-use crate::data_read::read_data;
+use crate::data_read::{read_data, READ_BUFFER};
 use crate::pdu::digest::digest_matches;
 use crate::pdu::{
     decode, pdu_len, Digests, Framing, IcReq, Pdu, PduType, COMMON_HEADER_LEN, DIGEST_LEN,
@@ -429,7 +429,7 @@ impl Connection {
     }
 
     fn read_loop(self: Arc<Connection>, stream: TcpStream) {
-        let mut reader = BufReader::with_capacity(256 * 1024, stream);
+        let mut reader = BufReader::with_capacity(READ_BUFFER, stream);
         let mut buf = Vec::new();
         let mut gathered = Gathered::default();
         loop {

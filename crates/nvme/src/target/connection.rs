@@ -17,7 +17,7 @@ use super::writer::Writer;
 use super::{SessionGuard, Shared};
 use crate::controller::{Action, Queue};
 use crate::cqe::{Cqe, Status};
-use crate::data_read::read_data;
+use crate::data_read::{read_data, READ_BUFFER};
 use crate::pdu::{
     self, fes, CapsuleCmd, Digests, Framing, IcResp, Pdu, PduError, PduType, TermReq,
     COMMON_HEADER_LEN, R2T, TERM_REQ_MAX_DATA,
@@ -64,7 +64,7 @@ pub(crate) fn serve(stream: TcpStream, id: u64, shared: Arc<Shared>, discovery_p
             return;
         }
     };
-    let mut reader = BufReader::with_capacity(256 * 1024, stream);
+    let mut reader = BufReader::with_capacity(READ_BUFFER, stream);
     let framing = match handshake(&mut reader, &write_half, &shared) {
         Ok(framing) => framing,
         Err(End::Closed) => return,
