@@ -2,15 +2,17 @@
 //! go out with a command ID from the queue's free list; a reader thread matches
 //! what comes back (CapsuleResp, C2HData, R2T) to them, answers R2Ts with
 //! H2CData, and hands each finished command to its sink. A submitter writes
-//! its capsule itself when the socket is free; everything else (H2CData, and
-//! capsules that find the socket busy) goes through a writer thread, so the
-//! reader never blocks on a full socket while the target blocks on ours.
+//! its capsule itself when the socket is free; the reader sends H2CData itself
+//! only as far as the socket takes it without waiting; everything else (the
+//! rest of such H2CData, and capsules that find the socket busy) goes through a
+//! writer thread (send.rs), so the reader never blocks on a full socket while the
+//! target blocks on ours.
 
 use std::collections::HashMap;
-use std::io::{BufReader, IoSlice, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -21,6 +23,7 @@ use super::frame::{
     h2c_data_len, h2c_head, parse_c2h_header, put_capsule, write_h2c_data, C2HHeader,
     DATA_HEADER_LEN,
 };
+use super::send::{send_without_waiting, write_loop, Link, Outgoing, SharedFrame};
 use crate::cqe::{Cqe, Status};
 use crate::data_read::{read_data, READ_BUFFER};
 use crate::pdu::digest::digest_matches;
@@ -127,7 +130,7 @@ pub(crate) struct Connection {
     out: Sender<Outgoing>,
     /// The socket's sending side: submitters write capsules to it directly,
     /// the writer thread its queue.
-    sending: Arc<Mutex<TcpStream>>,
+    sending: Arc<Mutex<Link>>,
     stream: TcpStream,
 }
 
@@ -238,7 +241,7 @@ impl Connection {
             maxh2cdata: resp.maxh2cdata,
         };
         let (out, queued) = mpsc::channel();
-        let sending = Arc::new(Mutex::new(stream.try_clone().map_err(&failed)?));
+        let sending = Arc::new(Mutex::new(Link::new(stream.try_clone().map_err(&failed)?)));
         let writer = sending.clone();
         let reader = stream.try_clone().map_err(&failed)?;
         let connection = Arc::new(Connection {
@@ -365,10 +368,15 @@ impl Connection {
         if capsules.is_empty() {
             return;
         }
-        let written = match self.sending.try_lock() {
-            Ok(mut stream) => stream.write_all(capsules),
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().write_all(capsules),
-            Err(std::sync::TryLockError::WouldBlock) => self
+        let link = match self.sending.try_lock() {
+            Ok(link) => Some(link),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        // A link with H2CData still to finish is the writer thread's.
+        let written = match link.filter(|link| link.free()) {
+            Some(mut link) => link.stream.write_all(capsules),
+            None => self
                 .out
                 .send(Outgoing::Bytes(std::mem::take(capsules)))
                 .map_err(|_| std::io::Error::other("the sending thread is gone")),
@@ -606,9 +614,15 @@ impl Connection {
                     Outgoing::Pooled(bytes)
                 };
                 drop(table);
-                self.out
-                    .send(outgoing)
-                    .map_err(|_| "the sending thread is gone".to_string())
+                let gone = |_| "the sending thread is gone".to_string();
+                match send_without_waiting(&self.sending, outgoing) {
+                    // On the wire.
+                    Ok(Ok(false)) => Ok(()),
+                    // The writer thread finishes it.
+                    Ok(Ok(true)) => self.out.send(Outgoing::Resume).map_err(gone),
+                    Ok(Err(outgoing)) => self.out.send(outgoing).map_err(gone),
+                    Err(e) => Err(format!("sending H2CData failed: {e}")),
+                }
             }
             Pdu::C2HTermReq(t) => Err(format!(
                 "the target ended the connection (fatal error status {:#x}, information {:#x})",
@@ -664,125 +678,6 @@ impl Gathered {
 impl Drop for Gathered {
     fn drop(&mut self) {
         self.flush();
-    }
-}
-
-/// PDUs at least this long are written from their own buffer, not copied
-/// into a batch.
-const WRITE_ALONE: usize = 64 * 1024;
-/// Small PDUs are gathered up to this many bytes per write.
-const BATCH: usize = 256 * 1024;
-
-/// Writes whatever is queued: small PDUs that pile up gathered into one write,
-/// large ones as they are.
-/// One H2CData sent from a shared buffer: its header (with digest and
-/// padding), the range of the buffer it carries, and its data digest.
-struct SharedFrame {
-    head: Vec<u8>,
-    data: std::ops::Range<usize>,
-    digest: Option<[u8; DIGEST_LEN]>,
-}
-
-/// Bytes for the writer thread.
-enum Outgoing {
-    Bytes(Vec<u8>),
-    Pooled(IoBuf),
-    /// H2CData PDUs whose data is in a write's buffer.
-    Shared {
-        buf: Arc<IoBuf>,
-        frames: Vec<SharedFrame>,
-    },
-}
-
-impl Outgoing {
-    /// The bytes when they are in one piece.
-    fn contiguous(&self) -> Option<&[u8]> {
-        match self {
-            Outgoing::Bytes(b) => Some(b),
-            Outgoing::Pooled(b) => Some(b),
-            Outgoing::Shared { .. } => None,
-        }
-    }
-}
-
-/// Writes every part, in order, with as few system calls as the socket takes.
-fn write_all_parts(stream: &mut TcpStream, parts: &[&[u8]]) -> std::io::Result<()> {
-    let mut parts: Vec<&[u8]> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
-    let mut first = 0;
-    while first < parts.len() {
-        let slices: Vec<IoSlice<'_>> = parts[first..].iter().map(|p| IoSlice::new(p)).collect();
-        let mut written = match stream.write_vectored(&slices) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        while first < parts.len() && written >= parts[first].len() {
-            written -= parts[first].len();
-            first += 1;
-        }
-        if written > 0 {
-            parts[first] = &parts[first][written..];
-        }
-    }
-    Ok(())
-}
-
-fn write_loop(sending: Arc<Mutex<TcpStream>>, queued: Receiver<Outgoing>) {
-    let write = |parts: &[&[u8]]| {
-        write_all_parts(
-            &mut sending.lock().unwrap_or_else(|e| e.into_inner()),
-            parts,
-        )
-    };
-    let mut batch = Vec::with_capacity(BATCH);
-    while let Ok(first) = queued.recv() {
-        let mut next = Some(first);
-        let mut written = Ok(());
-        while let Some(outgoing) = next.take() {
-            match outgoing.contiguous() {
-                Some(bytes) if bytes.len() < WRITE_ALONE => batch.extend_from_slice(bytes),
-                contiguous => {
-                    if !batch.is_empty() {
-                        written = written.and_then(|()| write(&[&batch]));
-                        batch.clear();
-                    }
-                    written = written.and_then(|()| match (contiguous, &outgoing) {
-                        (Some(bytes), _) => write(&[bytes]),
-                        (None, Outgoing::Shared { buf, frames }) => {
-                            let mut parts = Vec::with_capacity(frames.len() * 3);
-                            for f in frames {
-                                parts.push(&f.head[..]);
-                                parts.push(&buf[f.data.clone()]);
-                                if let Some(d) = &f.digest {
-                                    parts.push(&d[..]);
-                                }
-                            }
-                            write(&parts)
-                        }
-                        (None, _) => Ok(()),
-                    });
-                }
-            }
-            // The shared buffer goes back to its command before the answer
-            // can arrive (almost always).
-            drop(outgoing);
-            if batch.len() < BATCH {
-                next = queued.try_recv().ok();
-            }
-        }
-        if !batch.is_empty() {
-            written = written.and_then(|()| write(&[&batch]));
-            batch.clear();
-        }
-        if written.is_err() {
-            // The reader sees the shutdown and fails what is in flight.
-            let _ = sending
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .shutdown(Shutdown::Both);
-            return;
-        }
     }
 }
 

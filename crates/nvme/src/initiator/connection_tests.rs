@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::initiator::commands;
-use crate::pdu::{CapsuleResp, IcResp};
+use crate::pdu::{CapsuleResp, IcResp, R2T};
 
 /// A capsule without in-capsule data and without digests.
 const CAPSULE_LEN: usize = 72;
@@ -184,4 +184,91 @@ fn answers_read_in_one_go_all_reach_their_sinks_and_a_lost_connection_fails_the_
     let last = done.recv_timeout(Duration::from_secs(5)).unwrap();
     assert_eq!(last.result.unwrap_err(), Lost);
     assert!(connection.is_dead());
+}
+
+/// Reads a capsule; its opcode and command ID.
+fn capsule(stream: &mut TcpStream) -> (u8, u16) {
+    let mut capsule = [0u8; CAPSULE_LEN];
+    stream.read_exact(&mut capsule).unwrap();
+    assert_eq!(capsule[0], PduType::CapsuleCmd as u8);
+    (capsule[8], u16::from_le_bytes([capsule[10], capsule[11]]))
+}
+
+#[test]
+fn h2c_data_the_socket_cannot_take_at_once_is_finished_by_the_writer_while_the_reader_reads_on() {
+    const LEN: usize = 16 << 20;
+    let (connection, mut target) = connected(8);
+    let (sink, done) = sink();
+    let data: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+    let mut capsules = Vec::new();
+    connection.enqueue(
+        commands::write(1, 0, (LEN / 512) as u32, false),
+        Payload::Io(IoBuf::from_slice(&data)),
+        1,
+        sink.clone(),
+        &mut capsules,
+    );
+    connection.enqueue(
+        commands::read(1, 0, 1),
+        Payload::Owned(vec![0; 512]),
+        2,
+        sink.clone(),
+        &mut capsules,
+    );
+    connection.send_capsules(&mut capsules);
+    target
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut cids = HashMap::new();
+    for _ in 0..2 {
+        let (opcode, cid) = capsule(&mut target);
+        cids.insert(opcode, cid);
+    }
+    let (write, read) = (cids[&0x01], cids[&0x02]);
+    // All 16 MiB asked for while the target reads nothing: more than the
+    // socket buffers hold.
+    let mut r2t = Vec::new();
+    Pdu::R2T(R2T {
+        cccid: write,
+        ttag: 9,
+        offset: 0,
+        length: LEN as u32,
+    })
+    .encode(&Framing::default(), &mut r2t);
+    target.write_all(&r2t).unwrap();
+    thread::sleep(Duration::from_millis(200));
+    // The reader is not stuck behind the data: it takes the read's answer.
+    answer(&mut target, &[read]);
+    let first = done.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(first.tag, 2);
+    // A capsule sent meanwhile waits for the H2CData to finish.
+    connection.submit(
+        commands::read(1, 8, 1),
+        Payload::Owned(vec![0; 512]),
+        3,
+        sink.clone(),
+    );
+    // The H2CData arrives whole and in order (64 KiB per PDU), then the capsule.
+    let mut received = 0;
+    while received < LEN {
+        let mut head = [0u8; 24];
+        target.read_exact(&mut head).unwrap();
+        assert_eq!(head[0], PduType::H2CData as u8);
+        let cccid = u16::from_le_bytes([head[8], head[9]]);
+        let offset = u32::from_le_bytes(head[12..16].try_into().unwrap()) as usize;
+        let len = u32::from_le_bytes(head[16..20].try_into().unwrap()) as usize;
+        assert_eq!((cccid, offset), (write, received));
+        let mut chunk = vec![0u8; len];
+        target.read_exact(&mut chunk).unwrap();
+        assert!(
+            chunk == data[offset..offset + len],
+            "data at {offset} differs"
+        );
+        received += len;
+    }
+    assert_eq!(capsule(&mut target).0, 0x02);
+    answer(&mut target, &[write]);
+    let written = done.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(written.tag, 1);
+    assert!(written.result.is_ok());
 }

@@ -20,6 +20,7 @@ mod frame;
 mod options;
 mod queue;
 mod recovery;
+mod send;
 mod session;
 mod status;
 
