@@ -79,6 +79,17 @@ fn answer(stream: &mut TcpStream, cids: &[u16]) {
     stream.write_all(&bytes).unwrap();
 }
 
+/// Gathers a one-block read at block `tag`, answered to `sink` with `tag`.
+fn enqueue_read(connection: &Connection, tag: u64, sink: &Sink, capsules: &mut Vec<u8>) {
+    connection.enqueue(
+        commands::read(1, tag, 1),
+        Payload::Owned(vec![0; 512]),
+        tag,
+        sink.clone(),
+        capsules,
+    );
+}
+
 fn sink() -> (Sink, mpsc::Receiver<Done>) {
     let (tx, rx) = mpsc::channel();
     let tx = Mutex::new(tx);
@@ -94,13 +105,7 @@ fn gathered_capsules_leave_only_when_sent_and_then_together() {
     let (sink, done) = sink();
     let mut capsules = Vec::new();
     for tag in 0..3 {
-        connection.enqueue(
-            commands::read(1, tag, 1),
-            Payload::Owned(vec![0; 512]),
-            tag,
-            sink.clone(),
-            &mut capsules,
-        );
+        enqueue_read(&connection, tag, &sink, &mut capsules);
     }
     assert_eq!(connection.in_flight(), 3, "registered before being sent");
     assert!(
@@ -133,13 +138,7 @@ fn waiting_for_a_command_id_sends_what_was_gathered_first() {
         thread::spawn(move || {
             let mut capsules = Vec::new();
             for tag in 0..3 {
-                connection.enqueue(
-                    commands::read(1, tag, 1),
-                    Payload::Owned(vec![0; 512]),
-                    tag,
-                    sink.clone(),
-                    &mut capsules,
-                );
+                enqueue_read(&connection, tag, &sink, &mut capsules);
             }
             connection.send_capsules(&mut capsules);
         })
@@ -165,13 +164,7 @@ fn answers_read_in_one_go_all_reach_their_sinks_and_a_lost_connection_fails_the_
     let (sink, done) = sink();
     let mut capsules = Vec::new();
     for tag in 0..4 {
-        connection.enqueue(
-            commands::read(1, tag, 1),
-            Payload::Owned(vec![0; 512]),
-            tag,
-            sink.clone(),
-            &mut capsules,
-        );
+        enqueue_read(&connection, tag, &sink, &mut capsules);
     }
     connection.send_capsules(&mut capsules);
     let cids = capsule_ids(&mut target, 4);
@@ -208,13 +201,7 @@ fn h2c_data_the_socket_cannot_take_at_once_is_finished_by_the_writer_while_the_r
         sink.clone(),
         &mut capsules,
     );
-    connection.enqueue(
-        commands::read(1, 0, 1),
-        Payload::Owned(vec![0; 512]),
-        2,
-        sink.clone(),
-        &mut capsules,
-    );
+    enqueue_read(&connection, 2, &sink, &mut capsules);
     connection.send_capsules(&mut capsules);
     target
         .set_read_timeout(Some(Duration::from_secs(5)))
