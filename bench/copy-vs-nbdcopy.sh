@@ -3,8 +3,9 @@
 # two NBD servers (blockwire serve on loopback), a few rounds each, alternating.
 # nbdcopy runs with --flush: blockwire copy always flushes the destination before it
 # reports success, so both finish with the copy on disk.
-# Prints the median seconds of each and the speed ratio blockwire / nbdcopy; with
-# --json FILE also writes every round's seconds, the medians and that ratio.
+# Prints the median seconds of each and the speed ratio blockwire / nbdcopy, and
+# keeps every round's seconds, the medians and that ratio with the machine and date
+# in a new bench/results/copy-vs-nbdcopy[-N].json (or --json FILE).
 #
 # usage: bench/copy-vs-nbdcopy.sh [--json FILE] [SIZE (default 4G)] [ROUNDS (default 3)]
 set -euo pipefail
@@ -83,19 +84,18 @@ echo "  nbdcopy         $m_nbdcopy"
 echo "  blockwire copy  $m_blockwire"
 ratio=$(awk -v a="$m_nbdcopy" -v b="$m_blockwire" 'BEGIN {printf "%.2f", a / b}')
 echo "  speed ratio blockwire / nbdcopy: ${ratio}x"
-if [ -n "$json" ]; then
-  # The figures printed above, written as JSON numbers.
-  mkdir -p "$(dirname "$json")"
-  python3 - "$json" "$size" "$rounds" "${t_nbdcopy[*]}" "${t_blockwire[*]}" \
-    "$m_nbdcopy" "$m_blockwire" "$ratio" <<'PY'
-import json, sys
-path, size, rounds, nbdcopy, blockwire, m_nbdcopy, m_blockwire, ratio = sys.argv[1:]
-with open(path, "w") as f:
-    json.dump({"size": size, "rounds": int(rounds),
-               "nbdcopy_s": [float(t) for t in nbdcopy.split()],
-               "blockwire_s": [float(t) for t in blockwire.split()],
-               "median_nbdcopy_s": float(m_nbdcopy), "median_blockwire_s": float(m_blockwire),
-               "speed_ratio_blockwire_over_nbdcopy": float(ratio)}, f, indent=2)
+# The figures printed above, as JSON numbers, with the machine and date (procs.py),
+# in a new bench/results/copy-vs-nbdcopy[-N].json unless --json names a file.
+python3 - "$here/lib" "$json" "$size" "$rounds" "${t_nbdcopy[*]}" "${t_blockwire[*]}" \
+  "$m_nbdcopy" "$m_blockwire" "$ratio" <<'PY'
+import sys
+lib, path, size, rounds, nbdcopy, blockwire, m_nbdcopy, m_blockwire, ratio = sys.argv[1:]
+sys.path.insert(0, lib)
+import procs
+procs.write_json(path or procs.results_path("copy-vs-nbdcopy"), {
+    "size": size, "rounds": int(rounds),
+    "nbdcopy_s": [float(t) for t in nbdcopy.split()],
+    "blockwire_s": [float(t) for t in blockwire.split()],
+    "median_nbdcopy_s": float(m_nbdcopy), "median_blockwire_s": float(m_blockwire),
+    "speed_ratio_blockwire_over_nbdcopy": float(ratio)})
 PY
-  echo "JSON written to $json"
-fi
