@@ -80,6 +80,13 @@ fn generation_distance(from: u32, to: u32) -> u32 {
     to.wrapping_sub(from) & GEN_MASK
 }
 
+/// The bit of transmission `generation` of a frame first sent as `first` (none past
+/// the 64th).
+fn generation_bit(first: u32, generation: u32) -> u64 {
+    1u64.checked_shl(generation_distance(first, generation))
+        .unwrap_or(0)
+}
+
 /// What a request does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -603,7 +610,30 @@ struct Retransmitted {
     last_generation: u32,
     first_sent: Instant,
     reordered: bool,
+    /// The frame's transmissions answered so far, one bit per generation from the
+    /// first: once every one is, no copy is left on the way and the frame's fence
+    /// (if it has one) is lifted.
+    answered: u64,
+    /// A late answer already showed the retransmission needless (counted once).
+    needless_seen: bool,
 }
+
+impl Retransmitted {
+    /// How many times the frame went out.
+    fn transmissions(&self) -> u32 {
+        generation_distance(self.first_generation, self.last_generation) + 1
+    }
+
+    /// Whether every transmission has been answered.
+    fn all_answered(&self) -> bool {
+        let n = self.transmissions();
+        n <= MAX_TRACKED_TRANSMISSIONS && self.answered == (u64::MAX >> (64 - n))
+    }
+}
+
+/// Transmissions of one frame whose answers are told apart; a frame sent more often
+/// keeps its fence until it lapses.
+const MAX_TRACKED_TRANSMISSIONS: u32 = 64;
 
 #[derive(Debug, Clone, Copy)]
 struct Slot {
@@ -887,15 +917,43 @@ impl<R: Clone> Session<R> {
         Some(until)
     }
 
-    /// Fences the sectors of write frame `index` of `plan` from `now` on.
-    fn fence(&mut self, plan: Plan, index: u32, now: Instant) {
+    /// Fences the sectors of write frame `index` of `plan` from `now` on; `owner`
+    /// (its slot and first generation) lets the answers to all its copies lift it.
+    fn fence(&mut self, plan: Plan, index: u32, now: Instant, owner: Option<(usize, u32)>) {
         if plan.kind != Kind::Write {
             return;
         }
         let spec = plan.frame(self.config.sectors_per_frame, index);
         self.stats.fences += 1;
         self.fences
-            .add(spec.lba..spec.lba + u64::from(spec.sectors), now);
+            .add(spec.lba..spec.lba + u64::from(spec.sectors), now, owner);
+    }
+
+    /// An answer to a transmission of the frame that last completed in `slot`
+    /// after retransmissions: the first such answer to an earlier transmission
+    /// shows a retransmission was needless; once every copy is answered, none is
+    /// left on the way and the frame's fence goes.
+    fn late_answer(&mut self, slot: usize, generation: u32, now: Instant) {
+        let Some(mut done) = self.slots[slot].retransmitted else {
+            return;
+        };
+        let first = done.first_generation;
+        let offset = generation_distance(first, generation);
+        if offset >= done.transmissions() {
+            return;
+        }
+        if offset < done.transmissions() - 1 && !done.needless_seen {
+            done.needless_seen = true;
+            let sample = (generation == first).then(|| now - done.first_sent);
+            self.needless_retransmission(done.reordered, sample);
+        }
+        done.answered |= generation_bit(first, generation);
+        if done.all_answered() {
+            self.fences.lift((slot, first));
+            self.slots[slot].retransmitted = None;
+        } else {
+            self.slots[slot].retransmitted = Some(done);
+        }
     }
 
     fn healthy(&self, path: usize) -> bool {
@@ -1058,15 +1116,8 @@ impl<R: Clone> Session<R> {
                 <= generation_distance(f.first_generation, current)
         });
         let Some(inflight) = inflight else {
-            if let Some(done) = entry.retransmitted {
-                let first = done.first_generation;
-                if generation_distance(first, generation)
-                    < generation_distance(first, done.last_generation)
-                {
-                    self.slots[slot].retransmitted = None;
-                    let sample = (generation == first).then(|| now - done.first_sent);
-                    self.needless_retransmission(done.reordered, sample);
-                }
+            if entry.retransmitted.is_some() {
+                self.late_answer(slot, generation, now);
             }
             return Handled::Ignored(Ignore::UnknownTag);
         };
@@ -1173,21 +1224,29 @@ impl<R: Clone> Session<R> {
             }
         }
         if inflight.retries > 0 {
-            // Another copy of this frame may still be on its way.
+            // Another copy of this frame may still be on its way: fenced until it
+            // lapses, or until the answers to every copy are in.
             let plan = self.requests[key as usize]
                 .as_ref()
                 .expect("frames belong to live requests")
                 .plan;
-            self.fence(plan, inflight.index, now);
+            self.fence(
+                plan,
+                inflight.index,
+                now,
+                Some((slot, inflight.first_generation)),
+            );
         }
         self.cwnd = (self.cwnd + 1.0 / self.cwnd).min(self.slots.len() as f64);
-        self.slots[slot].retransmitted =
-            (inflight.retries > 0 && generation == current).then_some(Retransmitted {
-                first_generation: inflight.first_generation,
-                last_generation: current,
-                first_sent: inflight.first_sent,
-                reordered: inflight.reordered,
-            });
+        self.slots[slot].retransmitted = (inflight.retries > 0).then(|| Retransmitted {
+            first_generation: inflight.first_generation,
+            last_generation: current,
+            first_sent: inflight.first_sent,
+            reordered: inflight.reordered,
+            answered: generation_bit(inflight.first_generation, generation),
+            // An earlier copy answered first: counted as needless above.
+            needless_seen: generation != current,
+        });
         self.release_slot(slot);
         let state = self.requests[key as usize]
             .as_mut()
@@ -1262,7 +1321,7 @@ impl<R: Clone> Session<R> {
                 continue;
             };
             if let Some(now) = now {
-                self.fence(plan, frame.index, now);
+                self.fence(plan, frame.index, now, None);
             }
             self.release_slot(slot);
         }

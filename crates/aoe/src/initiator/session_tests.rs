@@ -1526,15 +1526,16 @@ fn a_write_waits_while_a_copy_of_an_earlier_one_may_still_land() {
         wake <= h.now + FENCE_LIFETIME,
         "no wake-up when the fence lapses"
     );
-    // Half a fence later the old copy lands (its late answer is ignored)...
+    // Half a fence later the old copy lands (its late answer is ignored): every
+    // copy is accounted for, so the fence goes and the new write with it, long
+    // before the fence would have lapsed; its data stays.
     h.now += FENCE_LIFETIME / 2;
     let late = target.answer(&held_up, TARGET);
     assert!(matches!(h.receive(0, &late), Handled::Ignored(_)));
-    // ...and only once the fence lapsed does the new write go, and its data stays.
     let (waited, sent) = poll_until_sent(&mut h, MS, FENCE_LIFETIME);
     assert!(
-        waited + FENCE_LIFETIME / 2 >= FENCE_LIFETIME,
-        "the new write went out {waited:?} after the old copy, before the fence lapsed"
+        waited <= 2 * MS,
+        "the new write waited {waited:?} after the last copy was answered"
     );
     assert_eq!(sent.len(), 1);
     let answer = target.answer(&sent[0].1, TARGET);
@@ -1545,17 +1546,74 @@ fn a_write_waits_while_a_copy_of_an_earlier_one_may_still_land() {
         .all(|&b| b == 2));
     assert!(h.session.stats().fenced_waits >= 1);
 
+    // A copy that never lands: the next write there waits the fence out.
+    h.submit(Plan::write(40, 2), vec![5; 2 * SECTOR_SIZE]);
+    assert_eq!(h.transmit().len(), 1, "lost on the way");
+    let again = h.advance_until_sent();
+    h.receive(again[0].0, &target.answer(&again[0].1, TARGET));
+    h.submit(Plan::write(40, 2), vec![6; 2 * SECTOR_SIZE]);
+    assert!(h.transmit().is_empty(), "the rewrite went out at once");
+    let (waited, sent) = poll_until_sent(&mut h, MS, 2 * FENCE_LIFETIME);
+    assert!(waited >= FENCE_LIFETIME - MS, "went after {waited:?}");
+    h.receive(sent[0].0, &target.answer(&sent[0].1, TARGET));
+
     // Reads and writes elsewhere never wait for a fence.
     h.submit(Plan::write(8, 2), vec![3; 2 * SECTOR_SIZE]);
     assert_eq!(h.transmit().len(), 1, "lost on the way");
     let again = h.advance_until_sent();
     h.receive(again[0].0, &target.answer(&again[0].1, TARGET));
     let fences = h.session.stats().fences;
-    assert_eq!(fences, 2, "the retransmitted write at 8 fenced its sectors");
+    assert_eq!(fences, 3, "the retransmitted write at 8 fenced its sectors");
     h.read(8, 2);
     assert_eq!(h.transmit().len(), 1, "a read of fenced sectors waited");
     h.submit(Plan::write(20, 2), vec![4; 2 * SECTOR_SIZE]);
     assert_eq!(h.transmit().len(), 1, "a write elsewhere waited");
+}
+
+#[test]
+fn a_fence_goes_only_when_every_copy_is_answered_whichever_came_first() {
+    let mut h = Harness::new(config(16, 2));
+    let mut target = FakeTarget::new(64);
+    // Three copies: the first two held up, the third answered.
+    h.submit(Plan::write(0, 2), vec![1; 2 * SECTOR_SIZE]);
+    let mut copies = vec![h.transmit()[0].1.clone()];
+    copies.push(h.advance_until_sent()[0].1.clone());
+    let third = h.advance_until_sent();
+    h.receive(third[0].0, &target.answer(&third[0].1, TARGET));
+    h.submit(Plan::write(0, 2), vec![2; 2 * SECTOR_SIZE]);
+    assert!(h.transmit().is_empty(), "the new write went out at once");
+    // One late copy lands: another is still on the way.
+    let late = target.answer(&copies[1], TARGET);
+    assert!(matches!(h.receive(0, &late), Handled::Ignored(_)));
+    h.advance(MS);
+    assert!(h.transmit().is_empty(), "went with a copy still on the way");
+    // The last lands: the new write goes.
+    let late = target.answer(&copies[0], TARGET);
+    assert!(matches!(h.receive(0, &late), Handled::Ignored(_)));
+    let (waited, sent) = poll_until_sent(&mut h, MS, FENCE_LIFETIME);
+    assert!(waited <= 2 * MS, "waited {waited:?}");
+    h.receive(sent[0].0, &target.answer(&sent[0].1, TARGET));
+    assert!(target.disk[..2 * SECTOR_SIZE].iter().all(|&b| b == 2));
+
+    // The first copy answered first: the fence waits for the retransmission's.
+    h.submit(Plan::write(20, 2), vec![3; 2 * SECTOR_SIZE]);
+    let first = h.transmit();
+    let retransmission = h.advance_until_sent()[0].1.clone();
+    h.receive(first[0].0, &target.answer(&first[0].1, TARGET));
+    h.submit(Plan::write(20, 2), vec![4; 2 * SECTOR_SIZE]);
+    h.advance(MS);
+    assert!(
+        h.transmit().is_empty(),
+        "went with the retransmission on the way"
+    );
+    let late = target.answer(&retransmission, TARGET);
+    assert!(matches!(h.receive(0, &late), Handled::Ignored(_)));
+    let (waited, sent) = poll_until_sent(&mut h, MS, FENCE_LIFETIME);
+    assert!(waited <= 2 * MS, "waited {waited:?}");
+    h.receive(sent[0].0, &target.answer(&sent[0].1, TARGET));
+    assert!(target.disk[20 * SECTOR_SIZE..22 * SECTOR_SIZE]
+        .iter()
+        .all(|&b| b == 4));
 }
 
 #[test]
